@@ -1,0 +1,1 @@
+//! store (to be written)

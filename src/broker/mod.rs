@@ -1,0 +1,1 @@
+//! broker (to be written)

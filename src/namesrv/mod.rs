@@ -1,0 +1,1 @@
+//! namesrv (to be written)

@@ -1,0 +1,1 @@
+//! protocol (to be written)

@@ -1,0 +1,1 @@
+//! remoting (to be written)
