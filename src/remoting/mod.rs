@@ -1,1 +1,45 @@
-//! remoting (to be written)
+//! The RocketMQ remoting codec (REMOTING.md §1–§2): bytes in, typed frames out, and frames
+//! written into caller-owned buffers. Pure: no I/O, no clock, no shared state, so every shard
+//! uses it on its own connections and tests drive it with plain byte slices.
+//!
+//! - [`decode_frame`] splits one frame off a read buffer and decodes its JSON
+//!   ([`json_header`]) or binary ([`binary_header`]) header into a [`RemotingCommand`] that
+//!   borrows from the buffer. `Ok(None)` means "need more bytes".
+//! - [`FrameEncoder`] writes a frame with a JSON header, the only form the broker sends.
+//! - [`request_code`] / [`response_code`] name every code of §2.
+//!
+//! Invariants: every length read from the wire is checked against its limit before it is
+//! used ([`FRAME_SIZE_MAX_BYTES`], the 24-bit header length, [`EXT_FIELDS_COUNT_MAX`],
+//! [`JSON_NESTING_DEPTH_MAX`]); malformed input is a [`DecodeError`], never a panic; unknown
+//! codes, languages and header keys are kept or ignored, not rejected.
+
+pub mod binary_header;
+mod codes;
+mod command;
+mod encode;
+mod frame;
+pub mod json_header;
+
+#[cfg(test)]
+mod tests;
+
+pub use codes::{request_code, request_code_name, response_code, response_code_name};
+pub use command::{
+    ExtFields, FieldError, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE,
+};
+pub use encode::FrameEncoder;
+pub use frame::{
+    decode_frame, peek_frame_size_bytes, DecodeError, FRAME_FIXED_PART_BYTES, FRAME_SIZE_MAX_BYTES,
+    HEADER_SIZE_MAX_BYTES, LENGTH_PREFIX_BYTES,
+};
+pub use json_header::JSON_NESTING_DEPTH_MAX;
+
+/// The version we answer with: V5_3_3. Java clients gate features on the broker version they
+/// learn from HEART_BEAT responses (SQL92 filters need ≥ V4_1_0), and Go needs it to fit i16.
+pub const BROKER_VERSION: i32 = 479;
+
+/// Most extFields entries accepted in one header. Real headers carry about 15; the limit
+/// keeps a hostile 16 MiB header from turning into millions of entries.
+pub const EXT_FIELDS_COUNT_MAX: usize = 1024;
+
+const _: () = assert!(BROKER_VERSION <= i16::MAX as i32);

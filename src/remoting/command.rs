@@ -1,0 +1,338 @@
+//! The decoded frame: [`RemotingCommand`], its custom header [`ExtFields`] and the two small
+//! enums that travel in every header ([`LanguageCode`], [`SerializeType`]).
+//!
+//! Lives on whichever shard owns the connection; everything here borrows from that
+//! connection's read buffer (`'a`) and is dropped before the buffer is compacted. Strings are
+//! `Cow::Borrowed` unless the wire form contained a JSON escape.
+//!
+//! Invariants: `ExtFields` keeps entries in wire order; when a key repeats, lookups return
+//! the last value (what Java's `HashMap::put` leaves), `iter` yields every entry.
+
+use std::borrow::Cow;
+
+/// How the header of a frame is serialized: the top byte of the header-length word (§1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SerializeType {
+    /// Type byte 0: JSON text header (every known client, and everything we emit).
+    Json,
+    /// Type byte 1: the compact binary header of §1.4.
+    RocketMq,
+}
+
+impl SerializeType {
+    /// The type byte, `None` for bytes other than 0 and 1.
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(SerializeType::Json),
+            1 => Some(SerializeType::RocketMq),
+            _ => None,
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        match self {
+            SerializeType::Json => 0,
+            SerializeType::RocketMq => 1,
+        }
+    }
+
+    /// The `serializeTypeCurrentRPC` text.
+    pub fn name(self) -> &'static str {
+        match self {
+            SerializeType::Json => "JSON",
+            SerializeType::RocketMq => "ROCKETMQ",
+        }
+    }
+}
+
+/// The sender's implementation language (§1.4): a name in JSON headers, a byte in binary ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LanguageCode {
+    Java = 0,
+    Cpp = 1,
+    Dotnet = 2,
+    Python = 3,
+    Delphi = 4,
+    Erlang = 5,
+    Ruby = 6,
+    Other = 7,
+    Http = 8,
+    Go = 9,
+    Php = 10,
+    Oms = 11,
+    Rust = 12,
+    NodeJs = 13,
+}
+
+/// Index = the binary code of §1.4.
+const LANGUAGES: [(LanguageCode, &str); 14] = [
+    (LanguageCode::Java, "JAVA"),
+    (LanguageCode::Cpp, "CPP"),
+    (LanguageCode::Dotnet, "DOTNET"),
+    (LanguageCode::Python, "PYTHON"),
+    (LanguageCode::Delphi, "DELPHI"),
+    (LanguageCode::Erlang, "ERLANG"),
+    (LanguageCode::Ruby, "RUBY"),
+    (LanguageCode::Other, "OTHER"),
+    (LanguageCode::Http, "HTTP"),
+    (LanguageCode::Go, "GO"),
+    (LanguageCode::Php, "PHP"),
+    (LanguageCode::Oms, "OMS"),
+    (LanguageCode::Rust, "RUST"),
+    (LanguageCode::NodeJs, "NODE_JS"),
+];
+
+impl LanguageCode {
+    /// The enum name as sent in JSON headers; unknown names are `Other` (§1.3: accept any).
+    pub fn from_name(name: &str) -> Self {
+        LANGUAGES
+            .iter()
+            .find(|(_, text)| *text == name)
+            .map_or(LanguageCode::Other, |(language, _)| *language)
+    }
+
+    /// The binary header byte; unknown bytes are `Other`.
+    pub fn from_code(code: u8) -> Self {
+        LANGUAGES
+            .get(usize::from(code))
+            .map_or(LanguageCode::Other, |(language, _)| *language)
+    }
+
+    pub fn name(self) -> &'static str {
+        LANGUAGES[usize::from(self.code())].1
+    }
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// One decoded frame, borrowing from the input buffer.
+#[derive(Debug)]
+pub struct RemotingCommand<'a> {
+    /// Request code for requests, response code for responses; unknown codes are kept.
+    pub code: i32,
+    pub language: LanguageCode,
+    /// The sender's MQVersion ordinal (C++ 63, ali-ons 121, Go 317, Java 401/479).
+    pub version: i32,
+    /// Request id; a response echoes its request's opaque.
+    pub opaque: i32,
+    /// Bit 0: response; bit 1: oneway request.
+    pub flag: i32,
+    pub remark: Option<Cow<'a, str>>,
+    pub ext_fields: ExtFields<'a>,
+    pub body: &'a [u8],
+    /// The header's encoding on the wire (the type byte), not `serializeTypeCurrentRPC`.
+    pub serialize_type: SerializeType,
+}
+
+/// Flag bit 0 (§1.3).
+pub const FLAG_RESPONSE: i32 = 0x1;
+/// Flag bit 1 (§1.5); only Java and Rust clients set it on the wire.
+pub const FLAG_ONEWAY: i32 = 0x2;
+
+impl RemotingCommand<'_> {
+    pub fn is_response(&self) -> bool {
+        self.flag & FLAG_RESPONSE != 0
+    }
+
+    pub fn is_oneway(&self) -> bool {
+        self.flag & FLAG_ONEWAY != 0
+    }
+
+    /// RocketMQ's name of `code`, read as a response code or a request code per the flag.
+    pub fn code_name(&self) -> Option<&'static str> {
+        if self.is_response() {
+            super::codes::response_code_name(self.code)
+        } else {
+            super::codes::request_code_name(self.code)
+        }
+    }
+}
+
+/// A missing or unparsable custom header field; the handler maps it to a response code.
+#[derive(Debug, thiserror::Error)]
+pub enum FieldError {
+    #[error("the custom field <{0}> is null")]
+    Missing(&'static str),
+    #[error("the custom field <{key}> is not a number: {value}")]
+    NotANumber { key: &'static str, value: String },
+}
+
+/// The custom header (`extFields`): string keys to string values, in wire order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ExtFields<'a> {
+    entries: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+impl<'a> ExtFields<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_capacity(capacity: usize) -> Self {
+        ExtFields {
+            entries: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Appends an entry; a repeated key shadows the earlier one for lookups.
+    pub fn push(&mut self, key: impl Into<Cow<'a, str>>, value: impl Into<Cow<'a, str>>) {
+        self.entries.push((key.into(), value.into()));
+    }
+
+    /// The value of `key`; `""` is returned as `Some("")`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .rev()
+            .find(|(entry_key, _)| entry_key == key)
+            .map(|(_, value)| value.as_ref())
+    }
+
+    /// The value of `key`, treating `""` as absent (C++ sends `""` for unused groups).
+    pub fn get_non_empty(&self, key: &str) -> Option<&str> {
+        self.get(key).filter(|value| !value.is_empty())
+    }
+
+    /// The value of `key`, `Missing` when absent (an empty value is present).
+    pub fn required(&self, key: &'static str) -> Result<&str, FieldError> {
+        self.get(key).ok_or(FieldError::Missing(key))
+    }
+
+    /// A decimal `long` (Java `Long.parseLong`); `""` or other text is `NotANumber`.
+    pub fn required_i64(&self, key: &'static str) -> Result<i64, FieldError> {
+        parse_number(key, self.required(key)?)
+    }
+
+    /// A decimal `int` (Java `Integer.parseInt`); out of range is `NotANumber`.
+    pub fn required_i32(&self, key: &'static str) -> Result<i32, FieldError> {
+        parse_number(key, self.required(key)?)
+    }
+
+    /// Absent or `""` is `None`; other text must be a decimal `long`.
+    pub fn optional_i64(&self, key: &'static str) -> Result<Option<i64>, FieldError> {
+        self.get_non_empty(key)
+            .map(|value| parse_number(key, value))
+            .transpose()
+    }
+
+    /// Absent or `""` is `None`; other text must be a decimal `int`.
+    pub fn optional_i32(&self, key: &'static str) -> Result<Option<i32>, FieldError> {
+        self.get_non_empty(key)
+            .map(|value| parse_number(key, value))
+            .transpose()
+    }
+
+    /// `"true"`/`"false"` in any case and C++'s `"1"`/`"0"`; any other text is `false`, as
+    /// Java's `Boolean.parseBoolean` reads it. `None` only when the key is absent.
+    pub fn bool_lenient(&self, key: &str) -> Option<bool> {
+        self.get(key)
+            .map(|value| value.eq_ignore_ascii_case("true") || value == "1")
+    }
+
+    /// Every entry in wire order, repeated keys included.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.entries
+            .iter()
+            .map(|(key, value)| (key.as_ref(), value.as_ref()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(key: &'static str, value: &str) -> Result<T, FieldError> {
+    value.parse().map_err(|_| FieldError::NotANumber {
+        key,
+        value: value.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> ExtFields<'static> {
+        let mut fields = ExtFields::new();
+        for (key, value) in [
+            ("queueId", "3"),
+            ("consumerGroup", ""),
+            ("unitMode", "0"),
+            ("batch", "1"),
+            ("k", "TRUE"),
+            ("odd", "yes"),
+            ("big", "1795948689289"),
+            ("bad", "12x"),
+            ("queueId", "4"),
+        ] {
+            fields.push(key, value);
+        }
+        fields
+    }
+
+    #[test]
+    fn lookups_follow_java_semantics() {
+        let fields = fields();
+        assert_eq!(
+            fields.get("queueId"),
+            Some("4"),
+            "the last repeated key wins"
+        );
+        assert_eq!(fields.get("consumerGroup"), Some(""));
+        assert_eq!(fields.get_non_empty("consumerGroup"), None);
+        assert_eq!(fields.required_i32("queueId").ok(), Some(4));
+        assert_eq!(fields.required_i64("big").ok(), Some(1_795_948_689_289));
+        assert!(matches!(
+            fields.required_i32("big"),
+            Err(FieldError::NotANumber { .. })
+        ));
+        assert!(matches!(
+            fields.required_i64("bad"),
+            Err(FieldError::NotANumber { .. })
+        ));
+        assert!(matches!(
+            fields.required("nope"),
+            Err(FieldError::Missing("nope"))
+        ));
+        assert!(matches!(
+            fields.required_i64("consumerGroup"),
+            Err(FieldError::NotANumber { .. })
+        ));
+        assert_eq!(fields.optional_i64("consumerGroup").ok(), Some(None));
+        assert_eq!(fields.optional_i32("nope").ok(), Some(None));
+        assert_eq!(fields.optional_i32("queueId").ok(), Some(Some(4)));
+        assert!(fields.optional_i32("bad").is_err());
+        assert_eq!(fields.bool_lenient("unitMode"), Some(false));
+        assert_eq!(fields.bool_lenient("batch"), Some(true));
+        assert_eq!(fields.bool_lenient("k"), Some(true));
+        assert_eq!(fields.bool_lenient("odd"), Some(false));
+        assert_eq!(fields.bool_lenient("nope"), None);
+        assert_eq!(fields.len(), 9);
+        assert_eq!(fields.iter().next(), Some(("queueId", "3")));
+    }
+
+    #[test]
+    fn field_error_messages_match_java() {
+        let error = FieldError::Missing("topic");
+        assert_eq!(error.to_string(), "the custom field <topic> is null");
+    }
+
+    #[test]
+    fn language_names_and_codes() {
+        for code in 0..=13u8 {
+            let language = LanguageCode::from_code(code);
+            assert_eq!(language.code(), code);
+            assert_eq!(LanguageCode::from_name(language.name()), language);
+        }
+        assert_eq!(LanguageCode::from_name("NODE_JS"), LanguageCode::NodeJs);
+        assert_eq!(LanguageCode::from_name("KOTLIN"), LanguageCode::Other);
+        assert_eq!(LanguageCode::from_code(200), LanguageCode::Other);
+    }
+}
