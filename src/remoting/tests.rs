@@ -448,6 +448,31 @@ proptest! {
     }
 
     #[test]
+    fn headers_written_by_serde_json_decode_alike(
+        remark in text(),
+        ext in ext_entries(),
+        pretty in any::<bool>(),
+    ) {
+        let object: serde_json::Map<String, serde_json::Value> =
+            ext.into_iter().map(|(key, value)| (key, value.into())).collect();
+        let header = serde_json::json!({
+            "code": 310, "flag": 0, "language": "GO", "opaque": 5, "remark": remark,
+            "extFields": object, "version": 317,
+        });
+        let text =
+            if pretty { serde_json::to_string_pretty(&header) } else { serde_json::to_string(&header) };
+        let text = text.unwrap();
+        let command = decode_json(&text).unwrap();
+        prop_assert_eq!((command.code, command.opaque, command.version), (310, 5, 317));
+        prop_assert_eq!(command.language, LanguageCode::Go);
+        prop_assert_eq!(command.remark.as_deref(), Some(remark.as_str()));
+        prop_assert_eq!(command.ext_fields.len(), object.len());
+        for (key, value) in &object {
+            prop_assert_eq!(command.ext_fields.get(key), value.as_str());
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = decode_frame(&bytes);
     }
