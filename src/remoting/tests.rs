@@ -459,9 +459,11 @@ proptest! {
             "code": 310, "flag": 0, "language": "GO", "opaque": 5, "remark": remark,
             "extFields": object, "version": 317,
         });
-        let text =
-            if pretty { serde_json::to_string_pretty(&header) } else { serde_json::to_string(&header) };
-        let text = text.unwrap();
+        let text = if pretty {
+            serde_json::to_string_pretty(&header).unwrap()
+        } else {
+            serde_json::to_string(&header).unwrap()
+        };
         let command = decode_json(&text).unwrap();
         prop_assert_eq!((command.code, command.opaque, command.version), (310, 5, 317));
         prop_assert_eq!(command.language, LanguageCode::Go);
