@@ -97,7 +97,8 @@ fn dropped_encoder_leaves_no_partial_frame() {
 fn cpp_header_with_numbers_string_booleans_and_trailing_newline() {
     let header = concat!(
         r#"{"code":10,"extFields":{"AccessKey":"","batch":"0","bornTimestamp":"1795948679723","#,
-        r#""defaultTopicQueueNums":4,"queueId":-1,"unitMode":"1","properties":"TAGS\u0001TagA\u0002"},"#,
+        r#""defaultTopicQueueNums":4,"queueId":-1,"unitMode":"1","#,
+        r#""properties":"TAGS\u0001TagA\u0002"},"#,
         r#""flag":0,"language":"CPP","opaque":0,"remark":"","version":63}"#,
         "\n"
     );
@@ -121,7 +122,10 @@ fn cpp_header_with_numbers_string_booleans_and_trailing_newline() {
 
 #[test]
 fn ali_ons_header_with_json_booleans_and_no_remark() {
-    let header = r#"{"code":310,"language":"JAVA","opaque":1,"flag":0,"version":121,"extFields":{"a":"g","d":4,"k":false,"sub":1795948689289,"x":1.5e3,"t":true}}"#;
+    let header = concat!(
+        r#"{"code":310,"language":"JAVA","opaque":1,"flag":0,"version":121,"#,
+        r#""extFields":{"a":"g","d":4,"k":false,"sub":1795948689289,"x":1.5e3,"t":true}}"#
+    );
     let command = decode_json(header).unwrap();
     assert!(command.remark.is_none());
     assert_eq!(command.language, LanguageCode::Java);
@@ -141,7 +145,11 @@ fn ali_ons_header_with_json_booleans_and_no_remark() {
 
 #[test]
 fn rust_header_with_nulls_and_unknown_keys() {
-    let header = r#" { "code" : 0 , "language":"RUST","version":474,"opaque":3,"flag":1,"remark":null,"extFields":null,"serializeTypeCurrentRPC":"JSON","future":{"a":[1,{"b":null}],"c":"\"}"},"more":[]}"#;
+    let header = concat!(
+        r#" { "code" : 0 , "language":"RUST","version":474,"opaque":3,"flag":1,"remark":null,"#,
+        r#""extFields":null,"serializeTypeCurrentRPC":"JSON","#,
+        r#""future":{"a":[1,{"b":null}],"c":"\"}"},"more":[]}"#
+    );
     let command = decode_json(header).unwrap();
     assert!(command.is_response());
     assert_eq!(command.language, LanguageCode::Rust);
@@ -164,7 +172,10 @@ fn ext_nulls_are_dropped_and_nested_values_keep_their_text() {
 
 #[test]
 fn escapes_allocate_only_when_present() {
-    let header = r#"{"remark":"plain","extFields":{"p":"a\u0001b\n\"\\\/\t","emoji":"\ud83d\ude00","lone":"x\ud800y","low":"\udc00","k\u0041":"é"}}"#;
+    let header = concat!(
+        r#"{"remark":"plain","extFields":{"p":"a\u0001b\n\"\\\/\t","emoji":"\ud83d\ude00","#,
+        r#""lone":"x\ud800y","low":"\udc00","k\u0041":"é"}}"#
+    );
     let command = decode_json(header).unwrap();
     assert!(matches!(command.remark, Some(Cow::Borrowed("plain"))));
     let fields = &command.ext_fields;
@@ -433,6 +444,33 @@ proptest! {
         for (key, value) in &object {
             let text = value.to_string();
             prop_assert_eq!(command.ext_fields.get(key), Some(text.as_str()));
+        }
+    }
+
+    #[test]
+    fn headers_written_by_serde_json_decode_alike(
+        remark in text(),
+        ext in ext_entries(),
+        pretty in any::<bool>(),
+    ) {
+        let object: serde_json::Map<String, serde_json::Value> =
+            ext.into_iter().map(|(key, value)| (key, value.into())).collect();
+        let header = serde_json::json!({
+            "code": 310, "flag": 0, "language": "GO", "opaque": 5, "remark": remark,
+            "extFields": object, "version": 317,
+        });
+        let text = if pretty {
+            serde_json::to_string_pretty(&header).unwrap()
+        } else {
+            serde_json::to_string(&header).unwrap()
+        };
+        let command = decode_json(&text).unwrap();
+        prop_assert_eq!((command.code, command.opaque, command.version), (310, 5, 317));
+        prop_assert_eq!(command.language, LanguageCode::Go);
+        prop_assert_eq!(command.remark.as_deref(), Some(remark.as_str()));
+        prop_assert_eq!(command.ext_fields.len(), object.len());
+        for (key, value) in &object {
+            prop_assert_eq!(command.ext_fields.get(key), value.as_str());
         }
     }
 
