@@ -415,6 +415,16 @@ mod tests {
     }
 
     #[test]
+    fn go_heartbeat_code_strings_are_ignored() {
+        let body = r#"{"clientID":"10.0.0.9@1#2","producerDataSet":[],"consumerDataSet":[{"groupName":"g","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_TIMESTAMP","unitMode":false,"subscriptionDataSet":[{"topic":"T","subString":"é || b","tagsSet":["é","b"],"codeSet":["195","98"],"subVersion":5,"expressionType":"TAG","classFilterMode":false}]}]}"#;
+        let heartbeat = HeartbeatData::parse(body.as_bytes()).expect("parses");
+        let consumer = &heartbeat.consumers[0];
+        assert_eq!(consumer.consume_from_where, ConsumeFromWhere::Timestamp);
+        // Go hashes UTF-8 bytes; the UTF-16 hash of "é" is 233.
+        assert_eq!(consumer.subscriptions[0].code_set, vec![233, 98]);
+    }
+
+    #[test]
     fn sql_subscription_has_no_tags_and_bad_bodies_fail() {
         let body = br#"{"group":"g","subscriptionData":{"topic":"T","subString":"a > 1","expressionType":"SQL92","codeSet":["5"]}}"#;
         let check = CheckClientConfigBody::parse(body).expect("parses");
