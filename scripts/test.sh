@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command: Rust unit/property tests, then the end-to-end suite (tests/python), which
+# runs the release binary on loopback against the real C++ RocketMQ client (PyPI rocketmq 0.4.4).
+# Needs only Rust and Python 3 (with venv); idempotent. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+
+python=${PYTHON:-python3}
+venv=.venv
+if [ ! -x "$venv/bin/python" ]; then
+    echo "==> creating $venv"
+    if ! "$python" -m venv "$venv"; then
+        echo "error: '$python -m venv' failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2
+        rm -rf "$venv"
+        exit 1
+    fi
+fi
+if ! "$venv/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata as metadata, sys
+sys.exit(0 if metadata.version("rocketmq") == "0.4.4" and metadata.version("pytest") else 1)
+PY
+then
+    echo "==> installing test requirements into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+fi
+
+echo "==> cargo build --release -p shardmq"
+cargo build --release -p shardmq
+echo "==> cargo test --release --workspace"
+cargo test --release --workspace
+echo "==> pytest tests/python"
+"$venv/bin/python" -m pytest -q --durations=10 tests/python "$@"
+
+echo "==> all tests passed in $(( $(date +%s) - started )) s"

@@ -1,0 +1,303 @@
+"""Fixtures that run the real shardmq binary on loopback.
+
+`shardmq` is a started node (2 shards, async flush); `shardmq_factory(**options)` starts more
+(e.g. `flush="sync"`). Each node lives in its own temporary data dir, on free ports, with its
+output captured to a file that is attached to the report of a failing test. Teardown always
+stops the process; a node that died on its own during a test fails that test.
+
+Environment:
+  SHARDMQ_BIN           binary to run (default: <repo>/target/release/shardmq)
+  SHARDMQ_SHARDS        shard count (default 2)
+  SHARDMQ_TEST_TIMEOUT  per-test watchdog in seconds (default 300); on expiry every thread's
+                        stack is dumped and the run aborts (the broker dies with it)
+"""
+
+import ctypes
+import faulthandler
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DEFAULT_BIN = os.path.join(REPO_ROOT, "target", "release", "shardmq")
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+START_ATTEMPTS_MAX = 5
+PORT_STRIDE = 10
+PORT_RANGE = (12000, 30000)  # below the Linux ephemeral range, so clients never collide
+LOG_TAIL_LINES = 300
+TEST_TIMEOUT_S = float(os.environ.get("SHARDMQ_TEST_TIMEOUT", "300"))
+
+
+def _set_parent_death_signal():
+    """Runs in the child: SIGKILL it if pytest dies (watchdog abort, Ctrl-C, crash)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        pass
+    os.setpgrp()  # Ctrl-C in the terminal reaches pytest only; we stop the node ourselves
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def ports_needed(namesrv_port, broker_port, shards):
+    ports = [namesrv_port]
+    for shard in range(shards):
+        base = broker_port + PORT_STRIDE * shard
+        ports += [base - 2, base, base + 1]
+    return ports
+
+
+def pick_ports(shards):
+    """A (namesrv_port, broker_port) pair whose every needed port is free right now."""
+    for _ in range(200):
+        namesrv_port = random.randrange(*PORT_RANGE)
+        broker_port = namesrv_port + 20
+        if all(port_is_free(p) for p in ports_needed(namesrv_port, broker_port, shards)):
+            return namesrv_port, broker_port
+    raise RuntimeError("no free port range found after 200 tries")
+
+
+class ShardMQ:
+    """One shardmq process (namesrv + brokers) and the data dir it owns."""
+
+    def __init__(self, binary, data_dir, log_path, shards=2, flush="async",
+                 segment_size_mib=64, extra_args=()):
+        self.binary = binary
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.shards = shards
+        self.flush = flush
+        self.segment_size_mib = segment_size_mib
+        self.extra_args = list(extra_args)
+        self.namesrv_port = None
+        self.broker_port = None
+        self.process = None
+        self.starts = 0
+        self._log_file = None
+
+    # ---- addresses ----------------------------------------------------------------------
+
+    @property
+    def namesrv_addr(self):
+        """What the C++ client needs: "127.0.0.1:PORT"."""
+        return "127.0.0.1:{}".format(self.namesrv_port)
+
+    def broker_addr(self, shard=0):
+        return "127.0.0.1:{}".format(self.broker_port + PORT_STRIDE * shard)
+
+    @property
+    def broker_addrs(self):
+        return [self.broker_addr(i) for i in range(self.shards)]
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _command(self):
+        return [
+            self.binary, "serve",
+            "--data-dir", self.data_dir,
+            "--namesrv-port", str(self.namesrv_port),
+            "--broker-port", str(self.broker_port),
+            "--shards", str(self.shards),
+            "--flush", self.flush,
+            "--segment-size-mib", str(self.segment_size_mib),
+            "--listen-ip", "127.0.0.1",
+        ] + self.extra_args
+
+    def _log(self, line):
+        with open(self.log_path, "a") as log:
+            log.write("==== [test harness {:.3f}] {}\n".format(time.time(), line))
+
+    def start(self, keep_ports=False):
+        """Start the process and wait for its ready line. Retries on bind failures."""
+        assert self.process is None, "already running"
+        if not (keep_ports and self.namesrv_port):
+            self.namesrv_port, self.broker_port = pick_ports(self.shards)
+        last_error = None
+        for attempt in range(START_ATTEMPTS_MAX):
+            error = self._start_once()
+            if error is None:
+                return self
+            last_error = error
+            time.sleep(0.5 + attempt * 0.5)
+            if keep_ports and attempt == START_ATTEMPTS_MAX - 2:
+                warnings.warn("shardmq could not start again on its old ports ({}); "
+                              "moving to fresh ports".format(error))
+                keep_ports = False
+            if not keep_ports:
+                self.namesrv_port, self.broker_port = pick_ports(self.shards)
+        raise RuntimeError("shardmq did not start after {} attempts: {}\n{}".format(
+            START_ATTEMPTS_MAX, last_error, self.log_tail()))
+
+    def _start_once(self):
+        """None when ready; otherwise an error text (the process is gone again)."""
+        self.starts += 1
+        command = self._command()
+        self._log("start #{}: {}".format(self.starts, " ".join(command)))
+        offset = os.path.getsize(self.log_path)
+        self._log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.data_dir, preexec_fn=_set_parent_death_signal,
+            env=dict(os.environ, RUST_BACKTRACE="1"))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            output = self._output_since(offset)
+            if "shardmq: ready" in output:
+                return None
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                self._reap()
+                return "exited with code {} before its ready line".format(code)
+            time.sleep(0.05)
+        self._kill()
+        return "no ready line within {:.0f} s".format(READY_TIMEOUT_S)
+
+    def _output_since(self, offset):
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode("utf-8", "replace")
+
+    def _reap(self):
+        self.process = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _kill(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._reap()
+
+    def is_running(self):
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self):
+        """SIGTERM and wait for a clean exit (final flush). Returns the exit code."""
+        assert self.process is not None, "not running"
+        self._log("SIGTERM")
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._log("still running {:.0f} s after SIGTERM: SIGKILL".format(STOP_TIMEOUT_S))
+            self._kill()
+            raise AssertionError("shardmq did not exit within {:.0f} s of SIGTERM\n{}".format(
+                STOP_TIMEOUT_S, self.log_tail()))
+        self._log("exited with code {}".format(code))
+        self._reap()
+        return code
+
+    def kill9(self):
+        assert self.process is not None, "not running"
+        self._log("SIGKILL (kill -9)")
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        self._reap()
+
+    def restart(self):
+        """Stop (SIGTERM) if running, then start again on the same data dir and ports."""
+        if self.process is not None:
+            code = self.stop()
+            assert code == 0, "shardmq exited with code {} on SIGTERM\n{}".format(
+                code, self.log_tail())
+        return self.start(keep_ports=True)
+
+    def log_tail(self, lines=LOG_TAIL_LINES):
+        try:
+            with open(self.log_path, "rb") as log:
+                text = log.read().decode("utf-8", "replace")
+        except OSError:
+            return "(no output captured)"
+        tail = text.splitlines()[-lines:]
+        return "---- shardmq output ({}), last {} lines ----\n{}".format(
+            self.log_path, len(tail), "\n".join(tail))
+
+
+def _binary():
+    binary = os.environ.get("SHARDMQ_BIN", DEFAULT_BIN)
+    if not os.access(binary, os.X_OK):
+        pytest.fail("shardmq binary not found at {} (build it with `cargo build --release "
+                    "-p shardmq` or set SHARDMQ_BIN)".format(binary), pytrace=False)
+    return binary
+
+
+@pytest.fixture
+def shardmq_factory(request, tmp_path):
+    """Start shardmq nodes; all of them are stopped at teardown."""
+    nodes = []
+    request.node._shardmq_nodes = nodes
+
+    def start(**options):
+        index = len(nodes)
+        data_dir = tmp_path / "data{}".format(index)
+        data_dir.mkdir()
+        options.setdefault("shards", int(os.environ.get("SHARDMQ_SHARDS", "2")))
+        node = ShardMQ(_binary(), str(data_dir), str(tmp_path / "shardmq{}.log".format(index)),
+                       **options)
+        open(node.log_path, "w").close()
+        nodes.append(node)
+        return node.start()
+
+    yield start
+
+    problems = []
+    for node in nodes:
+        if node.process is None:
+            continue
+        if node.process.poll() is not None:
+            problems.append("shardmq exited on its own with code {} during the test\n{}".format(
+                node.process.returncode, node.log_tail()))
+            node._reap()
+            continue
+        try:
+            code = node.stop()
+        except AssertionError as error:
+            problems.append(str(error))
+            continue
+        if code != 0:
+            problems.append("shardmq exited with code {} on SIGTERM at teardown\n{}".format(
+                code, node.log_tail()))
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def shardmq(shardmq_factory):
+    """A running node: 2 shards, async flush, 64 MiB segments."""
+    return shardmq_factory()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when != "teardown":  # teardown failures carry the log already
+        for node in getattr(item, "_shardmq_nodes", []):
+            report.sections.append(("shardmq output " + node.log_path, node.log_tail()))
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    """A hung client call must not hang the suite: dump stacks and abort after the limit."""
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
