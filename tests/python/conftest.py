@@ -12,7 +12,6 @@ Environment:
                         stack is dumped and the run aborts (the broker dies with it)
 """
 
-import ctypes
 import faulthandler
 import os
 import random
@@ -20,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -37,15 +37,17 @@ LOG_TAIL_LINES = 300
 TEST_TIMEOUT_S = float(os.environ.get("SHARDMQ_TEST_TIMEOUT", "300"))
 
 
-def _set_parent_death_signal():
-    """Runs in the child: SIGKILL it if pytest dies (watchdog abort, Ctrl-C, crash)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass
-    os.setpgrp()  # Ctrl-C in the terminal reaches pytest only; we stop the node ourselves
+# Runs first in the child and execs the binary: the binary gets SIGKILL when pytest dies
+# (watchdog abort, Ctrl-C, crash), so no broker outlives the run. (prctl in a launcher rather
+# than a preexec_fn: the C++ client's threads make preexec_fn unsafe.)
+_LAUNCHER = """
+import ctypes, os, sys
+PR_SET_PDEATHSIG, SIGKILL = 1, 9
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("test harness already gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def port_is_free(port):
@@ -136,6 +138,8 @@ class ShardMQ:
             if error is None:
                 return self
             last_error = error
+            if not self._bind_failed():
+                break  # a crash or a hang is the binary's problem, not a port clash
             time.sleep(0.5 + attempt * 0.5)
             if keep_ports and attempt == START_ATTEMPTS_MAX - 2:
                 warnings.warn("shardmq could not start again on its old ports ({}); "
@@ -143,20 +147,20 @@ class ShardMQ:
                 keep_ports = False
             if not keep_ports:
                 self.namesrv_port, self.broker_port = pick_ports(self.shards)
-        raise RuntimeError("shardmq did not start after {} attempts: {}\n{}".format(
-            START_ATTEMPTS_MAX, last_error, self.log_tail()))
+        raise RuntimeError("shardmq did not start ({} attempts): {} (output: {}, attached "
+                           "below)".format(attempt + 1, last_error, self.log_path))
 
     def _start_once(self):
         """None when ready; otherwise an error text (the process is gone again)."""
         self.starts += 1
         command = self._command()
         self._log("start #{}: {}".format(self.starts, " ".join(command)))
-        offset = os.path.getsize(self.log_path)
+        offset = self._start_offset = os.path.getsize(self.log_path)
         self._log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.data_dir, preexec_fn=_set_parent_death_signal,
-            env=dict(os.environ, RUST_BACKTRACE="1"))
+            [sys.executable, "-c", _LAUNCHER, str(os.getpid())] + command,
+            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.data_dir, start_new_session=True, env=dict(os.environ, RUST_BACKTRACE="1"))
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             output = self._output_since(offset)
@@ -169,6 +173,10 @@ class ShardMQ:
             time.sleep(0.05)
         self._kill()
         return "no ready line within {:.0f} s".format(READY_TIMEOUT_S)
+
+    def _bind_failed(self):
+        output = self._output_since(self._start_offset)
+        return "Address already in use" in output or "os error 98" in output
 
     def _output_since(self, offset):
         with open(self.log_path, "rb") as log:
@@ -296,8 +304,26 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(autouse=True)
-def _watchdog():
-    """A hung client call must not hang the suite: dump stacks and abort after the limit."""
-    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=sys.stderr)
+def _watchdog(request, pytestconfig):
+    """A hung client call must not hang the suite: after the limit, dump every thread's stack
+    and abort the run (the nodes die with it: parent-death signal). A thread, not a signal:
+    the main thread may be stuck inside the C++ client, where no Python handler runs."""
+    def expire():
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)
+        sys.stderr.write("\n\n==== {} still running after {:.0f} s (SHARDMQ_TEST_TIMEOUT): "
+                         "aborting the run; thread stacks follow ====\n".format(
+                             request.node.nodeid, TEST_TIMEOUT_S))
+        for node in getattr(request.node, "_shardmq_nodes", []):
+            sys.stderr.write(node.log_tail(60) + "\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    timer = threading.Timer(TEST_TIMEOUT_S, expire)
+    timer.daemon = True
+    timer.start()
     yield
-    faulthandler.cancel_dump_traceback_later()
+    timer.cancel()
