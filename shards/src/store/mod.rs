@@ -1,1 +1,516 @@
-//! store (to be written)
+//! One shard's message store: commitlog, consume queues, checkpoint and recovery.
+//!
+//! A `Store` lives on one glommio executor (`Rc`/`RefCell`, `!Send`) and is owned by the shard
+//! that serves its queues. Data path:
+//!
+//! 1. `append` (synchronous) assigns the queue offset and the commitlog offset, encodes the
+//!    record in RocketMQ's stored format into the in-memory tail (`tail.rs`) and writes the
+//!    20-byte consume-queue unit (`consume_queue.rs`); the message is readable at once.
+//! 2. The flusher task (`flusher.rs`, one per store, the only writer of commitlog files) copies
+//!    the dirty block-aligned range of the tail into a DMA buffer, issues one `write_at` and one
+//!    `fdatasync`, then marks everything up to the written end durable and wakes every
+//!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty;
+//!    Async mode within `flush_interval_ms` or when `FLUSH_DIRTY_BYTES_MAX` is passed. When idle
+//!    it zero-fills the segments ahead of the write position.
+//! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
+//! 4. Every `CHECKPOINT_INTERVAL_MS` the flusher syncs the consume queues and writes the
+//!    checkpoint (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
+//!
+//! Invariants (asserted, kept in release): the commitlog end, the durable end and every queue's
+//! max offset never go backwards; a record's size equals its computed size; flushed ranges are
+//! block-aligned; store timestamps never decrease.
+//!
+//! Failure: a failed write or fdatasync poisons the store (`StoreError::Poisoned`, or
+//! `StoreError::DiskFull` for ENOSPC): appends and `wait_durable` fail from then on, reads keep
+//! working, and only a restart (recovery) brings writes back. Directory layout under `root_dir`:
+//! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
+//! `checkpoint`, and `.dma_probe` (see `open`).
+
+mod checkpoint;
+mod consume_queue;
+mod error;
+mod flusher;
+mod pull;
+pub mod record;
+mod recovery;
+mod segments;
+mod tail;
+
+use std::cell::RefCell;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+pub use error::StoreError;
+pub use flusher::InjectedFault;
+pub use pull::{GetMessageResult, GetStatus};
+
+use consume_queue::{QueueTable, Unit};
+use error::Poison;
+use flusher::{FlushState, Notify};
+use record::StoredMessage;
+use segments::Segments;
+use tail::Tail;
+
+/// Largest message body accepted (RocketMQ's maxMessageSize default).
+pub const MESSAGE_SIZE_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Largest encoded properties string (its length is an i16 on the wire).
+pub const PROPERTIES_SIZE_MAX_BYTES: usize = 32767;
+/// Longest topic name (magic V1 stores the topic length in one signed byte).
+pub const TOPIC_NAME_MAX_BYTES: usize = 127;
+/// Largest record this store writes.
+pub const RECORD_SIZE_MAX_BYTES: usize = record::encoded_size(
+    MESSAGE_SIZE_MAX_BYTES,
+    TOPIC_NAME_MAX_BYTES,
+    PROPERTIES_SIZE_MAX_BYTES,
+);
+/// Commitlog bytes appended but not yet durable, at most: beyond this `append` answers
+/// `Busy` (a full queue is an answer) instead of growing memory while the disk lags.
+pub const TAIL_UNDURABLE_MAX_BYTES: u64 = 32 << 20;
+/// Durable bytes kept in memory behind the durable end, so that consumers reading the hot
+/// tail are served without a disk read.
+pub const TAIL_READ_KEEP_BYTES: u64 = 4 << 20;
+/// Smallest segment: room for a largest record plus its segment's blank filler.
+pub const SEGMENT_SIZE_MIN_BYTES: u64 = 64 << 10;
+/// Default commitlog segment size (RocketMQ's).
+pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 30;
+/// Default consume-queue file size in units (RocketMQ's).
+pub const CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT: u64 = 300_000;
+
+const _: () = assert!(TAIL_UNDURABLE_MAX_BYTES >= 2 * RECORD_SIZE_MAX_BYTES as u64);
+const _: () = assert!(TAIL_READ_KEEP_BYTES.is_multiple_of(tail::TAIL_CHUNK_BYTES));
+const _: () = assert!(tail::TAIL_CHUNK_BYTES.is_multiple_of(segments::BLOCK_BYTES));
+
+/// When a send is acknowledged: after the fdatasync covering it, or once appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushMode {
+    Sync,
+    Async,
+}
+
+/// One shard's store configuration.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// This shard's own directory (commitlog/, consumequeue/, checkpoint live below it).
+    pub root_dir: PathBuf,
+    /// Commitlog segment size; a multiple of 4096, at least `SEGMENT_SIZE_MIN_BYTES`.
+    pub segment_size_bytes: u64,
+    pub flush_mode: FlushMode,
+    /// Async mode: longest time from an append to the flush that covers it.
+    pub flush_interval_ms: u64,
+    /// Written as STOREHOST in every record, used in offset msgIds.
+    pub store_host: SocketAddrV4,
+    pub consume_queue_units_per_file: u64,
+    /// Tags code of a stored record, used when recovery rebuilds consume-queue units (the
+    /// append path takes the caller's). Default: Java hashCode of the TAGS property.
+    pub tags_code_of: fn(&StoredMessage<'_>) -> i64,
+}
+
+impl StoreConfig {
+    /// Defaults: 1 GiB segments, Async flush every 200 ms, 300 000 units per queue file.
+    pub fn new(root_dir: PathBuf, store_host: SocketAddrV4) -> StoreConfig {
+        StoreConfig {
+            root_dir,
+            segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
+            flush_mode: FlushMode::Async,
+            flush_interval_ms: 200,
+            store_host,
+            consume_queue_units_per_file: CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT,
+            tags_code_of: record::tags_code_from_properties,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        let size = self.segment_size_bytes;
+        if !size.is_multiple_of(segments::BLOCK_BYTES) || size < SEGMENT_SIZE_MIN_BYTES {
+            return Err(StoreError::Config(format!(
+                "segment_size_bytes {size} must be a multiple of 4096 and at least \
+                 {SEGMENT_SIZE_MIN_BYTES}"
+            )));
+        }
+        if self.consume_queue_units_per_file == 0 || self.flush_interval_ms == 0 {
+            return Err(StoreError::Config(
+                "consume_queue_units_per_file and flush_interval_ms must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The source of store timestamps; tests replace it.
+pub trait Clock {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// Wall-clock time.
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+}
+
+/// A message as the broker hands it to the store.
+pub struct MessageToStore<'a> {
+    pub topic: &'a str,
+    pub queue_id: u32,
+    pub flag: i32,
+    pub sys_flag: i32,
+    pub born_timestamp_ms: i64,
+    pub born_host: SocketAddrV4,
+    pub reconsume_times: i32,
+    pub prepared_transaction_offset: i64,
+    pub body: &'a [u8],
+    /// Already-encoded properties string.
+    pub properties: &'a [u8],
+    /// Consume-queue tag hash, computed by the caller.
+    pub tags_code: i64,
+}
+
+/// Where an append landed.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendResult {
+    pub physical_offset: u64,
+    pub queue_offset: u64,
+    pub record_size_bytes: u32,
+    pub store_timestamp_ms: i64,
+    /// physical_offset + record size: what to pass to `wait_durable`.
+    pub end_offset: u64,
+}
+
+/// Counters of one store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreStats {
+    pub put_messages: u64,
+    pub put_bytes: u64,
+    pub flushes: u64,
+    /// Messages made durable by those flushes.
+    pub flushed_messages: u64,
+    pub durable_offset: u64,
+    pub write_offset: u64,
+    pub zero_filled_bytes: u64,
+    pub checkpoints: u64,
+}
+
+impl StoreStats {
+    /// Average messages carried by one flush (the group-commit factor).
+    pub fn messages_per_flush(&self) -> f64 {
+        if self.flushes == 0 {
+            0.0
+        } else {
+            self.flushed_messages as f64 / self.flushes as f64
+        }
+    }
+}
+
+/// Commitlog state shared by the append path, the readers and the flusher.
+pub(crate) struct LogState {
+    pub(crate) tail: Tail,
+    pub(crate) segments: Segments,
+    pub(crate) min_physical_offset: u64,
+    pub(crate) last_store_timestamp_ms: i64,
+    pub(crate) stats: StoreStats,
+    pub(crate) poison: Option<Poison>,
+    pub(crate) closing: bool,
+    pub(crate) flush: FlushState,
+    scratch: Vec<u8>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: StoreConfig,
+    clock: Rc<dyn Clock>,
+    pub(crate) log: RefCell<LogState>,
+    pub(crate) queues: RefCell<QueueTable>,
+    pub(crate) notify: Rc<Notify>,
+}
+
+/// One shard's store. Cloning is cheap (a reference count).
+#[derive(Clone)]
+pub struct Store {
+    inner: Rc<Inner>,
+}
+
+pub(crate) fn validate_topic(topic: &str) -> Result<(), StoreError> {
+    let bad = topic.is_empty()
+        || topic.len() > TOPIC_NAME_MAX_BYTES
+        || topic == "."
+        || topic == ".."
+        || topic.contains(['/', '\0']);
+    if bad {
+        return Err(StoreError::InvalidTopic(topic.to_string()));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Opens (or creates) the store in `config.root_dir`: primes glommio's poll probe, runs
+    /// recovery, and spawns the flusher on the current executor.
+    pub async fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        Store::open_with_clock(config, Rc::new(SystemClock)).await
+    }
+
+    /// `open` with a replaceable clock for store timestamps.
+    pub async fn open_with_clock(
+        config: StoreConfig,
+        clock: Rc<dyn Clock>,
+    ) -> Result<Store, StoreError> {
+        config.validate()?;
+        let recovered = recovery::recover(&config).await?;
+        let log = LogState {
+            tail: recovered.tail,
+            segments: recovered.segments,
+            min_physical_offset: recovered.min_physical_offset,
+            last_store_timestamp_ms: 0,
+            stats: StoreStats::default(),
+            poison: None,
+            closing: false,
+            flush: FlushState::new(recovered.durable_end, recovered.zero_fill_next),
+            scratch: Vec::new(),
+        };
+        let inner = Rc::new(Inner {
+            config,
+            clock,
+            log: RefCell::new(log),
+            queues: RefCell::new(recovered.queues),
+            notify: Rc::new(Notify::default()),
+        });
+        flusher::spawn(&inner);
+        Ok(Store { inner })
+    }
+
+    /// Appends one message (synchronous: no I/O waits). The message is readable at once and
+    /// durable once `wait_durable(result.end_offset)` resolves.
+    pub fn append(&self, msg: &MessageToStore<'_>) -> Result<AppendResult, StoreError> {
+        validate_topic(msg.topic)?;
+        if msg.body.len() > MESSAGE_SIZE_MAX_BYTES {
+            return Err(StoreError::MessageTooLarge {
+                size_bytes: msg.body.len(),
+                limit_bytes: MESSAGE_SIZE_MAX_BYTES,
+            });
+        }
+        if msg.properties.len() > PROPERTIES_SIZE_MAX_BYTES {
+            return Err(StoreError::PropertiesTooLarge {
+                size_bytes: msg.properties.len(),
+                limit_bytes: PROPERTIES_SIZE_MAX_BYTES,
+            });
+        }
+        let inner = &*self.inner;
+        let size = record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
+        let segment_size = inner.config.segment_size_bytes;
+        let mut log = inner.log.borrow_mut();
+        if let Some(poison) = &log.poison {
+            return Err(poison.to_error());
+        }
+        if log.closing {
+            return Err(StoreError::Closed);
+        }
+        if (size + record::BLANK_HEADER_BYTES) as u64 > segment_size {
+            return Err(StoreError::MessageTooLarge {
+                size_bytes: size,
+                limit_bytes: 0,
+            });
+        }
+        let end = log.tail.end();
+        let segment_end = segments::align_down(end, segment_size) + segment_size;
+        // A segment always keeps room for the blank filler header at its end.
+        let filler = if end + (size + record::BLANK_HEADER_BYTES) as u64 > segment_end {
+            segment_end - end
+        } else {
+            0
+        };
+        let physical_offset = end + filler;
+        let unflushed = physical_offset + size as u64 - log.flush.durable_end;
+        if unflushed > TAIL_UNDURABLE_MAX_BYTES {
+            return Err(StoreError::Busy {
+                unflushed_bytes: unflushed,
+                limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
+            });
+        }
+        let unit = Unit {
+            physical_offset,
+            size_bytes: size as u32,
+            tags_code: msg.tags_code,
+        };
+        let queue_offset = {
+            let mut queues = inner.queues.borrow_mut();
+            queues
+                .get_or_create(msg.topic, msg.queue_id)?
+                .append(unit)?
+        };
+        let store_timestamp_ms = inner.clock.now_ms().max(log.last_store_timestamp_ms);
+        log.last_store_timestamp_ms = store_timestamp_ms;
+        if filler > 0 {
+            let mut header = [0u8; record::BLANK_HEADER_BYTES];
+            header[..4].copy_from_slice(&(filler as i32).to_be_bytes());
+            header[4..].copy_from_slice(&record::BLANK_MAGIC_CODE.to_be_bytes());
+            log.tail.push(&header);
+            log.tail
+                .push_zeros(filler - record::BLANK_HEADER_BYTES as u64);
+        }
+        assert_eq!(log.tail.end(), physical_offset, "records are contiguous");
+        let stored = StoredMessage {
+            total_size: size as u32,
+            body_crc: 0,
+            queue_id: msg.queue_id,
+            flag: msg.flag,
+            queue_offset,
+            physical_offset,
+            sys_flag: msg.sys_flag,
+            born_timestamp_ms: msg.born_timestamp_ms,
+            born_host: SocketAddr::V4(msg.born_host),
+            store_timestamp_ms,
+            store_host: SocketAddr::V4(inner.config.store_host),
+            reconsume_times: msg.reconsume_times,
+            prepared_transaction_offset: msg.prepared_transaction_offset,
+            body: msg.body,
+            topic: msg.topic,
+            properties: msg.properties,
+        };
+        let mut scratch = std::mem::take(&mut log.scratch);
+        scratch.clear();
+        let written = record::encode_into(&stored, &mut scratch);
+        assert_eq!(written, size, "record size equals its computed size");
+        log.tail.push(&scratch);
+        log.scratch = scratch;
+        log.stats.put_messages += 1;
+        log.stats.put_bytes += size as u64;
+        let end_offset = log.tail.end();
+        let wake_flusher = log.flush.note_append(inner.config.flush_mode, end_offset);
+        drop(log);
+        if wake_flusher {
+            inner.notify.signal();
+        }
+        Ok(AppendResult {
+            physical_offset,
+            queue_offset,
+            record_size_bytes: size as u32,
+            store_timestamp_ms,
+            end_offset,
+        })
+    }
+
+    /// Resolves once a write + fdatasync covering `end_offset` has completed.
+    pub async fn wait_durable(&self, end_offset: u64) -> Result<(), StoreError> {
+        flusher::wait_durable(&self.inner, end_offset).await
+    }
+
+    pub fn flush_mode(&self) -> FlushMode {
+        self.inner.config.flush_mode
+    }
+
+    /// Units written to the queue (the next queue offset); 0 for an unknown queue.
+    pub fn max_queue_offset(&self, topic: &str, queue_id: u32) -> u64 {
+        self.inner
+            .queues
+            .borrow()
+            .get(topic, queue_id)
+            .map_or(0, |q| q.max_offset())
+    }
+
+    /// First queue offset still held; 0 for an unknown queue.
+    pub fn min_queue_offset(&self, topic: &str, queue_id: u32) -> u64 {
+        self.inner
+            .queues
+            .borrow()
+            .get(topic, queue_id)
+            .map_or(0, |q| q.min_offset())
+    }
+
+    /// Reads up to `max_messages` / `max_bytes` of the queue from `offset`, skipping units
+    /// whose tags code fails `filter` (REMOTING.md §3.3).
+    pub async fn get_messages(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u32,
+        filter: &dyn Fn(i64) -> bool,
+    ) -> Result<GetMessageResult, StoreError> {
+        let request = pull::PullRequest {
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            max_bytes,
+        };
+        pull::get_messages(&self.inner, &request, filter).await
+    }
+
+    /// The whole stored record starting at `physical_offset`; None if no valid record does.
+    pub async fn read_record(&self, physical_offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        pull::read_record(&self.inner, physical_offset).await
+    }
+
+    /// SEARCH_OFFSET_BY_TIMESTAMP: lower (default): first offset stored at or after
+    /// `timestamp_ms` (max offset if none); upper: last offset stored at or before it (min
+    /// offset if none).
+    pub async fn queue_offset_by_timestamp(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+        upper: bool,
+    ) -> Result<u64, StoreError> {
+        pull::offset_by_timestamp(&self.inner, topic, queue_id, timestamp_ms, upper).await
+    }
+
+    /// Store time of the queue's first message; None for an empty or unknown queue.
+    pub async fn earliest_store_time(
+        &self,
+        topic: &str,
+        queue_id: u32,
+    ) -> Result<Option<i64>, StoreError> {
+        pull::earliest_store_time(&self.inner, topic, queue_id).await
+    }
+
+    /// Drops the topic's consume queues and their files, and asks for a checkpoint soon.
+    /// Records stay in the commitlog until retention deletes them; a crash before that
+    /// checkpoint can bring back units for the messages appended since the previous one.
+    pub fn delete_topic(&self, topic: &str) {
+        let removed = self.inner.queues.borrow_mut().delete_topic(topic);
+        if let Err(error) = removed {
+            eprintln!("shardmq: store: delete_topic {topic}: removing its files failed: {error}");
+        }
+        self.inner.log.borrow_mut().flush.checkpoint_wanted = true;
+        self.inner.notify.signal();
+    }
+
+    /// Queue ids of the topic that hold (or held) messages in this store.
+    pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
+        self.inner.queues.borrow().queue_ids(topic)
+    }
+
+    /// Commitlog end: the offset the next record is appended at (after a filler).
+    pub fn max_physical_offset(&self) -> u64 {
+        self.inner.log.borrow().tail.end()
+    }
+
+    pub fn min_physical_offset(&self) -> u64 {
+        self.inner.log.borrow().min_physical_offset
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let log = self.inner.log.borrow();
+        StoreStats {
+            durable_offset: log.flush.durable_end,
+            write_offset: log.tail.end(),
+            ..log.stats
+        }
+    }
+
+    /// Test hook: makes the next commitlog write or fdatasync fail as the disk would.
+    pub fn inject_fault(&self, fault: InjectedFault) {
+        self.inner.log.borrow_mut().flush.fault = Some(fault);
+    }
+
+    /// Final flush and checkpoint; the store refuses appends afterwards.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        flusher::close(&self.inner).await
+    }
+}

@@ -1,0 +1,81 @@
+//! The checkpoint: how far recovery may trust the consume queues.
+//!
+//! `<root>/checkpoint` is a JSON object written by the flusher (temp file, fdatasync, rename,
+//! directory fsync) after the commitlog is durable up to `commitlog_offset` and every
+//! consume-queue file written before it has been fdatasync'ed:
+//!
+//! | Field | Meaning |
+//! |---|---|
+//! | `commitlog_offset` | every record below it has its consume-queue unit on disk; a record boundary |
+//! | `clean` | written by `close`: nothing was appended after it |
+//! | `queues` | topic → queueId → max offset at that point; a queue on disk with fewer units (files deleted) makes recovery rebuild every queue from the first segment |
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+use glommio::io::BufferedFile;
+use serde::{Deserialize, Serialize};
+
+use super::error::io_error;
+use super::segments::sync_dir;
+
+const FILE_NAME: &str = "checkpoint";
+const TEMP_FILE_NAME: &str = "checkpoint.tmp";
+/// A checkpoint larger than this is not ours (it holds one number per queue).
+const CHECKPOINT_SIZE_MAX_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    pub commitlog_offset: u64,
+    pub clean: bool,
+    pub queues: BTreeMap<String, BTreeMap<u32, u64>>,
+}
+
+/// Reads the checkpoint; None when there is none or it does not parse (recovery then scans
+/// the whole commitlog, which is always correct, only slower).
+pub(crate) fn read(root: &Path) -> Option<Checkpoint> {
+    let path = root.join(FILE_NAME);
+    let size = std::fs::metadata(&path).ok()?.len();
+    if size > CHECKPOINT_SIZE_MAX_BYTES {
+        eprintln!(
+            "shardmq: store: ignoring oversized checkpoint {}",
+            path.display()
+        );
+        return None;
+    }
+    let text = std::fs::read(&path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(checkpoint) => Some(checkpoint),
+        Err(error) => {
+            eprintln!(
+                "shardmq: store: ignoring unreadable checkpoint {}: {error}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Writes the checkpoint durably and atomically.
+pub(crate) async fn write(root: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
+    let bytes = serde_json::to_vec(checkpoint).map_err(io::Error::other)?;
+    let temp = root.join(TEMP_FILE_NAME);
+    let file = BufferedFile::create(&temp).await.map_err(io_error)?;
+    let len = bytes.len();
+    let written = file.write_at(bytes, 0).await.map_err(io_error)?;
+    if written != len {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short checkpoint write",
+        ));
+    }
+    file.fdatasync().await.map_err(io_error)?;
+    file.close().await.map_err(io_error)?;
+    glommio::io::rename(&temp, root.join(FILE_NAME))
+        .await
+        .map_err(io_error)?;
+    sync_dir(root)
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))
+}

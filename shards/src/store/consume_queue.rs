@@ -1,0 +1,422 @@
+//! Consume queues: per (topic, queueId), the index of that queue's records in the commitlog.
+//!
+//! Lives on the shard that owns the store. Files are
+//! `<root>/consumequeue/<topic>/<queueId>/<20-digit start byte offset>` (RocketMQ's naming: the
+//! name is the first unit's index × 20), each preallocated to `units_per_file` units and written
+//! through a shared memory map (page cache is kernel-bounded memory; at most two files per queue
+//! are mapped at a time, so mappings grow with the number of queues, not with the data).
+//!
+//! Unit layout (20 bytes, big-endian, REMOTING.md §5.6):
+//!
+//! | Offset | Size | Field |
+//! |---|---|---|
+//! | 0 | 8 | commitlog offset of the record (i64) |
+//! | 8 | 4 | record size in bytes (i32); 0 marks a unit never written |
+//! | 12 | 8 | tags code (i64) |
+//!
+//! Invariants: units `[min_offset, max_offset)` are all written and their commitlog offsets
+//! increase; units at or past `max_offset` are zero on disk after recovery.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::PathBuf;
+
+use memmap2::MmapMut;
+
+/// Size of one consume-queue unit (RocketMQ's CQ_STORE_UNIT_SIZE).
+pub const CQ_UNIT_BYTES: u64 = 20;
+
+/// One consume-queue unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unit {
+    pub physical_offset: u64,
+    pub size_bytes: u32,
+    pub tags_code: i64,
+}
+
+impl Unit {
+    fn decode(bytes: &[u8]) -> Unit {
+        let mut offset = [0u8; 8];
+        let mut size = [0u8; 4];
+        let mut tags = [0u8; 8];
+        offset.copy_from_slice(&bytes[0..8]);
+        size.copy_from_slice(&bytes[8..12]);
+        tags.copy_from_slice(&bytes[12..20]);
+        Unit {
+            physical_offset: i64::from_be_bytes(offset) as u64,
+            size_bytes: i32::from_be_bytes(size) as u32,
+            tags_code: i64::from_be_bytes(tags),
+        }
+    }
+
+    fn encode(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&(self.physical_offset as i64).to_be_bytes());
+        out[8..12].copy_from_slice(&(self.size_bytes as i32).to_be_bytes());
+        out[12..20].copy_from_slice(&self.tags_code.to_be_bytes());
+    }
+
+    /// Whether this unit points at a whole record below `end` (commitlog bytes).
+    fn points_below(&self, end: u64) -> bool {
+        self.size_bytes > 0 && self.physical_offset + u64::from(self.size_bytes) <= end
+    }
+}
+
+struct MappedFile {
+    start_unit: u64,
+    map: MmapMut,
+}
+
+/// One queue's units.
+pub(crate) struct ConsumeQueue {
+    dir: PathBuf,
+    units_per_file: u64,
+    /// First unit index of every file on disk.
+    files: BTreeSet<u64>,
+    /// The file appends go to.
+    active: Option<MappedFile>,
+    /// The last other file read (pulls of older data).
+    cached: Option<MappedFile>,
+    min_offset: u64,
+    max_offset: u64,
+    /// Files written since the last checkpoint synced them.
+    dirty_files: BTreeSet<u64>,
+}
+
+fn file_name(start_unit: u64) -> String {
+    format!("{:020}", start_unit * CQ_UNIT_BYTES)
+}
+
+impl ConsumeQueue {
+    fn open(dir: PathBuf, units_per_file: u64) -> io::Result<ConsumeQueue> {
+        fs::create_dir_all(&dir)?;
+        let mut files = BTreeSet::new();
+        for entry in fs::read_dir(&dir)? {
+            let name = entry?.file_name();
+            let Some(start_byte) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
+                continue; // not ours (temp files, editors' leftovers)
+            };
+            if start_byte % (units_per_file * CQ_UNIT_BYTES) != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "consume queue file {:?} in {} does not start at a multiple of \
+                         {units_per_file} units (was consume_queue_units_per_file changed?)",
+                        name,
+                        dir.display()
+                    ),
+                ));
+            }
+            files.insert(start_byte / CQ_UNIT_BYTES);
+        }
+        let min_offset = files.first().copied().unwrap_or(0);
+        Ok(ConsumeQueue {
+            dir,
+            units_per_file,
+            files,
+            active: None,
+            cached: None,
+            min_offset,
+            max_offset: min_offset,
+            dirty_files: BTreeSet::new(),
+        })
+    }
+
+    pub(crate) fn min_offset(&self) -> u64 {
+        self.min_offset
+    }
+
+    pub(crate) fn max_offset(&self) -> u64 {
+        self.max_offset
+    }
+
+    fn file_start(&self, index: u64) -> u64 {
+        index - index % self.units_per_file
+    }
+
+    fn map_file(&self, start_unit: u64, create: bool) -> io::Result<Option<MappedFile>> {
+        let path = self.dir.join(file_name(start_unit));
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
+        if file.metadata()?.len() != size_bytes {
+            file.set_len(size_bytes)?;
+        }
+        // SAFETY: the file is private to this shard's store; nothing else truncates it while
+        // it is mapped (truncate_to drops the maps first).
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        Ok(Some(MappedFile { start_unit, map }))
+    }
+
+    /// The mapped file holding unit `index`, mapping it if needed; None when it does not exist
+    /// and `create` is false.
+    fn slot(&mut self, index: u64, create: bool) -> io::Result<Option<&mut MappedFile>> {
+        let start = self.file_start(index);
+        let in_active = self.active.as_ref().is_some_and(|f| f.start_unit == start);
+        if in_active {
+            return Ok(self.active.as_mut());
+        }
+        if self.cached.as_ref().is_some_and(|f| f.start_unit == start) {
+            return Ok(self.cached.as_mut());
+        }
+        let Some(mapped) = self.map_file(start, create)? else {
+            return Ok(None);
+        };
+        self.files.insert(start);
+        // The file holding the write position (or beyond it) becomes the active one.
+        if start >= self.file_start(self.max_offset) {
+            self.active = Some(mapped);
+            Ok(self.active.as_mut())
+        } else {
+            self.cached = Some(mapped);
+            Ok(self.cached.as_mut())
+        }
+    }
+
+    /// Writes unit `index` (recovery re-dispatch writes at the index the record carries).
+    pub(crate) fn write_unit(&mut self, index: u64, unit: Unit) -> io::Result<()> {
+        let units_per_file = self.units_per_file;
+        let file = self
+            .slot(index, true)?
+            .ok_or_else(|| io::Error::other("file vanished"))?;
+        let at = ((index % units_per_file) * CQ_UNIT_BYTES) as usize;
+        let start_unit = file.start_unit;
+        unit.encode(&mut file.map[at..at + CQ_UNIT_BYTES as usize]);
+        self.dirty_files.insert(start_unit);
+        Ok(())
+    }
+
+    /// Appends a unit at `max_offset`; returns its queue offset.
+    pub(crate) fn append(&mut self, unit: Unit) -> io::Result<u64> {
+        let index = self.max_offset;
+        self.write_unit(index, unit)?;
+        self.max_offset = index + 1;
+        Ok(index)
+    }
+
+    /// Reads unit `index`; None when its file does not exist.
+    pub(crate) fn read_unit(&mut self, index: u64) -> io::Result<Option<Unit>> {
+        let units_per_file = self.units_per_file;
+        let Some(file) = self.slot(index, false)? else {
+            return Ok(None);
+        };
+        let at = ((index % units_per_file) * CQ_UNIT_BYTES) as usize;
+        Ok(Some(Unit::decode(
+            &file.map[at..at + CQ_UNIT_BYTES as usize],
+        )))
+    }
+
+    /// Number of leading units (from `min_offset`) that point at whole records below `end`:
+    /// a binary search, valid because those units form a prefix (see module invariants).
+    pub(crate) fn count_units_below(&mut self, end: u64) -> io::Result<u64> {
+        let starts: Vec<u64> = self.files.iter().rev().copied().collect();
+        for start in starts {
+            let first_ok = self.read_unit(start)?.is_some_and(|u| u.points_below(end));
+            if !first_ok {
+                continue;
+            }
+            let (mut low, mut high) = (start + 1, start + self.units_per_file);
+            while low < high {
+                let mid = low + (high - low) / 2;
+                if self.read_unit(mid)?.is_some_and(|u| u.points_below(end)) {
+                    low = mid + 1;
+                } else {
+                    high = mid;
+                }
+            }
+            return Ok(low);
+        }
+        Ok(self.min_offset)
+    }
+
+    /// Drops every unit at or past `new_max`: zeroes the rest of its file, deletes later files.
+    pub(crate) fn truncate_to(&mut self, new_max: u64) -> io::Result<()> {
+        self.active = None;
+        self.cached = None;
+        let keep_start = self.file_start(new_max);
+        let later: Vec<u64> = self.files.range(keep_start + 1..).copied().collect();
+        for start in later {
+            fs::remove_file(self.dir.join(file_name(start)))?;
+            self.files.remove(&start);
+            self.dirty_files.remove(&start);
+        }
+        if self.files.contains(&keep_start) {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(self.dir.join(file_name(keep_start)))?;
+            // Shrinking then growing back turns the dropped units into a hole of zeros
+            // without writing (or reading) them.
+            file.set_len((new_max - keep_start) * CQ_UNIT_BYTES)?;
+            file.set_len(self.units_per_file * CQ_UNIT_BYTES)?;
+            self.dirty_files.insert(keep_start);
+        }
+        if self.files.is_empty() {
+            self.min_offset = new_max.min(self.min_offset);
+        }
+        self.max_offset = new_max.max(self.min_offset);
+        Ok(())
+    }
+
+    fn take_dirty_paths(&mut self, out: &mut Vec<PathBuf>) {
+        for start in std::mem::take(&mut self.dirty_files) {
+            out.push(self.dir.join(file_name(start)));
+        }
+    }
+}
+
+/// All consume queues of one store.
+pub(crate) struct QueueTable {
+    root: PathBuf,
+    units_per_file: u64,
+    topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>>,
+}
+
+impl QueueTable {
+    /// Opens every queue found under `root` (`<root>/<topic>/<queueId>/`).
+    pub(crate) fn load(root: PathBuf, units_per_file: u64) -> io::Result<QueueTable> {
+        fs::create_dir_all(&root)?;
+        let mut topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>> = BTreeMap::new();
+        for topic_entry in fs::read_dir(&root)? {
+            let topic_entry = topic_entry?;
+            let Ok(topic) = topic_entry.file_name().into_string() else {
+                continue;
+            };
+            if !topic_entry.file_type()?.is_dir() {
+                continue;
+            }
+            for queue_entry in fs::read_dir(topic_entry.path())? {
+                let queue_entry = queue_entry?;
+                let name = queue_entry.file_name();
+                let Some(queue_id) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let queue = ConsumeQueue::open(queue_entry.path(), units_per_file)?;
+                topics
+                    .entry(topic.clone())
+                    .or_default()
+                    .insert(queue_id, queue);
+            }
+        }
+        Ok(QueueTable {
+            root,
+            units_per_file,
+            topics,
+        })
+    }
+
+    pub(crate) fn get_mut(&mut self, topic: &str, queue_id: u32) -> Option<&mut ConsumeQueue> {
+        self.topics.get_mut(topic)?.get_mut(&queue_id)
+    }
+
+    pub(crate) fn get(&self, topic: &str, queue_id: u32) -> Option<&ConsumeQueue> {
+        self.topics.get(topic)?.get(&queue_id)
+    }
+
+    /// The queue, created (directory and all) on first use.
+    pub(crate) fn get_or_create(
+        &mut self,
+        topic: &str,
+        queue_id: u32,
+    ) -> io::Result<&mut ConsumeQueue> {
+        if self.get(topic, queue_id).is_none() {
+            let dir = self.root.join(topic).join(queue_id.to_string());
+            let queue = ConsumeQueue::open(dir, self.units_per_file)?;
+            self.topics
+                .entry(topic.to_string())
+                .or_default()
+                .insert(queue_id, queue);
+        }
+        self.get_mut(topic, queue_id)
+            .ok_or_else(|| io::Error::other("queue just inserted"))
+    }
+
+    pub(crate) fn queue_ids(&self, topic: &str) -> Vec<u32> {
+        self.topics
+            .get(topic)
+            .map(|q| q.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets the topic's queues and removes their files.
+    pub(crate) fn delete_topic(&mut self, topic: &str) -> io::Result<()> {
+        if self.topics.remove(topic).is_some() {
+            fs::remove_dir_all(self.root.join(topic))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn queues_mut(&mut self) -> impl Iterator<Item = (&str, u32, &mut ConsumeQueue)> {
+        self.topics.iter_mut().flat_map(|(topic, queues)| {
+            queues
+                .iter_mut()
+                .map(move |(id, q)| (topic.as_str(), *id, q))
+        })
+    }
+
+    /// (topic, queueId) → max offset of every queue, for the checkpoint.
+    pub(crate) fn max_offsets(&self) -> BTreeMap<String, BTreeMap<u32, u64>> {
+        self.topics
+            .iter()
+            .map(|(t, qs)| {
+                (
+                    t.clone(),
+                    qs.iter().map(|(id, q)| (*id, q.max_offset)).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Paths of the files written since the last call (they need an fdatasync).
+    pub(crate) fn take_dirty_paths(&mut self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for queues in self.topics.values_mut() {
+            for queue in queues.values_mut() {
+                queue.take_dirty_paths(&mut out);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(offset: u64) -> Unit {
+        Unit {
+            physical_offset: offset,
+            size_bytes: 100,
+            tags_code: offset as i64,
+        }
+    }
+
+    #[test]
+    fn append_read_across_files_and_truncate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_or_create("T", 1).unwrap();
+        for i in 0..10 {
+            assert_eq!(queue.append(unit(i * 100)).unwrap(), i);
+        }
+        assert_eq!(queue.read_unit(7).unwrap(), Some(unit(700)));
+        assert_eq!(queue.read_unit(13).unwrap(), None);
+        assert_eq!(queue.count_units_below(1000).unwrap(), 10);
+        assert_eq!(queue.count_units_below(650).unwrap(), 6);
+        queue.truncate_to(6).unwrap();
+        assert_eq!(queue.max_offset(), 6);
+        assert_eq!(queue.read_unit(6).unwrap().map(|u| u.size_bytes), Some(0));
+        assert_eq!(queue.read_unit(9).unwrap(), None);
+
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_mut("T", 1).unwrap();
+        assert_eq!(queue.count_units_below(u64::MAX / 2).unwrap(), 6);
+    }
+}

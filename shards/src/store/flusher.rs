@@ -1,0 +1,546 @@
+//! The flusher: the one task per store that writes commitlog files, and group commit.
+//!
+//! Runs on the store's executor, spawned by `Store::open`; it holds only a weak reference, so
+//! a store dropped without `close` stops it (what a crash leaves behind, for tests). Each turn
+//! it does one thing, in this order of priority:
+//!
+//! | Action | When |
+//! |---|---|
+//! | exit (final flush + clean checkpoint) | `close` was called |
+//! | zero-fill one chunk | Sync mode, dirty, the zero-filled space ahead is below `ZERO_FILL_LOW_WATER_BYTES`, and the previous turn was not a zero-fill |
+//! | flush | Sync: anything dirty; Async: dirty for `flush_interval_ms` or more than `FLUSH_DIRTY_BYTES_MAX` dirty |
+//! | checkpoint | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
+//! | zero-fill one chunk | idle and the next segment is not yet ready |
+//! | wait | for an append, a `wait_durable`, `close` or the next deadline |
+//!
+//! A flush writes `[align_down(durable_end), align_up(end))` (re-writing the partial last
+//! block) in one `write_at` per segment (split at `FLUSH_WRITE_MAX_BYTES`), then one
+//! `fdatasync`, then sets `durable_end = end` and wakes every waiter at or below it. Because
+//! appends go on during a flush, the next flush carries all of them: that is the group commit.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::rc::{Rc, Weak};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use glommio::io::BufferedFile;
+
+use super::checkpoint::{self, Checkpoint};
+use super::error::{io_error, os_error_with_context, Poison};
+use super::segments::{align_down, align_up, create_segment, write_buffer_at, BLOCK_BYTES};
+use super::{FlushMode, Inner, StoreError, TAIL_READ_KEEP_BYTES};
+
+/// Async mode: dirty bytes that trigger a flush before the interval ends (one large write
+/// is as cheap as a small one; more would delay durability and grow the write).
+pub const FLUSH_DIRTY_BYTES_MAX: u64 = 4 << 20;
+/// Largest single DMA write: bounds the DMA buffer a flush allocates.
+pub const FLUSH_WRITE_MAX_BYTES: u64 = 8 << 20;
+/// Zero-fill write size: large enough to be efficient, small enough not to delay a flush.
+pub const ZERO_FILL_CHUNK_BYTES: u64 = 1 << 20;
+/// Under load, zero-filling gets every other turn once less than this is ready ahead.
+pub const ZERO_FILL_LOW_WATER_BYTES: u64 = 64 << 20;
+/// How often consume queues are synced and the checkpoint written (bounds recovery work).
+pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
+
+const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
+const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
+
+/// A disk failure to simulate on the next commitlog write or fdatasync (fault-injection hook).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectedFault {
+    /// The next write fails with this errno (e.g. libc::EIO, libc::ENOSPC).
+    WriteError { errno: i32 },
+    /// The next fdatasync fails with this errno.
+    FdatasyncError { errno: i32 },
+}
+
+/// Flush bookkeeping, inside the store's `LogState`.
+pub(crate) struct FlushState {
+    /// Everything below this commitlog offset is written and fdatasync'ed.
+    pub(crate) durable_end: u64,
+    /// `wait_durable` callers by the offset they wait for.
+    waiters: BTreeMap<u64, Vec<Waker>>,
+    close_waiters: Vec<Waker>,
+    /// When the oldest unflushed append happened (Async deadline).
+    dirty_since: Option<Instant>,
+    pub(crate) checkpoint_wanted: bool,
+    last_checkpoint_at: Instant,
+    last_checkpoint_offset: u64,
+    /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
+    zero_fill_next: u64,
+    last_turn_zero_fill: bool,
+    messages_at_last_flush: u64,
+    pub(crate) fault: Option<InjectedFault>,
+    /// The flusher has exited (after `close`); the result `close` reports.
+    done: Option<Result<(), Poison>>,
+}
+
+impl FlushState {
+    pub(crate) fn new(durable_end: u64, zero_fill_next: u64) -> FlushState {
+        FlushState {
+            durable_end,
+            waiters: BTreeMap::new(),
+            close_waiters: Vec::new(),
+            dirty_since: None,
+            checkpoint_wanted: false,
+            last_checkpoint_at: Instant::now(),
+            last_checkpoint_offset: durable_end,
+            zero_fill_next,
+            last_turn_zero_fill: false,
+            messages_at_last_flush: 0,
+            fault: None,
+            done: None,
+        }
+    }
+
+    /// Records an append ending at `end`; true when the flusher must be woken.
+    pub(crate) fn note_append(&mut self, mode: FlushMode, end: u64) -> bool {
+        match mode {
+            FlushMode::Sync => true,
+            FlushMode::Async => {
+                let first_dirty = self.dirty_since.is_none();
+                if first_dirty {
+                    self.dirty_since = Some(Instant::now());
+                }
+                first_dirty || end - self.durable_end >= FLUSH_DIRTY_BYTES_MAX
+            }
+        }
+    }
+
+    fn wake_waiters_up_to(&mut self, end: u64) {
+        let later = self.waiters.split_off(&(end + 1));
+        for waker in std::mem::replace(&mut self.waiters, later)
+            .into_values()
+            .flatten()
+        {
+            waker.wake();
+        }
+    }
+
+    fn wake_everyone(&mut self) {
+        for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
+            waker.wake();
+        }
+        for waker in self.close_waiters.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+/// A one-slot wake-up signal for the flusher.
+#[derive(Default)]
+pub(crate) struct Notify {
+    signalled: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Notify {
+    pub(crate) fn signal(&self) {
+        self.signalled.set(true);
+        if let Some(waker) = self.waker.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+
+    fn wait(&self) -> impl Future<Output = ()> + '_ {
+        poll_fn(move |cx| {
+            if self.signalled.replace(false) {
+                Poll::Ready(())
+            } else {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+}
+
+enum Action {
+    Exit,
+    Flush,
+    Checkpoint,
+    ZeroFill,
+    Wait(Option<Duration>),
+}
+
+pub(crate) fn spawn(inner: &Rc<Inner>) {
+    let weak = Rc::downgrade(inner);
+    let notify = inner.notify.clone();
+    glommio::spawn_local(run(weak, notify)).detach();
+}
+
+async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
+    loop {
+        let action = match weak.upgrade() {
+            Some(inner) => next_action(&inner),
+            None => return,
+        };
+        let ran = match action {
+            Action::Wait(timeout) => {
+                match timeout {
+                    Some(t) => {
+                        futures_lite::future::or(notify.wait(), glommio::timer::sleep(t)).await
+                    }
+                    None => notify.wait().await,
+                }
+                continue;
+            }
+            action => action,
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        inner.log.borrow_mut().flush.last_turn_zero_fill = matches!(ran, Action::ZeroFill);
+        match ran {
+            Action::Exit => return exit(&inner).await,
+            Action::Flush => {
+                flush(&inner).await;
+            }
+            Action::Checkpoint => {
+                checkpoint(&inner, false).await;
+            }
+            Action::ZeroFill => {
+                zero_fill_step(&inner).await;
+            }
+            Action::Wait(_) => {}
+        }
+    }
+}
+
+fn next_action(inner: &Inner) -> Action {
+    let log = inner.log.borrow();
+    let flush = &log.flush;
+    if log.closing {
+        return Action::Exit;
+    }
+    if log.poison.is_some() {
+        return Action::Wait(None);
+    }
+    let now = Instant::now();
+    let end = log.tail.end();
+    let dirty = end > flush.durable_end;
+    let zero_fill_target = zero_fill_target(inner, end);
+    let zero_fill_next = flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
+    let zero_fill_pending = zero_fill_next < zero_fill_target;
+    let mut deadlines = Vec::new();
+    if dirty {
+        match inner.config.flush_mode {
+            FlushMode::Sync => {
+                let low = zero_fill_next - end < ZERO_FILL_LOW_WATER_BYTES;
+                if zero_fill_pending && low && !flush.last_turn_zero_fill {
+                    return Action::ZeroFill;
+                }
+                return Action::Flush;
+            }
+            FlushMode::Async => {
+                let interval = Duration::from_millis(inner.config.flush_interval_ms);
+                let since = flush.dirty_since.unwrap_or(now);
+                if end - flush.durable_end >= FLUSH_DIRTY_BYTES_MAX || now >= since + interval {
+                    return Action::Flush;
+                }
+                deadlines.push(since + interval);
+            }
+        }
+    }
+    let checkpoint_every = Duration::from_millis(CHECKPOINT_INTERVAL_MS);
+    let changed = end != flush.last_checkpoint_offset || flush.checkpoint_wanted;
+    if changed {
+        let due = flush.last_checkpoint_at + checkpoint_every;
+        if now >= due || flush.checkpoint_wanted {
+            return Action::Checkpoint;
+        }
+        deadlines.push(due);
+    }
+    if zero_fill_pending {
+        return Action::ZeroFill;
+    }
+    Action::Wait(
+        deadlines
+            .into_iter()
+            .min()
+            .map(|d| d.saturating_duration_since(now)),
+    )
+}
+
+/// Zero-filling aims at the end of the segment after the one being written.
+fn zero_fill_target(inner: &Inner, end: u64) -> u64 {
+    let size = inner.config.segment_size_bytes;
+    align_down(end, size) + 2 * size
+}
+
+fn poison(inner: &Inner, context: &str, error: &io::Error) {
+    let poison = Poison::from_io(context, error);
+    eprintln!(
+        "shardmq: store {}: {poison:?}",
+        inner.config.root_dir.display()
+    );
+    let mut log = inner.log.borrow_mut();
+    if log.poison.is_none() {
+        log.poison = Some(poison);
+    }
+    log.flush.wake_everyone();
+}
+
+/// Creates the segment files covering `[start, end)` that do not exist yet.
+async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), StoreError> {
+    let size = inner.config.segment_size_bytes;
+    let mut segment = align_down(start, size);
+    while segment < end {
+        let missing = inner.log.borrow().segments.file_for(segment).is_none();
+        if missing {
+            let dir = inner.log.borrow().segments.dir.clone();
+            let file = create_segment(&dir, size, segment).await?;
+            inner
+                .log
+                .borrow_mut()
+                .segments
+                .files
+                .insert(segment, Rc::new(file));
+        }
+        segment += size;
+    }
+    Ok(())
+}
+
+fn take_fault(inner: &Inner, write: bool) -> Option<io::Error> {
+    let mut log = inner.log.borrow_mut();
+    let errno = match log.flush.fault {
+        Some(InjectedFault::WriteError { errno }) if write => errno,
+        Some(InjectedFault::FdatasyncError { errno }) if !write => errno,
+        _ => return None,
+    };
+    log.flush.fault = None;
+    Some(io::Error::from_raw_os_error(errno))
+}
+
+/// One flush of everything dirty now. Returns false when the store is (or got) poisoned.
+pub(crate) async fn flush(inner: &Inner) -> bool {
+    let (start, end, messages) = {
+        let log = inner.log.borrow();
+        if log.poison.is_some() {
+            return false;
+        }
+        (
+            align_down(log.flush.durable_end, BLOCK_BYTES),
+            log.tail.end(),
+            log.stats.put_messages,
+        )
+    };
+    if end == inner.log.borrow().flush.durable_end {
+        return true;
+    }
+    if let Err(error) = ensure_segments(inner, start, end).await {
+        poison(inner, "creating a commitlog segment", &store_io(error));
+        return false;
+    }
+    let size = inner.config.segment_size_bytes;
+    let mut jobs = Vec::new();
+    {
+        let log = inner.log.borrow();
+        let stop = align_up(end, BLOCK_BYTES);
+        let mut pos = start;
+        while pos < stop {
+            let Some((segment, file)) = log.segments.file_for(pos) else {
+                drop(log);
+                poison(inner, "flush", &io::Error::other("segment vanished"));
+                return false;
+            };
+            let piece_end = stop.min(segment + size).min(pos + FLUSH_WRITE_MAX_BYTES);
+            let mut buffer = file.alloc_dma_buffer((piece_end - pos) as usize);
+            log.tail.copy_out(pos, buffer.as_bytes_mut());
+            jobs.push((file, pos - segment, buffer));
+            pos = piece_end;
+        }
+    }
+    let mut synced: Vec<Rc<glommio::io::DmaFile>> = Vec::new();
+    for (file, pos, buffer) in jobs {
+        let result = match take_fault(inner, true) {
+            Some(error) => Err(error),
+            None => write_buffer_at(&file, pos, buffer).await,
+        };
+        if let Err(error) = result {
+            poison(inner, "commitlog write", &error);
+            return false;
+        }
+        if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
+            synced.push(file);
+        }
+    }
+    for file in synced {
+        let result = match take_fault(inner, false) {
+            Some(error) => Err(error),
+            None => file.fdatasync().await.map_err(io_error),
+        };
+        if let Err(error) = result {
+            poison(inner, "commitlog fdatasync", &error);
+            return false;
+        }
+    }
+    mark_durable(inner, end, messages);
+    true
+}
+
+fn mark_durable(inner: &Inner, end: u64, messages: u64) {
+    let mut log = inner.log.borrow_mut();
+    assert!(
+        end >= log.flush.durable_end,
+        "the durable end never goes backwards"
+    );
+    log.flush.durable_end = end;
+    log.stats.flushes += 1;
+    log.stats.flushed_messages += messages - log.flush.messages_at_last_flush;
+    log.flush.messages_at_last_flush = messages;
+    log.flush.dirty_since = (log.tail.end() > end).then(Instant::now);
+    log.flush.wake_waiters_up_to(end);
+    let keep_from = align_down(end, BLOCK_BYTES).saturating_sub(TAIL_READ_KEEP_BYTES);
+    log.tail.drop_before(keep_from);
+}
+
+fn store_io(error: StoreError) -> io::Error {
+    match error {
+        StoreError::Io(e) => e,
+        StoreError::DiskFull(text) => os_error_with_context(libc::ENOSPC, text),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// Writes zeros over the next chunk of segment space ahead of the write position.
+async fn zero_fill_step(inner: &Inner) {
+    let (pos, stop) = {
+        let log = inner.log.borrow();
+        let end = log.tail.end();
+        let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
+        let size = inner.config.segment_size_bytes;
+        let stop = (pos + ZERO_FILL_CHUNK_BYTES).min(align_down(pos, size) + size);
+        (pos, stop.min(zero_fill_target(inner, end)))
+    };
+    if pos >= stop {
+        return;
+    }
+    if let Err(error) = ensure_segments(inner, pos, stop).await {
+        poison(inner, "creating a commitlog segment", &store_io(error));
+        return;
+    }
+    let Some((segment, file)) = inner.log.borrow().segments.file_for(pos) else {
+        return;
+    };
+    let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
+    buffer.as_bytes_mut().fill(0);
+    let written = write_buffer_at(&file, pos - segment, buffer).await;
+    let synced = match written {
+        Ok(()) => file.fdatasync().await.map_err(io_error),
+        Err(error) => Err(error),
+    };
+    if let Err(error) = synced {
+        poison(inner, "commitlog zero-fill", &error);
+        return;
+    }
+    let mut log = inner.log.borrow_mut();
+    log.flush.zero_fill_next = log.flush.zero_fill_next.max(stop);
+    log.stats.zero_filled_bytes += stop - pos;
+}
+
+/// Makes the consume queues durable up to the current end and records it in the checkpoint.
+pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
+    let (offset, queues) = {
+        let log = inner.log.borrow();
+        (log.tail.end(), inner.queues.borrow().max_offsets())
+    };
+    if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
+        return false;
+    }
+    let paths = inner.queues.borrow_mut().take_dirty_paths();
+    for path in paths {
+        if let Err(error) = sync_file(&path).await {
+            if error.kind() != io::ErrorKind::NotFound {
+                poison(inner, "consume queue fdatasync", &error);
+                return false;
+            }
+        }
+    }
+    let record = Checkpoint {
+        commitlog_offset: offset,
+        clean,
+        queues,
+    };
+    if let Err(error) = checkpoint::write(&inner.config.root_dir, &record).await {
+        poison(inner, "checkpoint write", &error);
+        return false;
+    }
+    let mut log = inner.log.borrow_mut();
+    log.flush.last_checkpoint_at = Instant::now();
+    log.flush.last_checkpoint_offset = offset;
+    log.flush.checkpoint_wanted = false;
+    log.stats.checkpoints += 1;
+    true
+}
+
+async fn sync_file(path: &std::path::Path) -> io::Result<()> {
+    let file = BufferedFile::open(path).await.map_err(io_error)?;
+    let synced = file.fdatasync().await.map_err(io_error);
+    file.close().await.map_err(io_error)?;
+    synced
+}
+
+async fn exit(inner: &Inner) {
+    let ok = flush(inner).await && checkpoint(inner, true).await;
+    let files: Vec<_> = {
+        let mut log = inner.log.borrow_mut();
+        std::mem::take(&mut log.segments.files)
+            .into_values()
+            .collect()
+    };
+    for file in files {
+        // A reader still holding the file closes it when it drops its reference.
+        let _ = file.close_rc().await;
+    }
+    let mut log = inner.log.borrow_mut();
+    let result = match (&log.poison, ok) {
+        (Some(poison), _) => Err(poison.clone()),
+        (None, true) => Ok(()),
+        (None, false) => Err(Poison::Failed("final flush failed".to_string())),
+    };
+    log.flush.done = Some(result);
+    log.flush.wake_everyone();
+}
+
+pub(crate) async fn wait_durable(inner: &Inner, end_offset: u64) -> Result<(), StoreError> {
+    poll_fn(|cx| {
+        let mut log = inner.log.borrow_mut();
+        if let Some(poison) = &log.poison {
+            return Poll::Ready(Err(poison.to_error()));
+        }
+        // An offset past the end can only be a caller's mistake; wait for the end instead.
+        let target = end_offset.min(log.tail.end());
+        if log.flush.durable_end >= target {
+            return Poll::Ready(Ok(()));
+        }
+        if log.flush.done.is_some() {
+            return Poll::Ready(Err(StoreError::Closed));
+        }
+        log.flush
+            .waiters
+            .entry(target)
+            .or_default()
+            .push(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
+pub(crate) async fn close(inner: &Inner) -> Result<(), StoreError> {
+    inner.log.borrow_mut().closing = true;
+    inner.notify.signal();
+    poll_fn(|cx| {
+        let mut log = inner.log.borrow_mut();
+        match &log.flush.done {
+            Some(Ok(())) => Poll::Ready(Ok(())),
+            Some(Err(poison)) => Poll::Ready(Err(poison.to_error())),
+            None => {
+                log.flush.close_waiters.push(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}

@@ -1,0 +1,363 @@
+//! Reads: PULL batches, whole records by commitlog offset, and searches by store time.
+//!
+//! Runs on the store's shard. Bytes still in the in-memory tail are copied from memory; older
+//! bytes (always durable) are read from the segment files with DMA reads. A pull body is the
+//! stored records copied as they are, never re-encoded.
+//!
+//! PULL status mapping (REMOTING.md §3.3), `offset` being the requested queue offset:
+//!
+//! | Condition | Status | next_begin_offset |
+//! |---|---|---|
+//! | queue empty or unknown (max = 0) | NoMessageInQueue | 0 |
+//! | offset < min | OffsetTooSmall | min |
+//! | offset = max | OffsetOverflowOne | offset |
+//! | offset > max | OffsetOverflowBadly | max |
+//! | messages found | Found | last unit taken + 1 (filtered units count) |
+//! | scan limit reached, no unit matched | NoMatchedMessage | first unit not scanned |
+//! | only units pointing at deleted commitlog | OffsetFoundNull | first unit not scanned |
+
+use std::rc::Rc;
+
+use glommio::io::DmaFile;
+
+use super::consume_queue::Unit;
+use super::record::{self, MAGIC_CODE_V1, MAGIC_CODE_V2};
+use super::segments::read_exact_at;
+use super::{Inner, StoreError, RECORD_SIZE_MAX_BYTES};
+
+/// Consume-queue bytes a pull scans at least before answering NoMatchedMessage (RocketMQ's
+/// 16000 bytes), in units.
+pub const PULL_SCAN_MIN_UNITS: u64 = 16_000 / 20;
+/// Most messages one pull returns, whatever the client asks (a hostile maxMsgNums must not
+/// turn into an unbounded scan or body).
+pub const PULL_BATCH_MAX_MESSAGES: u32 = 1024;
+/// Most body bytes one pull returns (the first message is returned whatever its size).
+pub const PULL_BATCH_MAX_BYTES: u32 = 16 << 20;
+/// Bytes read to find a record's STORETIMESTAMP (it ends at 76 with an IPv6 born host).
+const RECORD_HEADER_READ_BYTES: usize = 76;
+
+const _: () = assert!(RECORD_HEADER_READ_BYTES <= record::RECORD_FIXED_BYTES);
+
+/// Result of a store lookup, in RocketMQ's GetMessageStatus terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetStatus {
+    Found,
+    NoMessageInQueue,
+    OffsetTooSmall,
+    OffsetOverflowOne,
+    OffsetOverflowBadly,
+    NoMatchedMessage,
+    OffsetFoundNull,
+}
+
+/// What a pull found.
+#[derive(Debug)]
+pub struct GetMessageResult {
+    pub status: GetStatus,
+    pub next_begin_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+    pub message_count: u32,
+    /// Concatenated stored records, exactly as on disk.
+    pub body: Vec<u8>,
+}
+
+pub(crate) struct PullRequest<'a> {
+    pub topic: &'a str,
+    pub queue_id: u32,
+    pub offset: u64,
+    pub max_messages: u32,
+    pub max_bytes: u32,
+}
+
+/// The units a pull takes, decided from the consume queue alone.
+struct Plan {
+    result: GetMessageResult,
+    units: Vec<Unit>,
+}
+
+fn plan(
+    inner: &Inner,
+    request: &PullRequest<'_>,
+    filter: &dyn Fn(i64) -> bool,
+) -> Result<Plan, StoreError> {
+    let min_physical = inner.log.borrow().min_physical_offset;
+    let mut queues = inner.queues.borrow_mut();
+    let (min, max) = match queues.get(request.topic, request.queue_id) {
+        Some(queue) => (queue.min_offset(), queue.max_offset()),
+        None => (0, 0),
+    };
+    let offset = request.offset;
+    let answer = |status, next_begin_offset| {
+        let result = GetMessageResult {
+            status,
+            next_begin_offset,
+            min_offset: min,
+            max_offset: max,
+            message_count: 0,
+            body: Vec::new(),
+        };
+        Ok(Plan {
+            result,
+            units: Vec::new(),
+        })
+    };
+    if max == 0 {
+        return answer(GetStatus::NoMessageInQueue, 0);
+    }
+    if offset < min {
+        return answer(GetStatus::OffsetTooSmall, min);
+    }
+    if offset == max {
+        return answer(GetStatus::OffsetOverflowOne, offset);
+    }
+    if offset > max {
+        return answer(GetStatus::OffsetOverflowBadly, max);
+    }
+    let Some(queue) = queues.get_mut(request.topic, request.queue_id) else {
+        return answer(GetStatus::NoMessageInQueue, 0);
+    };
+    let max_messages = request.max_messages.clamp(1, PULL_BATCH_MAX_MESSAGES);
+    let max_bytes = u64::from(request.max_bytes.min(PULL_BATCH_MAX_BYTES));
+    let scan_end = max.min(offset + PULL_SCAN_MIN_UNITS.max(u64::from(max_messages)));
+    let (mut units, mut bytes, mut saw_null) = (Vec::new(), 0u64, false);
+    let mut index = offset;
+    while index < scan_end {
+        let unit = queue.read_unit(index)?;
+        let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
+        else {
+            saw_null = true;
+            index += 1;
+            continue;
+        };
+        let size = u64::from(unit.size_bytes);
+        let full =
+            !units.is_empty() && (units.len() as u32 >= max_messages || bytes + size > max_bytes);
+        if full {
+            break;
+        }
+        if filter(unit.tags_code) {
+            units.push(unit);
+            bytes += size;
+        }
+        index += 1;
+    }
+    let status = match (units.is_empty(), saw_null) {
+        (false, _) => GetStatus::Found,
+        (true, true) => GetStatus::OffsetFoundNull,
+        (true, false) => GetStatus::NoMatchedMessage,
+    };
+    let result = GetMessageResult {
+        status,
+        next_begin_offset: index,
+        min_offset: min,
+        max_offset: max,
+        message_count: units.len() as u32,
+        body: Vec::with_capacity(bytes as usize),
+    };
+    Ok(Plan { result, units })
+}
+
+pub(crate) async fn get_messages(
+    inner: &Inner,
+    request: &PullRequest<'_>,
+    filter: &dyn Fn(i64) -> bool,
+) -> Result<GetMessageResult, StoreError> {
+    let Plan { mut result, units } = plan(inner, request, filter)?;
+    let mut run_start = 0;
+    while run_start < units.len() {
+        // Records that follow each other in the commitlog are read in one go.
+        let mut run_end = run_start + 1;
+        while run_end < units.len() && follows(&units[run_end - 1], &units[run_end]) {
+            run_end += 1;
+        }
+        let first = units[run_start].physical_offset;
+        let last = &units[run_end - 1];
+        let len = (last.physical_offset + u64::from(last.size_bytes) - first) as usize;
+        let bytes = read_range(inner, first, len).await?;
+        result.body.extend_from_slice(&bytes);
+        run_start = run_end;
+    }
+    check_sizes(&units, &result.body)?;
+    Ok(result)
+}
+
+fn follows(previous: &Unit, next: &Unit) -> bool {
+    previous.physical_offset + u64::from(previous.size_bytes) == next.physical_offset
+}
+
+/// Every record's TOTALSIZE must equal its unit's size: a pull body is decoded sequentially.
+fn check_sizes(units: &[Unit], body: &[u8]) -> Result<(), StoreError> {
+    let mut at = 0usize;
+    for unit in units {
+        let size = record::peek_header(&body[at..]).map(|(size, _)| size as u32);
+        if size != Some(unit.size_bytes) {
+            return Err(StoreError::Corrupt {
+                offset: unit.physical_offset,
+                reason: format!(
+                    "TOTALSIZE {size:?} differs from its unit's {}",
+                    unit.size_bytes
+                ),
+            });
+        }
+        at += unit.size_bytes as usize;
+    }
+    Ok(())
+}
+
+/// Copies commitlog bytes `[pos, pos + len)`: the part in the tail from memory, the part
+/// below it (durable) with DMA reads.
+pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Vec<u8>, StoreError> {
+    let mut out = vec![0u8; len];
+    let end = pos + len as u64;
+    let mut pieces: Vec<(u64, u64, u64, Rc<DmaFile>)> = Vec::new();
+    {
+        let log = inner.log.borrow();
+        if pos < log.min_physical_offset || end > log.tail.end() {
+            return Err(StoreError::Corrupt {
+                offset: pos,
+                reason: format!("range of {len} bytes lies outside the commitlog"),
+            });
+        }
+        let split = log.tail.base().clamp(pos, end);
+        if split < end {
+            log.tail.copy_out(split, &mut out[(split - pos) as usize..]);
+        }
+        let mut at = pos;
+        while at < split {
+            let Some((segment, file)) = log.segments.file_for(at) else {
+                return Err(if log.closing {
+                    StoreError::Closed
+                } else {
+                    StoreError::Corrupt {
+                        offset: at,
+                        reason: "commitlog segment missing".into(),
+                    }
+                });
+            };
+            let stop = split.min(segment + inner.config.segment_size_bytes);
+            pieces.push((segment, at, stop, file));
+            at = stop;
+        }
+    }
+    for (segment, at, stop, file) in pieces {
+        let out_range = (at - pos) as usize..(stop - pos) as usize;
+        read_exact_at(&file, at - segment, &mut out[out_range]).await?;
+    }
+    Ok(out)
+}
+
+pub(crate) async fn read_record(
+    inner: &Inner,
+    physical_offset: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let (min, end) = {
+        let log = inner.log.borrow();
+        (log.min_physical_offset, log.tail.end())
+    };
+    let header_bytes = record::RECORD_FIXED_BYTES as u64;
+    if physical_offset < min || physical_offset.saturating_add(header_bytes) > end {
+        return Ok(None);
+    }
+    let header = read_range(inner, physical_offset, record::BLANK_HEADER_BYTES).await?;
+    let Some((size, magic)) = record::peek_header(&header) else {
+        return Ok(None);
+    };
+    let Ok(size) = usize::try_from(size) else {
+        return Ok(None);
+    };
+    let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
+        && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
+        && physical_offset + size as u64 <= end;
+    if !plausible {
+        return Ok(None);
+    }
+    let bytes = read_range(inner, physical_offset, size).await?;
+    let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == physical_offset);
+    Ok(valid.then_some(bytes))
+}
+
+/// STORETIMESTAMP of the record a unit points at (i64::MIN for units of deleted commitlog).
+async fn store_timestamp(inner: &Inner, unit: Unit) -> Result<i64, StoreError> {
+    if unit.physical_offset < inner.log.borrow().min_physical_offset || unit.size_bytes == 0 {
+        return Ok(i64::MIN);
+    }
+    let header = read_range(inner, unit.physical_offset, RECORD_HEADER_READ_BYTES).await?;
+    let mut field = [0u8; 4];
+    field.copy_from_slice(&header[36..40]);
+    let sys_flag = i32::from_be_bytes(field);
+    let at = if sys_flag & record::BORNHOST_V6_FLAG != 0 {
+        record::STORE_TIMESTAMP_OFFSET_V4_BORN + 12
+    } else {
+        record::STORE_TIMESTAMP_OFFSET_V4_BORN
+    };
+    let mut stamp = [0u8; 8];
+    stamp.copy_from_slice(&header[at..at + 8]);
+    Ok(i64::from_be_bytes(stamp))
+}
+
+fn unit_at(inner: &Inner, topic: &str, queue_id: u32, index: u64) -> Result<Unit, StoreError> {
+    let mut queues = inner.queues.borrow_mut();
+    let unit = match queues.get_mut(topic, queue_id) {
+        Some(queue) => queue.read_unit(index)?,
+        None => None,
+    };
+    unit.ok_or_else(|| StoreError::Corrupt {
+        offset: index,
+        reason: format!("consume queue {topic}/{queue_id} has no unit {index}"),
+    })
+}
+
+fn queue_bounds(inner: &Inner, topic: &str, queue_id: u32) -> (u64, u64) {
+    match inner.queues.borrow().get(topic, queue_id) {
+        Some(queue) => (queue.min_offset(), queue.max_offset()),
+        None => (0, 0),
+    }
+}
+
+pub(crate) async fn offset_by_timestamp(
+    inner: &Inner,
+    topic: &str,
+    queue_id: u32,
+    timestamp_ms: i64,
+    upper: bool,
+) -> Result<u64, StoreError> {
+    let (min, max) = queue_bounds(inner, topic, queue_id);
+    // Store timestamps never decrease along a queue, so both bounds are binary searches for
+    // the first unit past a predicate.
+    let (mut low, mut high) = (min, max);
+    while low < high {
+        let mid = low + (high - low) / 2;
+        let unit = unit_at(inner, topic, queue_id, mid)?;
+        let stamp = store_timestamp(inner, unit).await?;
+        let before = if upper {
+            stamp <= timestamp_ms
+        } else {
+            stamp < timestamp_ms
+        };
+        if before {
+            low = mid + 1;
+        } else {
+            high = mid;
+        }
+    }
+    if upper {
+        // `low` is the first unit stored after the time: the answer is the one before it.
+        Ok(if low > min { low - 1 } else { min })
+    } else {
+        Ok(low)
+    }
+}
+
+pub(crate) async fn earliest_store_time(
+    inner: &Inner,
+    topic: &str,
+    queue_id: u32,
+) -> Result<Option<i64>, StoreError> {
+    let (min, max) = queue_bounds(inner, topic, queue_id);
+    if min >= max {
+        return Ok(None);
+    }
+    let unit = unit_at(inner, topic, queue_id, min)?;
+    Ok(Some(store_timestamp(inner, unit).await?))
+}

@@ -1,0 +1,478 @@
+//! The stored message record: RocketMQ's commitlog format, byte for byte (REMOTING.md §5.1).
+//!
+//! Pure code, no I/O: the store encodes with it, recovery and reads validate with it, and the
+//! client library decodes PULL bodies with it (a pull body is the concatenation of records).
+//! All integers are big-endian.
+//!
+//! | # | Field | Size (bytes) | Offset (IPv4 hosts, magic V1) |
+//! |---|---|---|---|
+//! | 1 | TOTALSIZE (whole record, this field included) | 4 | 0 |
+//! | 2 | MAGICCODE (V1 0xDAA320A7, V2 0xDAA320AB, blank 0xCBD43194) | 4 | 4 |
+//! | 3 | BODYCRC = crc32(body) & 0x7FFFFFFF | 4 | 8 |
+//! | 4 | QUEUEID | 4 | 12 |
+//! | 5 | FLAG | 4 | 16 |
+//! | 6 | QUEUEOFFSET | 8 | 20 |
+//! | 7 | PHYSICALOFFSET | 8 | 28 |
+//! | 8 | SYSFLAG (0x10: born host is IPv6, 0x20: store host is IPv6) | 4 | 36 |
+//! | 9 | BORNTIMESTAMP (ms) | 8 | 40 |
+//! | 10 | BORNHOST: IPv4 4 + port i32 (IPv6: 16 + 4) | 8 / 20 | 48 |
+//! | 11 | STORETIMESTAMP (ms) | 8 | 56 |
+//! | 12 | STOREHOST (same form) | 8 / 20 | 64 |
+//! | 13 | RECONSUMETIMES | 4 | 72 |
+//! | 14 | PREPARED TRANSACTION OFFSET | 8 | 76 |
+//! | 15 | BODY length i32 + body | 4 + b | 84 |
+//! | 16 | TOPIC length (u8 for V1, i16 for V2) + UTF-8 topic | 1/2 + t | 88 + b |
+//! | 17 | PROPERTIES length i16 + properties | 2 + p | 89 + b + t |
+//!
+//! Size with IPv4 hosts and magic V1: 91 + b + t + p. The blank filler that ends a commitlog
+//! segment is TOTALSIZE (to the segment's end) + BLANK magic, then zeros.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
+
+/// Record magic for 1-byte topic lengths: what this store writes.
+pub const MAGIC_CODE_V1: i32 = 0xDAA3_20A7_u32 as i32;
+/// Record magic for 2-byte topic lengths (Java brokers, topics over 127 bytes): decoded only.
+pub const MAGIC_CODE_V2: i32 = 0xDAA3_20AB_u32 as i32;
+/// Magic of the filler that pads a commitlog segment to its end.
+pub const BLANK_MAGIC_CODE: i32 = 0xCBD4_3194_u32 as i32;
+/// Bytes of a record with IPv4 hosts, magic V1, empty body, topic and properties.
+pub const RECORD_FIXED_BYTES: usize = 91;
+/// SYSFLAG bit: BORNHOST is IPv6 (20 bytes instead of 8).
+pub const BORNHOST_V6_FLAG: i32 = 0x10;
+/// SYSFLAG bit: STOREHOST is IPv6 (20 bytes instead of 8).
+pub const STOREHOST_V6_FLAG: i32 = 0x20;
+/// Bytes the blank filler header takes (TOTALSIZE + MAGICCODE): a segment always keeps them.
+pub const BLANK_HEADER_BYTES: usize = 8;
+/// Offset of STORETIMESTAMP in a record with an IPv4 born host (any store host).
+pub const STORE_TIMESTAMP_OFFSET_V4_BORN: usize = 56;
+
+/// Why bytes are not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("record truncated: need {need_bytes} bytes, have {have_bytes}")]
+    Truncated {
+        need_bytes: usize,
+        have_bytes: usize,
+    },
+    #[error("bad TOTALSIZE {0}")]
+    BadSize(i32),
+    #[error("bad MAGICCODE {0:#x}")]
+    BadMagic(i32),
+    #[error("BODYCRC mismatch: stored {stored:#x}, computed {computed:#x}")]
+    CrcMismatch { stored: u32, computed: u32 },
+    #[error("field {0} runs past TOTALSIZE")]
+    FieldOverrun(&'static str),
+    #[error("record ends at {fields_end_bytes} but TOTALSIZE is {total_size_bytes}")]
+    SizeMismatch {
+        fields_end_bytes: usize,
+        total_size_bytes: usize,
+    },
+    #[error("topic is not UTF-8")]
+    TopicNotUtf8,
+}
+
+/// One decoded record; borrowed slices point into the buffer it was decoded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage<'a> {
+    pub total_size: u32,
+    pub body_crc: u32,
+    pub queue_id: u32,
+    pub flag: i32,
+    pub queue_offset: u64,
+    pub physical_offset: u64,
+    pub sys_flag: i32,
+    pub born_timestamp_ms: i64,
+    pub born_host: SocketAddr,
+    pub store_timestamp_ms: i64,
+    pub store_host: SocketAddr,
+    pub reconsume_times: i32,
+    pub prepared_transaction_offset: i64,
+    pub body: &'a [u8],
+    pub topic: &'a str,
+    pub properties: &'a [u8],
+}
+
+/// Size of a record with IPv4 hosts and magic V1: 91 + body + topic + properties.
+pub const fn encoded_size(body_len: usize, topic_len: usize, properties_len: usize) -> usize {
+    RECORD_FIXED_BYTES + body_len + topic_len + properties_len
+}
+
+fn host_bytes(addr: &SocketAddr) -> usize {
+    match addr {
+        SocketAddr::V4(_) => 8,
+        SocketAddr::V6(_) => 20,
+    }
+}
+
+/// Size of `msg` encoded with magic V1 and its hosts' families.
+pub fn encoded_size_of(msg: &StoredMessage<'_>) -> usize {
+    encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len())
+        + host_bytes(&msg.born_host)
+        + host_bytes(&msg.store_host)
+        - 16
+}
+
+/// BODYCRC as RocketMQ stores it.
+pub fn body_crc(body: &[u8]) -> u32 {
+    crc32fast::hash(body) & 0x7FFF_FFFF
+}
+
+fn put_host(out: &mut Vec<u8>, addr: &SocketAddr) {
+    match addr {
+        SocketAddr::V4(a) => out.extend_from_slice(&a.ip().octets()),
+        SocketAddr::V6(a) => out.extend_from_slice(&a.ip().octets()),
+    }
+    out.extend_from_slice(&i32::from(addr.port()).to_be_bytes());
+}
+
+/// Appends `msg` to `out` with magic V1. TOTALSIZE and BODYCRC are computed here (the given
+/// ones are ignored); the two host-family SYSFLAG bits are set from the hosts. Returns the size.
+/// Panics if the topic exceeds 255 bytes or properties 32767 (callers check limits first).
+pub fn encode_into(msg: &StoredMessage<'_>, out: &mut Vec<u8>) -> usize {
+    assert!(
+        msg.topic.len() <= usize::from(u8::MAX),
+        "topic length checked by the caller"
+    );
+    assert!(
+        msg.properties.len() <= i16::MAX as usize,
+        "properties length checked by the caller"
+    );
+    let size = encoded_size_of(msg);
+    let start = out.len();
+    let mut sys_flag = msg.sys_flag & !(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG);
+    if msg.born_host.is_ipv6() {
+        sys_flag |= BORNHOST_V6_FLAG;
+    }
+    if msg.store_host.is_ipv6() {
+        sys_flag |= STOREHOST_V6_FLAG;
+    }
+    out.reserve(size);
+    out.extend_from_slice(&(size as i32).to_be_bytes());
+    out.extend_from_slice(&MAGIC_CODE_V1.to_be_bytes());
+    out.extend_from_slice(&body_crc(msg.body).to_be_bytes());
+    out.extend_from_slice(&msg.queue_id.to_be_bytes());
+    out.extend_from_slice(&msg.flag.to_be_bytes());
+    out.extend_from_slice(&msg.queue_offset.to_be_bytes());
+    out.extend_from_slice(&msg.physical_offset.to_be_bytes());
+    out.extend_from_slice(&sys_flag.to_be_bytes());
+    out.extend_from_slice(&msg.born_timestamp_ms.to_be_bytes());
+    put_host(out, &msg.born_host);
+    out.extend_from_slice(&msg.store_timestamp_ms.to_be_bytes());
+    put_host(out, &msg.store_host);
+    out.extend_from_slice(&msg.reconsume_times.to_be_bytes());
+    out.extend_from_slice(&msg.prepared_transaction_offset.to_be_bytes());
+    out.extend_from_slice(&(msg.body.len() as i32).to_be_bytes());
+    out.extend_from_slice(msg.body);
+    out.push(msg.topic.len() as u8);
+    out.extend_from_slice(msg.topic.as_bytes());
+    out.extend_from_slice(&(msg.properties.len() as i16).to_be_bytes());
+    out.extend_from_slice(msg.properties);
+    assert_eq!(
+        out.len() - start,
+        size,
+        "record size equals its computed size"
+    );
+    size
+}
+
+/// A bounds-checked big-endian reader over one record.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], RecordError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or(RecordError::FieldOverrun(field))?;
+        let bytes = self
+            .buf
+            .get(self.pos..end)
+            .ok_or(RecordError::FieldOverrun(field))?;
+        self.pos = end;
+        Ok(bytes)
+    }
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], RecordError> {
+        let bytes = self.take(N, field)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+    fn i16(&mut self, field: &'static str) -> Result<i16, RecordError> {
+        Ok(i16::from_be_bytes(self.array(field)?))
+    }
+    fn i32(&mut self, field: &'static str) -> Result<i32, RecordError> {
+        Ok(i32::from_be_bytes(self.array(field)?))
+    }
+    fn i64(&mut self, field: &'static str) -> Result<i64, RecordError> {
+        Ok(i64::from_be_bytes(self.array(field)?))
+    }
+    fn host(&mut self, ipv6: bool, field: &'static str) -> Result<SocketAddr, RecordError> {
+        let ip = if ipv6 {
+            IpAddr::V6(Ipv6Addr::from(self.array::<16>(field)?))
+        } else {
+            IpAddr::V4(Ipv4Addr::from(self.array::<4>(field)?))
+        };
+        // Ports are stored as i32; anything outside u16 is kept modulo 2^16 like Java's cast.
+        let port = self.i32(field)? as u16;
+        Ok(SocketAddr::new(ip, port))
+    }
+    fn length(&mut self, field: &'static str) -> Result<usize, RecordError> {
+        usize::try_from(self.i32(field)?).map_err(|_| RecordError::FieldOverrun(field))
+    }
+}
+
+/// Reads TOTALSIZE and MAGICCODE of the record starting `buf`, without validating the rest.
+pub fn peek_header(buf: &[u8]) -> Option<(i32, i32)> {
+    let size = i32::from_be_bytes(buf.get(0..4)?.try_into().ok()?);
+    let magic = i32::from_be_bytes(buf.get(4..8)?.try_into().ok()?);
+    Some((size, magic))
+}
+
+/// Decodes the record at the start of `buf`, checking TOTALSIZE, magic, field bounds and
+/// BODYCRC. Accepts magic V1 and V2 and IPv6 hosts.
+pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
+    let (size, magic) = peek_header(buf).ok_or(RecordError::Truncated {
+        need_bytes: 8,
+        have_bytes: buf.len(),
+    })?;
+    if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
+        return Err(RecordError::BadMagic(magic));
+    }
+    let total = usize::try_from(size).map_err(|_| RecordError::BadSize(size))?;
+    if total < RECORD_FIXED_BYTES {
+        return Err(RecordError::BadSize(size));
+    }
+    let record = buf.get(..total).ok_or(RecordError::Truncated {
+        need_bytes: total,
+        have_bytes: buf.len(),
+    })?;
+    let mut r = Reader {
+        buf: record,
+        pos: 8,
+    };
+    let body_crc = r.i32("BODYCRC")? as u32;
+    let queue_id = r.i32("QUEUEID")? as u32;
+    let flag = r.i32("FLAG")?;
+    let queue_offset = r.i64("QUEUEOFFSET")? as u64;
+    let physical_offset = r.i64("PHYSICALOFFSET")? as u64;
+    let sys_flag = r.i32("SYSFLAG")?;
+    let born_timestamp_ms = r.i64("BORNTIMESTAMP")?;
+    let born_host = r.host(sys_flag & BORNHOST_V6_FLAG != 0, "BORNHOST")?;
+    let store_timestamp_ms = r.i64("STORETIMESTAMP")?;
+    let store_host = r.host(sys_flag & STOREHOST_V6_FLAG != 0, "STOREHOST")?;
+    let reconsume_times = r.i32("RECONSUMETIMES")?;
+    let prepared_transaction_offset = r.i64("PREPAREDTRANSACTIONOFFSET")?;
+    let body_len = r.length("BODY")?;
+    let body = r.take(body_len, "BODY")?;
+    let topic_len = if magic == MAGIC_CODE_V1 {
+        usize::from(r.array::<1>("TOPIC")?[0])
+    } else {
+        usize::try_from(r.i16("TOPIC")?).map_err(|_| RecordError::FieldOverrun("TOPIC"))?
+    };
+    let topic =
+        std::str::from_utf8(r.take(topic_len, "TOPIC")?).map_err(|_| RecordError::TopicNotUtf8)?;
+    let properties_len = usize::try_from(r.i16("PROPERTIES")?)
+        .map_err(|_| RecordError::FieldOverrun("PROPERTIES"))?;
+    let properties = r.take(properties_len, "PROPERTIES")?;
+    if r.pos != total {
+        return Err(RecordError::SizeMismatch {
+            fields_end_bytes: r.pos,
+            total_size_bytes: total,
+        });
+    }
+    let computed = self::body_crc(body);
+    if computed != body_crc {
+        return Err(RecordError::CrcMismatch {
+            stored: body_crc,
+            computed,
+        });
+    }
+    Ok(StoredMessage {
+        total_size: total as u32,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp_ms,
+        born_host,
+        store_timestamp_ms,
+        store_host,
+        reconsume_times,
+        prepared_transaction_offset,
+        body,
+        topic,
+        properties,
+    })
+}
+
+/// Decodes a concatenation of records (a PULL body). Every byte must belong to a record.
+pub fn decode_all(buf: &[u8]) -> Result<Vec<StoredMessage<'_>>, RecordError> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while !rest.is_empty() {
+        let msg = decode(rest)?;
+        rest = &rest[msg.total_size as usize..];
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+/// Offset msgId (REMOTING.md §5.7): hex of store IP, port (i32) and commitlog offset (i64).
+pub fn offset_msg_id(store_host: SocketAddrV4, physical_offset: u64) -> String {
+    format!(
+        "{:08X}{:08X}{:016X}",
+        u32::from(*store_host.ip()),
+        u32::from(store_host.port()),
+        physical_offset
+    )
+}
+
+/// Parses an offset msgId (32 hex chars for IPv4, 56 for IPv6) back into (host, offset).
+pub fn parse_offset_msg_id(id: &str) -> Option<(SocketAddr, u64)> {
+    let hex = |s: &str| -> Option<u128> {
+        if s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            u128::from_str_radix(s, 16).ok()
+        } else {
+            None
+        }
+    };
+    let ip_hex_len = match id.len() {
+        32 => 8,
+        56 => 32,
+        _ => return None,
+    };
+    let ip_bits = hex(id.get(..ip_hex_len)?)?;
+    let port = u16::try_from(hex(id.get(ip_hex_len..ip_hex_len + 8)?)?).ok()?;
+    let offset = u64::try_from(hex(id.get(ip_hex_len + 8..)?)?).ok()?;
+    let ip = if ip_hex_len == 8 {
+        IpAddr::V4(Ipv4Addr::from(u32::try_from(ip_bits).ok()?))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(ip_bits))
+    };
+    Some((SocketAddr::new(ip, port), offset))
+}
+
+/// Java's `String.hashCode()` over UTF-16 code units: the consume-queue tags code of a tag.
+pub fn java_string_hash(s: &str) -> i32 {
+    s.encode_utf16().fold(0i32, |h, unit| {
+        h.wrapping_mul(31).wrapping_add(i32::from(unit))
+    })
+}
+
+/// Value of property `name` in an encoded properties string (`name\x01value\x02...`).
+pub fn property<'a>(properties: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    properties.split(|&b| b == 2).find_map(|pair| {
+        let split = pair.iter().position(|&b| b == 1)?;
+        (&pair[..split] == name.as_bytes()).then(|| &pair[split + 1..])
+    })
+}
+
+/// The tags code RocketMQ gives a record: hash of its TAGS property, 0 when it has none.
+/// Recovery uses it to rebuild consume-queue units (see `StoreConfig::tags_code_of`).
+pub fn tags_code_from_properties(msg: &StoredMessage<'_>) -> i64 {
+    match property(msg.properties, "TAGS").and_then(|t| std::str::from_utf8(t).ok()) {
+        Some(tags) if !tags.is_empty() => i64::from(java_string_hash(tags)),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample<'a>(body: &'a [u8], topic: &'a str, props: &'a [u8]) -> StoredMessage<'a> {
+        StoredMessage {
+            total_size: 0,
+            body_crc: 0,
+            queue_id: 3,
+            flag: 7,
+            queue_offset: 42,
+            physical_offset: 4096,
+            sys_flag: 0,
+            born_timestamp_ms: 1_700_000_000_000,
+            born_host: "10.0.0.1:5555".parse().unwrap(),
+            store_timestamp_ms: 1_700_000_000_001,
+            store_host: "10.0.0.2:10911".parse().unwrap(),
+            reconsume_times: 1,
+            prepared_transaction_offset: -1,
+            body,
+            topic,
+            properties: props,
+        }
+    }
+
+    #[test]
+    fn magic_values_match_java() {
+        assert_eq!(MAGIC_CODE_V1, -626843481);
+        assert_eq!(MAGIC_CODE_V2, -626843477);
+        assert_eq!(BLANK_MAGIC_CODE, -875286124);
+    }
+
+    #[test]
+    fn round_trip_and_size() {
+        let msg = sample(b"hello", "TopicA", b"TAGS\x01a\x02");
+        let mut out = Vec::new();
+        let size = encode_into(&msg, &mut out);
+        assert_eq!(size, encoded_size(5, 6, 7));
+        let back = decode(&out).unwrap();
+        assert_eq!(back.total_size as usize, size);
+        assert_eq!(back.body_crc, body_crc(b"hello"));
+        assert_eq!(
+            StoredMessage {
+                total_size: 0,
+                body_crc: 0,
+                ..back
+            },
+            msg
+        );
+        let mut corrupt = out.clone();
+        let body_at = 84 + 4;
+        corrupt[body_at] ^= 1;
+        assert!(matches!(
+            decode(&corrupt),
+            Err(RecordError::CrcMismatch { .. })
+        ));
+        assert!(matches!(
+            decode(&out[..size - 1]),
+            Err(RecordError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn ipv6_hosts_round_trip() {
+        let mut msg = sample(b"x", "T", b"");
+        msg.born_host = "[::1]:9".parse().unwrap();
+        let mut out = Vec::new();
+        encode_into(&msg, &mut out);
+        let back = decode(&out).unwrap();
+        assert_eq!(back.born_host, msg.born_host);
+        assert_eq!(back.sys_flag, BORNHOST_V6_FLAG);
+        assert_eq!(back.store_host, msg.store_host);
+    }
+
+    #[test]
+    fn msg_id_round_trip() {
+        let host: SocketAddrV4 = "192.168.1.7:10911".parse().unwrap();
+        let id = offset_msg_id(host, 0x0012_3456_789A);
+        assert_eq!(id, "C0A8010700002A9F000000123456789A");
+        assert_eq!(
+            parse_offset_msg_id(&id),
+            Some((SocketAddr::V4(host), 0x0012_3456_789A))
+        );
+        assert_eq!(parse_offset_msg_id("XYZ"), None);
+        assert_eq!(parse_offset_msg_id(&id.replace('C', "G")), None);
+    }
+
+    #[test]
+    fn java_hash_and_tags() {
+        assert_eq!(java_string_hash("TagA"), 2598919);
+        assert_eq!(java_string_hash(""), 0);
+        let msg = sample(b"", "T", b"KEYS\x01k\x02TAGS\x01TagA\x02");
+        assert_eq!(tags_code_from_properties(&msg), 2598919);
+    }
+}

@@ -1,0 +1,347 @@
+//! Opening a store: the glommio probe trap, then recovery of the commitlog and the queues.
+//!
+//! Runs once in `Store::open`, before the flusher exists, so it may write files itself.
+//!
+//! 1. Prime glommio's io_uring poll-ring probe with a non-empty file (ARCHITECTURE §5): glommio
+//!    0.9 reads the first DMA file opened on a device (per thread) to decide whether the device
+//!    takes polled I/O; on an empty file the read "succeeds", the device is marked pollable,
+//!    and every later O_DIRECT read on a virtio disk fails with EOPNOTSUPP (os error 95).
+//! 2. Scan the commitlog from the start of the segment holding the checkpoint (or from the
+//!    first segment when there is none, it does not fit the files, or a queue on disk holds
+//!    fewer units than it recorded), checking
+//!    every record's TOTALSIZE, magic, BODYCRC and PHYSICALOFFSET. A blank filler moves to the
+//!    next segment; the first bad, zero or short record ends the log.
+//! 3. Re-dispatch a consume-queue unit for every scanned record (at the QUEUEOFFSET it
+//!    carries, so it is idempotent), then cut every queue back to its units below the end.
+//! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
+//!    a flush could have written past the durable end, so that a torn or unacknowledged tail
+//!    never reappears once later appends land in front of it; delete segments past the next.
+//! 5. Sync the rebuilt queues and write a (not clean) checkpoint at the recovered end.
+
+use std::io;
+use std::path::Path;
+
+use glommio::io::DmaFile;
+
+use super::checkpoint::{self, Checkpoint};
+use super::consume_queue::{QueueTable, Unit};
+use super::error::{io_error, raw_os_error_of};
+use super::flusher::ZERO_FILL_CHUNK_BYTES;
+use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
+use super::segments::{
+    align_down, align_up, read_exact_at, write_buffer_at, Segments, BLOCK_BYTES,
+};
+use super::tail::{Tail, TAIL_CHUNK_BYTES};
+use super::TAIL_UNDURABLE_MAX_BYTES;
+use super::{validate_topic, StoreConfig, StoreError, RECORD_SIZE_MAX_BYTES};
+
+/// Commitlog bytes read per recovery step: one largest record always fits in one read.
+pub const RECOVERY_READ_BYTES: u64 = 8 << 20;
+/// Bytes zeroed past the recovered end after an unclean stop: all a flush can write beyond
+/// the durable end (the undurable tail bound, its partial block, and a blank filler).
+pub const RECOVERY_ZERO_WINDOW_BYTES: u64 =
+    TAIL_UNDURABLE_MAX_BYTES + RECORD_SIZE_MAX_BYTES as u64 + BLOCK_BYTES;
+/// The non-empty file opened first on the data device (see step 1).
+pub const DMA_PROBE_FILE_NAME: &str = ".dma_probe";
+
+const _: () = assert!(RECOVERY_READ_BYTES >= RECORD_SIZE_MAX_BYTES as u64 + BLOCK_BYTES);
+
+pub(crate) struct Recovered {
+    pub tail: Tail,
+    pub segments: Segments,
+    pub queues: QueueTable,
+    pub min_physical_offset: u64,
+    pub durable_end: u64,
+    pub zero_fill_next: u64,
+}
+
+pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
+    let root = &config.root_dir;
+    let size = config.segment_size_bytes;
+    std::fs::create_dir_all(root.join("commitlog"))?;
+    std::fs::create_dir_all(root.join("consumequeue"))?;
+    prime_dma_probe(root).await?;
+    let mut segments = Segments::open(root.join("commitlog"), size).await?;
+    let mut queues = QueueTable::load(
+        root.join("consumequeue"),
+        config.consume_queue_units_per_file,
+    )?;
+    let saved = checkpoint::read(root);
+    let first = segments.first_start().unwrap_or(0);
+    let files_end = segments.last_start().map_or(0, |s| s + size);
+    let scan_from = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
+    let end = scan(&segments, config, scan_from, &mut queues).await?;
+    let queue_ids: Vec<(String, u32)> = queues
+        .queues_mut()
+        .map(|(t, id, _)| (t.to_string(), id))
+        .collect();
+    for (topic, queue_id) in queue_ids {
+        if let Some(queue) = queues.get_mut(&topic, queue_id) {
+            let units = queue.count_units_below(end)?;
+            queue.truncate_to(units)?;
+        }
+    }
+    let clean = saved
+        .as_ref()
+        .is_some_and(|c| c.clean && c.commitlog_offset == end);
+    if !clean {
+        zero_after_end(&segments, end).await?;
+    }
+    remove_segments_after(&mut segments, end).await?;
+    let tail = read_tail(&segments, first, end).await?;
+    for path in queues.take_dirty_paths() {
+        std::fs::File::open(&path)?.sync_data()?;
+    }
+    let record = Checkpoint {
+        commitlog_offset: end,
+        clean: false,
+        queues: queues.max_offsets(),
+    };
+    checkpoint::write(root, &record).await?;
+    let zero_fill_next = segments.last_start().map_or(0, |s| s + size);
+    Ok(Recovered {
+        tail,
+        segments,
+        queues,
+        min_physical_offset: first,
+        durable_end: end,
+        zero_fill_next,
+    })
+}
+
+/// Step 1: opens a non-empty file with DMA before any other, and checks that a DMA read works.
+async fn prime_dma_probe(root: &Path) -> Result<(), StoreError> {
+    let path = root.join(DMA_PROBE_FILE_NAME);
+    let ready = std::fs::metadata(&path).is_ok_and(|m| m.len() >= BLOCK_BYTES);
+    if !ready {
+        // Plain std I/O on purpose: no DMA file may be opened on this device before this one.
+        std::fs::write(&path, vec![0x5Au8; BLOCK_BYTES as usize])?;
+        std::fs::File::open(&path)?.sync_all()?;
+    }
+    let file = DmaFile::open(&path).await.map_err(io_error)?;
+    let read = file
+        .read_at_aligned(0, BLOCK_BYTES as usize)
+        .await
+        .map_err(io_error);
+    file.close().await.map_err(io_error)?;
+    match read {
+        Ok(bytes) if bytes.len() == BLOCK_BYTES as usize => Ok(()),
+        Ok(bytes) => Err(StoreError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("short read of {}: {} bytes", path.display(), bytes.len()),
+        ))),
+        Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => {
+            Err(StoreError::Config(format!(
+                "O_DIRECT reads fail with EOPNOTSUPP under {}: glommio marked this device \
+                 pollable because an empty DMA file was opened on it earlier on this thread; \
+                 open the store before any other DMA file on this device",
+                root.display()
+            )))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Where the scan starts: the start of the segment holding the checkpoint (so the whole last
+/// segment is validated, as a torn or damaged tail may sit just before the checkpoint), or the
+/// first segment when the checkpoint is missing, does not fit the files, or a queue lost units.
+fn scan_start(
+    saved: Option<&Checkpoint>,
+    queues: &mut QueueTable,
+    first: u64,
+    files_end: u64,
+    segment_size_bytes: u64,
+) -> Result<u64, StoreError> {
+    let Some(saved) = saved else { return Ok(first) };
+    let offset = saved.commitlog_offset;
+    if offset < first || offset > files_end {
+        return Ok(first);
+    }
+    for (topic, recorded) in &saved.queues {
+        for (&queue_id, &max_offset) in recorded {
+            let held = match queues.get_mut(topic, queue_id) {
+                Some(queue) => queue.count_units_below(offset)?,
+                None => 0,
+            };
+            if held < max_offset {
+                eprintln!(
+                    "shardmq: store: consume queue {topic}/{queue_id} holds {held} units, the \
+                     checkpoint says {max_offset}: rebuilding all queues from the commitlog"
+                );
+                return Ok(first);
+            }
+        }
+    }
+    Ok(align_down(offset, segment_size_bytes).max(first))
+}
+
+/// What the scan found at one position.
+enum Found {
+    Record(usize),
+    Blank,
+    NeedMore,
+    End,
+}
+
+fn classify(window: &[u8], at_offset: u64, segment_end: u64) -> Found {
+    let Some((size, magic)) = record::peek_header(window) else {
+        return if at_offset + window.len() as u64 >= segment_end {
+            Found::End
+        } else {
+            Found::NeedMore
+        };
+    };
+    let Ok(size) = usize::try_from(size) else {
+        return Found::End;
+    };
+    let fits = at_offset + size as u64 <= segment_end;
+    if magic == BLANK_MAGIC_CODE {
+        let exact = at_offset + size as u64 == segment_end && size >= record::BLANK_HEADER_BYTES;
+        return if exact { Found::Blank } else { Found::End };
+    }
+    let valid_magic = magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2;
+    let plausible_size = (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size);
+    if !valid_magic || !plausible_size || !fits {
+        return Found::End;
+    }
+    if size > window.len() {
+        return Found::NeedMore;
+    }
+    Found::Record(size)
+}
+
+/// Step 2 and the re-dispatch of step 3. Returns the end of the valid log.
+async fn scan(
+    segments: &Segments,
+    config: &StoreConfig,
+    from: u64,
+    queues: &mut QueueTable,
+) -> Result<u64, StoreError> {
+    let size = config.segment_size_bytes;
+    let mut pos = from;
+    loop {
+        let Some((segment, file)) = segments.file_for(pos) else {
+            return Ok(pos);
+        };
+        let segment_end = segment + size;
+        let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
+        let mut window = vec![0u8; len];
+        read_exact_at(&file, pos - segment, &mut window).await?;
+        let mut at = 0usize;
+        loop {
+            let here = pos + at as u64;
+            if here == segment_end {
+                break;
+            }
+            match classify(&window[at..], here, segment_end) {
+                Found::Record(record_size) => {
+                    let bytes = &window[at..at + record_size];
+                    if !dispatch(bytes, here, config, queues)? {
+                        return Ok(here);
+                    }
+                    at += record_size;
+                }
+                Found::Blank => {
+                    at = (segment_end - pos) as usize;
+                    break;
+                }
+                Found::NeedMore if at > 0 => break,
+                Found::NeedMore | Found::End => return Ok(here),
+            }
+        }
+        pos += at as u64;
+    }
+}
+
+/// Re-dispatches one record's unit; false when the record is not valid (the log ends there).
+fn dispatch(
+    bytes: &[u8],
+    offset: u64,
+    config: &StoreConfig,
+    queues: &mut QueueTable,
+) -> Result<bool, StoreError> {
+    let Ok(message) = record::decode(bytes) else {
+        return Ok(false);
+    };
+    if message.physical_offset != offset || validate_topic(message.topic).is_err() {
+        return Ok(false);
+    }
+    let unit = Unit {
+        physical_offset: offset,
+        size_bytes: message.total_size,
+        tags_code: (config.tags_code_of)(&message),
+    };
+    let queue = queues.get_or_create(message.topic, message.queue_id)?;
+    queue.write_unit(message.queue_offset, unit)?;
+    Ok(true)
+}
+
+/// Step 4: zeroes `[end, end + RECOVERY_ZERO_WINDOW_BYTES)` within the existing segments,
+/// keeping the bytes of `end`'s block that precede it.
+async fn zero_after_end(segments: &Segments, end: u64) -> Result<(), StoreError> {
+    let window_end = align_up(end + RECOVERY_ZERO_WINDOW_BYTES, BLOCK_BYTES);
+    let size = segments.segment_size_bytes;
+    let mut pos = align_down(end, BLOCK_BYTES);
+    let mut touched: Vec<std::rc::Rc<DmaFile>> = Vec::new();
+    while pos < window_end {
+        let Some((segment, file)) = segments.file_for(pos) else {
+            break;
+        };
+        let stop = (pos + ZERO_FILL_CHUNK_BYTES)
+            .min(segment + size)
+            .min(window_end);
+        let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
+        buffer.as_bytes_mut().fill(0);
+        if pos < end {
+            let keep = (end - pos) as usize;
+            read_exact_at(&file, pos - segment, &mut buffer.as_bytes_mut()[..keep]).await?;
+        }
+        write_buffer_at(&file, pos - segment, buffer).await?;
+        if !touched.iter().any(|f| std::rc::Rc::ptr_eq(f, &file)) {
+            touched.push(file);
+        }
+        pos = stop;
+    }
+    for file in touched {
+        file.fdatasync().await.map_err(io_error)?;
+    }
+    Ok(())
+}
+
+/// Deletes segments that start after the one following `end`'s: nothing durable is there.
+async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), StoreError> {
+    let size = segments.segment_size_bytes;
+    let keep_until = align_down(end, size) + size;
+    let doomed: Vec<u64> = segments
+        .files
+        .range(keep_until + 1..)
+        .map(|(s, _)| *s)
+        .collect();
+    for start in doomed {
+        if let Some(file) = segments.files.remove(&start) {
+            let _ = file.close_rc().await;
+        }
+        std::fs::remove_file(segments.path_of(start))?;
+    }
+    Ok(())
+}
+
+/// The tail's first chunk: the bytes of `[align_down(end, TAIL_CHUNK_BYTES), end)`.
+async fn read_tail(segments: &Segments, first: u64, end: u64) -> Result<Tail, StoreError> {
+    let base = align_down(end, TAIL_CHUNK_BYTES);
+    let mut prefix = vec![0u8; (end - base) as usize];
+    let mut pos = base.max(first);
+    while pos < end {
+        let Some((segment, file)) = segments.file_for(pos) else {
+            return Err(StoreError::Corrupt {
+                offset: pos,
+                reason: "commitlog segment missing below the end".into(),
+            });
+        };
+        let stop = end.min(segment + segments.segment_size_bytes);
+        let out = &mut prefix[(pos - base) as usize..(stop - base) as usize];
+        read_exact_at(&file, pos - segment, out).await?;
+        pos = stop;
+    }
+    Ok(Tail::new(end, &prefix))
+}

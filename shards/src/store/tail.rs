@@ -1,0 +1,132 @@
+//! The in-memory tail of the commitlog: the bytes not yet durable, plus a bounded window of
+//! recently flushed bytes kept for hot reads.
+//!
+//! Lives on the store's shard. The tail is a deque of fixed, zero-initialised chunks of
+//! `TAIL_CHUNK_BYTES` covering commitlog offsets `[base, end)`; `base` is chunk-aligned (so it
+//! is also block-aligned). Appends copy into the last chunk(s); sliding drops whole chunks from
+//! the front, so no byte is ever moved. Bytes past `end` inside the last chunk are zero, which
+//! is what a flush writes after the last record of a partial block.
+
+use std::collections::VecDeque;
+
+/// Size of one tail chunk: big enough that a 1 KiB append rarely crosses a chunk, small enough
+/// that sliding frees memory promptly.
+pub const TAIL_CHUNK_BYTES: u64 = 1 << 20;
+
+pub(crate) struct Tail {
+    base: u64,
+    end: u64,
+    chunks: VecDeque<Box<[u8]>>,
+}
+
+fn new_chunk() -> Box<[u8]> {
+    vec![0u8; TAIL_CHUNK_BYTES as usize].into_boxed_slice()
+}
+
+impl Tail {
+    /// A tail starting at commitlog offset `end`, holding `prefix`: the bytes of
+    /// `[align_down(end, TAIL_CHUNK_BYTES), end)` (read back from disk on recovery).
+    pub(crate) fn new(end: u64, prefix: &[u8]) -> Tail {
+        let base = end - end % TAIL_CHUNK_BYTES;
+        assert_eq!(
+            prefix.len() as u64,
+            end - base,
+            "tail prefix covers [base, end)"
+        );
+        let mut chunk = new_chunk();
+        chunk[..prefix.len()].copy_from_slice(prefix);
+        Tail {
+            base,
+            end,
+            chunks: VecDeque::from([chunk]),
+        }
+    }
+
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub(crate) fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Appends `bytes` at `end`.
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let (index, within) = self.locate(self.end);
+            if index == self.chunks.len() {
+                self.chunks.push_back(new_chunk());
+            }
+            let room = (TAIL_CHUNK_BYTES as usize - within).min(rest.len());
+            self.chunks[index][within..within + room].copy_from_slice(&rest[..room]);
+            rest = &rest[room..];
+            self.end += room as u64;
+        }
+    }
+
+    /// Advances `end` by `count` zero bytes (the body of a blank filler).
+    pub(crate) fn push_zeros(&mut self, count: u64) {
+        let new_end = self.end + count;
+        while self.base + self.chunks.len() as u64 * TAIL_CHUNK_BYTES < new_end {
+            self.chunks.push_back(new_chunk());
+        }
+        self.end = new_end;
+    }
+
+    fn locate(&self, offset: u64) -> (usize, usize) {
+        let relative = offset - self.base;
+        (
+            (relative / TAIL_CHUNK_BYTES) as usize,
+            (relative % TAIL_CHUNK_BYTES) as usize,
+        )
+    }
+
+    /// Copies `[offset, offset + dst.len())` into `dst`. Bytes past `end` within the last
+    /// chunk read as zeros; the range must lie within the chunks held.
+    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) {
+        assert!(offset >= self.base, "tail read below its base");
+        let held_end = self.base + self.chunks.len() as u64 * TAIL_CHUNK_BYTES;
+        assert!(
+            offset + dst.len() as u64 <= held_end,
+            "tail read past its chunks"
+        );
+        let mut done = 0;
+        while done < dst.len() {
+            let (index, within) = self.locate(offset + done as u64);
+            let room = (TAIL_CHUNK_BYTES as usize - within).min(dst.len() - done);
+            dst[done..done + room].copy_from_slice(&self.chunks[index][within..within + room]);
+            done += room;
+        }
+    }
+
+    /// Drops whole chunks that end at or below `offset`.
+    pub(crate) fn drop_before(&mut self, offset: u64) {
+        while self.chunks.len() > 1 && self.base + TAIL_CHUNK_BYTES <= offset {
+            self.chunks.pop_front();
+            self.base += TAIL_CHUNK_BYTES;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_read_slide() {
+        let mut tail = Tail::new(TAIL_CHUNK_BYTES + 3, &[1, 2, 3]);
+        assert_eq!(tail.base(), TAIL_CHUNK_BYTES);
+        let big = vec![9u8; TAIL_CHUNK_BYTES as usize + 10];
+        tail.push(&big);
+        assert_eq!(tail.end(), 2 * TAIL_CHUNK_BYTES + 13);
+        let mut out = [0u8; 6];
+        tail.copy_out(TAIL_CHUNK_BYTES + 1, &mut out);
+        assert_eq!(out, [2, 3, 9, 9, 9, 9]);
+        tail.push_zeros(5);
+        tail.copy_out(tail.end() - 7, &mut out);
+        assert_eq!(out, [9, 9, 0, 0, 0, 0]);
+        tail.drop_before(2 * TAIL_CHUNK_BYTES + 1);
+        assert_eq!(tail.base(), 2 * TAIL_CHUNK_BYTES);
+    }
+}

@@ -1,0 +1,466 @@
+//! Flushing, segments, reopen and recovery: what must survive a stop.
+
+mod store_support;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use futures_lite::future::zip;
+use glommio::io::DmaFile;
+use shards::store::{record, FlushMode, GetStatus, Store, StoreError};
+use store_support::*;
+
+const SMALL_SEGMENT: u64 = 64 << 10;
+
+fn segment_path(dir: &Path, start: u64) -> std::path::PathBuf {
+    dir.join("commitlog").join(format!("{start:020}"))
+}
+
+#[test]
+fn sync_mode_group_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        let first = append(&store, "T", 0, 0, 64, "t");
+        store.wait_durable(first.end_offset).await.unwrap();
+        assert!(store.stats().durable_offset >= first.end_offset);
+        let before = store.stats();
+        let ends: Vec<u64> = (1..=300)
+            .map(|i| append(&store, "T", 0, i, 64, "t").end_offset)
+            .collect();
+        for &end in &ends {
+            store.wait_durable(end).await.unwrap();
+        }
+        let after = store.stats();
+        let flushes = after.flushes - before.flushes;
+        assert!(
+            (1..=3).contains(&flushes),
+            "300 appends took {flushes} flushes"
+        );
+        assert_eq!(after.durable_offset, *ends.last().unwrap());
+        assert_eq!(after.put_messages, 301);
+        assert!(after.messages_per_flush() > 1.0);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn concurrent_waiters_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        // Two producers appending and waiting in turn: each flush carries the other's appends.
+        let producer = |queue: u32| {
+            let store = store.clone();
+            glommio::spawn_local(async move {
+                for i in 0..200 {
+                    let end = append(&store, "T", queue, i, 128, "t").end_offset;
+                    store.wait_durable(end).await.unwrap();
+                }
+            })
+        };
+        zip(producer(0), producer(1)).await;
+        let stats = store.stats();
+        assert_eq!(stats.put_messages, 400);
+        assert!(
+            stats.flushes < 400,
+            "{} flushes for 400 acknowledged appends",
+            stats.flushes
+        );
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn async_mode_flushes_within_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Async, 1 << 20))
+            .await
+            .unwrap();
+        let end = append(&store, "T", 0, 0, 64, "t").end_offset;
+        let started = std::time::Instant::now();
+        store.wait_durable(end).await.unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(store.stats().durable_offset, end);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn segments_roll_and_read_back_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = 200u64;
+    let rolled = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let mut last = None;
+        for i in 0..count {
+            last = Some(append(
+                &store,
+                "Roll",
+                (i % 3) as u32,
+                i,
+                1000 + (i % 7) as usize,
+                "t",
+            ));
+        }
+        store.wait_durable(last.unwrap().end_offset).await.unwrap();
+        let end = store.max_physical_offset();
+        assert!(
+            end > 3 * SMALL_SEGMENT,
+            "the log spans several segments: {end}"
+        );
+        // No record crosses a segment boundary.
+        for q in 0..3 {
+            let bodies = pull_all(&store, "Roll", q, 0).await;
+            assert_eq!(bodies.len() as u64, store.max_queue_offset("Roll", q));
+        }
+        store.close().await.unwrap();
+        end
+    });
+    assert!(segment_path(dir.path(), 2 * SMALL_SEGMENT).exists());
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(store.max_physical_offset(), rolled);
+        let mut seen = 0;
+        for q in 0..3u32 {
+            let bodies = pull_all(&store, "Roll", q, 0).await;
+            for (k, body) in bodies.iter().enumerate() {
+                let i = q as u64 + 3 * k as u64;
+                assert_eq!(body, &body_of(i, 1000 + (i % 7) as usize));
+            }
+            seen += bodies.len() as u64;
+        }
+        assert_eq!(seen, count);
+        let next = append(&store, "Roll", 0, count, 1000, "t");
+        assert_eq!(next.physical_offset, rolled);
+        assert_eq!(next.queue_offset, count.div_ceil(3));
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn freshly_created_segment_reads_back_through_dma() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let mut last = append(&store, "T", 0, 0, 500, "t");
+        while last.end_offset < SMALL_SEGMENT + 600 {
+            last = append(&store, "T", 0, last.queue_offset + 1, 500, "t");
+        }
+        store.wait_durable(last.end_offset).await.unwrap();
+        // The second segment was created by this store a moment ago; read its first record
+        // with a DMA read, as the store's readers do.
+        let file = DmaFile::open(segment_path(dir.path(), SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let bytes = file
+            .read_at(0, 4096)
+            .await
+            .expect("DMA read of a fresh segment");
+        let first = record::decode(&bytes).unwrap();
+        assert_eq!(first.physical_offset, SMALL_SEGMENT);
+        file.close().await.unwrap();
+        let again = store.read_record(SMALL_SEGMENT).await.unwrap().unwrap();
+        assert_eq!(
+            record::decode(&again).unwrap().queue_offset,
+            first.queue_offset
+        );
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn probe_trap_is_detected_when_an_empty_dma_file_came_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir_in(dir.path()).unwrap();
+    let opened = std::thread::spawn({
+        let root = dir.path().join("store");
+        let empty = elsewhere.path().join("empty");
+        move || {
+            run(|| async move {
+                let file = glommio::io::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .dma_open(&empty)
+                    .await
+                    .unwrap();
+                file.close().await.unwrap();
+                Store::open(config(&root, FlushMode::Sync, SMALL_SEGMENT))
+                    .await
+                    .map(|_| ())
+            })
+        }
+    })
+    .join()
+    .unwrap();
+    eprintln!("probe trap outcome on this machine: {opened:?}");
+    // On devices without polled I/O (virtio) the trap makes DMA reads fail: the store says so.
+    // Where polling really works the probe's verdict is right and the store opens.
+    match opened {
+        Ok(()) => {}
+        Err(StoreError::Config(text)) => assert!(text.contains("EOPNOTSUPP"), "{text}"),
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+#[test]
+fn reopen_keeps_messages_and_rebuilds_deleted_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        for i in 0..150 {
+            append(
+                &store,
+                if i % 2 == 0 { "Even" } else { "Odd" },
+                (i % 4) as u32,
+                i,
+                300,
+                "t",
+            );
+        }
+        store.close().await.unwrap();
+    });
+    let expected = [
+        (("Even", 0), 38),
+        (("Even", 2), 37),
+        (("Odd", 1), 38),
+        (("Odd", 3), 37),
+    ];
+    for delete_queues in [false, true] {
+        if delete_queues {
+            std::fs::remove_dir_all(dir.path().join("consumequeue")).unwrap();
+        }
+        run(|| async {
+            let config = config(dir.path(), FlushMode::Sync, SMALL_SEGMENT);
+            let store = Store::open(config).await.unwrap();
+            for ((topic, q), count) in expected {
+                assert_eq!(store.max_queue_offset(topic, q), count, "{topic}/{q}");
+                let bodies = pull_all(&store, topic, q, 0).await;
+                assert_eq!(bodies.len() as u64, count);
+                let first = q as u64; // message i goes to queue i % 4
+                assert_eq!(bodies[0], body_of(first, 300));
+            }
+            store.close().await.unwrap();
+        });
+    }
+}
+
+#[test]
+fn unclean_stop_keeps_acknowledged_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let acknowledged = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let mut end = 0;
+        for i in 0..120 {
+            end = append(&store, "T", 0, i, 700, "t").end_offset;
+        }
+        store.wait_durable(end).await.unwrap();
+        // Not waited for: may or may not survive.
+        append(&store, "T", 0, 120, 700, "t");
+        end
+        // The store is dropped without close: the flusher stops, nothing more is written.
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        assert!(store.max_physical_offset() >= acknowledged);
+        let max = store.max_queue_offset("T", 0);
+        assert!(max == 120 || max == 121, "max offset {max}");
+        let bodies = pull_all(&store, "T", 0, 0).await;
+        assert_eq!(bodies.len() as u64, max);
+        for (i, body) in bodies.iter().enumerate() {
+            assert_eq!(body, &body_of(i as u64, 700));
+        }
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn torn_tail_is_cut_at_the_last_good_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (last, previous_end) = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let mut results = Vec::new();
+        for i in 0..30 {
+            results.push(append(&store, "T", 1, i, 900, "t"));
+        }
+        store
+            .wait_durable(results.last().unwrap().end_offset)
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        let last = *results.last().unwrap();
+        (last, results[results.len() - 2].end_offset)
+    });
+    // Tear the last record: flip a byte of its body on disk.
+    let segment = last.physical_offset - last.physical_offset % SMALL_SEGMENT;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(segment_path(dir.path(), segment))
+        .unwrap();
+    let body_at = last.physical_offset - segment + 100;
+    file.write_at(b"\xFF\xFE", body_at).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(store.max_physical_offset(), previous_end);
+        assert_eq!(store.max_queue_offset("T", 1), 29);
+        assert!(store
+            .read_record(last.physical_offset)
+            .await
+            .unwrap()
+            .is_none());
+        let next = append(&store, "T", 1, 99, 900, "t");
+        assert_eq!(
+            (next.physical_offset, next.queue_offset),
+            (previous_end, 29)
+        );
+        store.wait_durable(next.end_offset).await.unwrap();
+        drop(store);
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(store.max_queue_offset("T", 1), 30);
+        let bodies = pull_all(&store, "T", 1, 0).await;
+        assert_eq!(bodies[29], body_of(99, 900));
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn truncated_file_tail_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        let results: Vec<_> = (0..10)
+            .map(|i| append(&store, "T", 0, i, 2000, "t"))
+            .collect();
+        store.wait_durable(results[9].end_offset).await.unwrap();
+        store.close().await.unwrap();
+        results
+    });
+    // Zero everything from the middle of record 7: as if its last blocks never reached disk.
+    let file = OpenOptions::new()
+        .write(true)
+        .open(segment_path(dir.path(), 0))
+        .unwrap();
+    let cut = results[7].physical_offset + 50;
+    file.write_at(&vec![0u8; (results[9].end_offset - cut) as usize], cut)
+        .unwrap();
+    drop(file);
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(store.max_queue_offset("T", 0), 7);
+        assert_eq!(store.max_physical_offset(), results[7].physical_offset);
+        let found = store
+            .get_messages("T", 0, 7, 32, 1 << 20, &|_| true)
+            .await
+            .unwrap();
+        assert_eq!(found.status, GetStatus::OffsetOverflowOne);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn failed_write_poisons_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        let ok = append(&store, "T", 0, 0, 10, "t");
+        store.wait_durable(ok.end_offset).await.unwrap();
+        store.inject_fault(shards::store::InjectedFault::WriteError { errno: libc::EIO });
+        let doomed = append(&store, "T", 0, 1, 10, "t");
+        let waited = store.wait_durable(doomed.end_offset).await;
+        assert!(matches!(waited, Err(StoreError::Poisoned(_))), "{waited:?}");
+        let refused = store.append(&shards::store::MessageToStore {
+            topic: "T",
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp_ms: 0,
+            born_host: BORN_HOST.parse().unwrap(),
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: b"x",
+            properties: b"",
+            tags_code: 0,
+        });
+        assert!(matches!(refused, Err(StoreError::Poisoned(ref text)) if text.contains("write")));
+        // Reads still work.
+        assert!(store
+            .read_record(ok.physical_offset)
+            .await
+            .unwrap()
+            .is_some());
+        assert!(store.close().await.is_err());
+    });
+    // A restart recovers: the acknowledged message is there.
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        assert!(store.max_queue_offset("T", 0) >= 1);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn failed_fdatasync_and_enospc_poison_too() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        store.inject_fault(shards::store::InjectedFault::FdatasyncError { errno: libc::EIO });
+        let end = append(&store, "T", 0, 0, 10, "t").end_offset;
+        assert!(matches!(
+            store.wait_durable(end).await,
+            Err(StoreError::Poisoned(_))
+        ));
+    });
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        store.inject_fault(shards::store::InjectedFault::WriteError {
+            errno: libc::ENOSPC,
+        });
+        let end = append(&store, "T", 0, 0, 10, "t").end_offset;
+        assert!(matches!(
+            store.wait_durable(end).await,
+            Err(StoreError::DiskFull(_))
+        ));
+    });
+}
