@@ -1,0 +1,432 @@
+//! The load: each worker thread owns a set of broker connections and drives them with one
+//! poll(2) loop over non-blocking sockets. Nothing is shared between workers but the
+//! read-only frame templates; counts go to the main thread as messages, one `Tally` per
+//! worker per one-second tick.
+//!
+//! Per connection, at most `in_flight_max` SEND_MESSAGE_V2 requests are outstanding: the
+//! loop tops the window up in one burst (one write for many frames), reads whatever
+//! responses arrived, matches them by opaque and tops up again. A request's latency runs
+//! from the moment its frame joins the connection's output buffer to the read that
+//! returned its response, so time spent queued in our own buffer is counted, as a client
+//! would see it.
+//!
+//! Invariants: an opaque is in `in_flight` exactly while its request is unanswered and
+//! unexpired; the unsent part of the output buffer stays under `OUT_PENDING_MAX_BYTES` plus
+//! one frame; the input buffer never outgrows one maximal frame or `READ_CHUNK_BYTES`.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use shardmq::remoting::{decode_frame, peek_frame_size_bytes, response_code, RemotingCommand};
+
+use crate::send_frame::{
+    MessageStamp, OpaqueSequence, SendTemplate, UniqKeyGenerator, BORN_TIMESTAMP_MIN_MS,
+};
+use crate::stats::{SendFailure, Tally};
+
+/// Outstanding requests per connection: bounds the opaque table and the output buffer,
+/// and stays far below the billion-wide opaque span (no live opaque is ever reused).
+pub const IN_FLIGHT_MAX_REQUESTS: usize = 65_536;
+/// No new frame is queued while this much is still unsent: a slow socket gets a bounded
+/// backlog, not an unbounded one.
+const OUT_PENDING_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes asked for per read(2); many small responses arrive per read.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Reads per connection per wake-up, so one busy connection cannot starve the others.
+const READS_PER_WAKEUP_MAX: usize = 16;
+/// The loop wakes at least this often to check ticks, timeouts and the deadline.
+const POLL_WAIT_MAX_MS: u64 = 100;
+/// Expired requests are looked for this often.
+const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// Length of one reporting interval.
+pub const TICK: Duration = Duration::from_secs(1);
+
+const _: () =
+    assert!(IN_FLIGHT_MAX_REQUESTS < (i32::MAX - crate::send_frame::OPAQUE_FIRST) as usize);
+
+/// One connection handed to a worker, already connected.
+#[derive(Debug)]
+pub struct ConnectionPlan {
+    /// Unique in the run; part of every UNIQ_KEY.
+    pub index: usize,
+    pub broker_addr: String,
+    pub stream: TcpStream,
+    /// One frame per write queue of the broker, by queue id.
+    pub templates: Arc<Vec<SendTemplate>>,
+    /// Messages to send on this connection; `None`: until the deadline.
+    pub quota_messages: Option<u64>,
+}
+
+/// What a worker runs and where it reports.
+#[derive(Debug)]
+pub struct WorkerPlan {
+    /// Index of this worker, named in its reports.
+    pub worker: usize,
+    pub connections: Vec<ConnectionPlan>,
+    pub in_flight_max: usize,
+    pub run_prefix: u64,
+    pub start: Instant,
+    /// No new request after this instant (duration mode).
+    pub deadline: Option<Instant>,
+    pub request_timeout: Duration,
+    pub reports: Sender<WorkerReport>,
+}
+
+/// Messages from a worker to the main thread.
+#[derive(Debug)]
+pub enum WorkerReport {
+    /// Everything counted during tick `tick` (`start + tick s .. start + (tick + 1) s`).
+    Interval {
+        worker: usize,
+        tick: u64,
+        tally: Tally,
+    },
+    /// The worker stopped; `tally` holds what came after its last full tick.
+    Done {
+        worker: usize,
+        tally: Tally,
+        finished_at: Instant,
+        connections_lost: usize,
+    },
+}
+
+struct Connection {
+    broker_addr: String,
+    stream: TcpStream,
+    templates: Arc<Vec<SendTemplate>>,
+    next_queue_id: usize,
+    opaques: OpaqueSequence,
+    uniq_keys: UniqKeyGenerator,
+    /// Opaque → when its frame was queued.
+    in_flight: HashMap<i32, Instant>,
+    in_flight_max: usize,
+    quota_messages: Option<u64>,
+    out: Vec<u8>,
+    out_written: usize,
+    input: Vec<u8>,
+    input_filled: usize,
+    open: bool,
+}
+
+impl Connection {
+    fn new(plan: ConnectionPlan, in_flight_max: usize, run_prefix: u64) -> Self {
+        assert!(
+            !plan.templates.is_empty(),
+            "a broker without write queues is no target"
+        );
+        assert!((1..=IN_FLIGHT_MAX_REQUESTS).contains(&in_flight_max));
+        Connection {
+            broker_addr: plan.broker_addr,
+            stream: plan.stream,
+            templates: plan.templates,
+            next_queue_id: 0,
+            opaques: OpaqueSequence::new(),
+            uniq_keys: UniqKeyGenerator::new(run_prefix, plan.index),
+            in_flight: HashMap::with_capacity(in_flight_max),
+            in_flight_max,
+            quota_messages: plan.quota_messages,
+            out: Vec::new(),
+            out_written: 0,
+            input: vec![0; READ_CHUNK_BYTES],
+            input_filled: 0,
+            open: true,
+        }
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        self.out.len() - self.out_written
+    }
+
+    fn quota_left(&self) -> bool {
+        self.quota_messages != Some(0)
+    }
+
+    /// Queues frames until the window, the output bound or the quota is reached.
+    fn fill(&mut self, now: Instant, born_timestamp_ms: u64) {
+        while self.in_flight.len() < self.in_flight_max
+            && self.unsent_bytes() < OUT_PENDING_MAX_BYTES
+            && self.quota_left()
+        {
+            let template = &self.templates[self.next_queue_id];
+            self.next_queue_id = (self.next_queue_id + 1) % self.templates.len();
+            let opaque = self.opaques.next_opaque();
+            let stamp = MessageStamp {
+                opaque,
+                born_timestamp_ms,
+                uniq_key: self.uniq_keys.next_key(),
+            };
+            template.append(&mut self.out, stamp);
+            let previous = self.in_flight.insert(opaque, now);
+            assert!(previous.is_none(), "opaque {opaque} reused while in flight");
+            if let Some(quota) = &mut self.quota_messages {
+                *quota -= 1;
+            }
+        }
+    }
+
+    /// Writes what the socket takes now.
+    fn flush(&mut self) -> io::Result<()> {
+        while self.unsent_bytes() > 0 {
+            match (&self.stream).write(&self.out[self.out_written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => self.out_written += written,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        if self.out_written == self.out.len() {
+            self.out.clear();
+            self.out_written = 0;
+        } else if self.out_written >= OUT_PENDING_MAX_BYTES {
+            self.out.drain(..self.out_written);
+            self.out_written = 0;
+        }
+        Ok(())
+    }
+
+    /// Reads and completes every response that has arrived.
+    fn receive(&mut self, tally: &mut Tally) -> io::Result<()> {
+        for _ in 0..READS_PER_WAKEUP_MAX {
+            self.make_room_for_frame()?;
+            match (&self.stream).read(&mut self.input[self.input_filled..]) {
+                Ok(0) => {
+                    let message = "the broker closed the connection";
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+                }
+                Ok(read) => {
+                    self.input_filled += read;
+                    self.complete_responses(Instant::now(), tally)?;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// A full input buffer holds the start of one frame bigger than the buffer: grow to it.
+    fn make_room_for_frame(&mut self) -> io::Result<()> {
+        if self.input_filled < self.input.len() {
+            return Ok(());
+        }
+        let frame_size_bytes = peek_frame_size_bytes(&self.input[..self.input_filled])
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
+            .expect("a full buffer holds a length prefix");
+        assert!(
+            frame_size_bytes > self.input.len(),
+            "complete frames were consumed"
+        );
+        self.input.resize(frame_size_bytes, 0);
+        Ok(())
+    }
+
+    fn complete_responses(&mut self, now: Instant, tally: &mut Tally) -> io::Result<()> {
+        let mut consumed_total = 0;
+        loop {
+            let unread = &self.input[consumed_total..self.input_filled];
+            match decode_frame(unread) {
+                Ok(Some((command, consumed))) => {
+                    complete_response(&mut self.in_flight, &command, now, tally);
+                    consumed_total += consumed;
+                }
+                Ok(None) => break,
+                Err(error) => return Err(io::Error::new(io::ErrorKind::InvalidData, error)),
+            }
+        }
+        self.input.copy_within(consumed_total..self.input_filled, 0);
+        self.input_filled -= consumed_total;
+        Ok(())
+    }
+
+    /// Gives up on requests older than `timeout`.
+    fn expire(&mut self, now: Instant, timeout: Duration, tally: &mut Tally) {
+        let before = self.in_flight.len();
+        self.in_flight
+            .retain(|_, queued_at| now.saturating_duration_since(*queued_at) < timeout);
+        tally.record_send_failures(SendFailure::Timeout, (before - self.in_flight.len()) as u64);
+    }
+
+    /// Closes after an error: outstanding and never-sent messages count as lost.
+    fn close(&mut self, error: &io::Error, tally: &mut Tally) {
+        let outstanding = self.in_flight.len() as u64;
+        let never_sent = self.quota_messages.take().unwrap_or(0);
+        eprintln!(
+            "connection to {} lost: {error}; {outstanding} requests outstanding, \
+             {never_sent} never sent",
+            self.broker_addr
+        );
+        tally.record_send_failures(SendFailure::ConnectionLost, outstanding + never_sent);
+        self.in_flight.clear();
+        self.out.clear();
+        self.out_written = 0;
+        self.open = false;
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Nothing left to send or wait for.
+    fn finished(&self, sending: bool) -> bool {
+        !self.open
+            || (self.in_flight.is_empty()
+                && self.unsent_bytes() == 0
+                && (!sending || !self.quota_left()))
+    }
+}
+
+fn complete_response(
+    in_flight: &mut HashMap<i32, Instant>,
+    response: &RemotingCommand<'_>,
+    now: Instant,
+    tally: &mut Tally,
+) {
+    if !response.is_response() {
+        return; // A broker-initiated request; a producer that never heartbeats gets none.
+    }
+    let Some(queued_at) = in_flight.remove(&response.opaque) else {
+        tally.late_responses += 1;
+        return;
+    };
+    if response.code == response_code::SUCCESS {
+        tally.record_success(now.saturating_duration_since(queued_at));
+    } else {
+        tally.record_response_failure(response.code, response.remark.as_deref());
+    }
+}
+
+/// Milliseconds since 1970, never below the 13-digit range the templates hold.
+fn born_timestamp_now_ms() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(BORN_TIMESTAMP_MIN_MS)
+}
+
+/// Runs one worker to completion; reports go to `plan.reports`.
+pub fn run_worker(plan: WorkerPlan) {
+    let mut connections: Vec<Connection> = plan
+        .connections
+        .into_iter()
+        .map(|connection| Connection::new(connection, plan.in_flight_max, plan.run_prefix))
+        .collect();
+    let mut tally = Tally::new();
+    let mut tick = 0;
+    let mut next_tick_at = plan.start + TICK;
+    let mut next_expiry_at = plan.start + EXPIRY_CHECK_INTERVAL;
+    let mut poll_fds: Vec<libc::pollfd> = Vec::with_capacity(connections.len());
+    loop {
+        let now = Instant::now();
+        let sending = plan.deadline.is_none_or(|deadline| now < deadline);
+        let born_timestamp_ms = born_timestamp_now_ms();
+        for connection in connections.iter_mut().filter(|connection| connection.open) {
+            if sending {
+                connection.fill(now, born_timestamp_ms);
+            }
+            if let Err(error) = connection.flush() {
+                connection.close(&error, &mut tally);
+            }
+        }
+        if now >= next_expiry_at {
+            for connection in &mut connections {
+                connection.expire(now, plan.request_timeout, &mut tally);
+            }
+            next_expiry_at = now + EXPIRY_CHECK_INTERVAL;
+        }
+        while now >= next_tick_at {
+            let interval = std::mem::replace(&mut tally, Tally::new());
+            // The main thread outlives every worker; a send error cannot happen.
+            let _ = plan.reports.send(WorkerReport::Interval {
+                worker: plan.worker,
+                tick,
+                tally: interval,
+            });
+            tick += 1;
+            next_tick_at += TICK;
+        }
+        if connections
+            .iter()
+            .all(|connection| connection.finished(sending))
+        {
+            break;
+        }
+        let mut wake_at = next_tick_at.min(next_expiry_at);
+        if let Some(deadline) = plan.deadline.filter(|_| sending) {
+            wake_at = wake_at.min(deadline);
+        }
+        wait_for_sockets(
+            &mut poll_fds,
+            &connections,
+            wake_at.saturating_duration_since(now),
+        );
+        for (poll_fd, connection) in poll_fds
+            .iter()
+            .zip(connections.iter_mut().filter(|c| c.open))
+        {
+            if poll_fd.revents == 0 {
+                continue;
+            }
+            if let Err(error) = connection.receive(&mut tally) {
+                connection.close(&error, &mut tally);
+            }
+        }
+    }
+    let connections_lost = connections
+        .iter()
+        .filter(|connection| !connection.open)
+        .count();
+    let _ = plan.reports.send(WorkerReport::Done {
+        worker: plan.worker,
+        tally,
+        finished_at: Instant::now(),
+        connections_lost,
+    });
+}
+
+/// poll(2) on every open connection: readable always, writable when output is pending.
+/// On return `poll_fds` holds one entry per open connection, in order.
+fn wait_for_sockets(poll_fds: &mut Vec<libc::pollfd>, connections: &[Connection], wait: Duration) {
+    poll_fds.clear();
+    for connection in connections.iter().filter(|connection| connection.open) {
+        let mut events = libc::POLLIN;
+        if connection.unsent_bytes() > 0 {
+            events |= libc::POLLOUT;
+        }
+        poll_fds.push(libc::pollfd {
+            fd: connection.stream.as_raw_fd(),
+            events,
+            revents: 0,
+        });
+    }
+    // Round up, so the loop does not spin through the last sub-millisecond before a tick.
+    let wait_ms = wait
+        .as_micros()
+        .div_ceil(1000)
+        .min(u128::from(POLL_WAIT_MAX_MS)) as i32;
+    // SAFETY: `poll_fds` is a live, exclusively borrowed array of `poll_fds.len()` entries.
+    let ready = unsafe {
+        libc::poll(
+            poll_fds.as_mut_ptr(),
+            poll_fds.len() as libc::nfds_t,
+            wait_ms,
+        )
+    };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        // EINTR is a spurious wake-up; anything else (EFAULT, EINVAL) is a bug here.
+        assert_eq!(
+            error.kind(),
+            io::ErrorKind::Interrupted,
+            "poll failed: {error}"
+        );
+        for poll_fd in poll_fds.iter_mut() {
+            poll_fd.revents = 0;
+        }
+    }
+}
