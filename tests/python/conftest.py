@@ -127,8 +127,10 @@ class ShardMQ:
         with open(self.log_path, "a") as log:
             log.write("==== [test harness {:.3f}] {}\n".format(time.time(), line))
 
-    def start(self, keep_ports=False):
-        """Start the process and wait for its ready line. Retries on bind failures."""
+    def start(self, keep_ports=False, allow_port_change=True):
+        """Start the process and wait for its ready line. Retries on bind failures; with
+        keep_ports, moves to fresh ports (with a warning) after a few failed tries unless
+        allow_port_change is False."""
         assert self.process is None, "already running"
         if not (keep_ports and self.namesrv_port):
             self.namesrv_port, self.broker_port = pick_ports(self.shards)
@@ -141,7 +143,7 @@ class ShardMQ:
             if not self._bind_failed():
                 break  # a crash or a hang is the binary's problem, not a port clash
             time.sleep(0.5 + attempt * 0.5)
-            if keep_ports and attempt == START_ATTEMPTS_MAX - 2:
+            if keep_ports and allow_port_change and attempt == START_ATTEMPTS_MAX - 2:
                 warnings.warn("shardmq could not start again on its old ports ({}); "
                               "moving to fresh ports".format(error))
                 keep_ports = False
@@ -221,13 +223,13 @@ class ShardMQ:
         self.process.wait(10)
         self._reap()
 
-    def restart(self):
+    def restart(self, allow_port_change=True):
         """Stop (SIGTERM) if running, then start again on the same data dir and ports."""
         if self.process is not None:
             code = self.stop()
             assert code == 0, "shardmq exited with code {} on SIGTERM\n{}".format(
                 code, self.log_tail())
-        return self.start(keep_ports=True)
+        return self.start(keep_ports=True, allow_port_change=allow_port_change)
 
     def log_tail(self, lines=LOG_TAIL_LINES):
         try:
@@ -327,3 +329,11 @@ def _watchdog(request, pytestconfig):
     timer.start()
     yield
     timer.cancel()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how often the C++ client's lock race forced a send retry (see mq.SEND_ATTEMPTS_MAX)."""
+    import mq
+    if mq.send_retries:
+        terminalreporter.write_line("C++ client send retries (client-side lock race): {}; first: "
+                                    "{}".format(len(mq.send_retries), mq.send_retries[0]))

@@ -26,10 +26,10 @@ def create_topic(shardmq, prefix):
 
 
 def committed_offsets(shardmq, group, topic):
-    """{(broker address, queue id): committed offset or None} for every queue of the topic."""
+    """{(shard, queue id): committed offset or None} for every queue of the topic."""
     return {
-        (address, queue_id): remoting.query_consumer_offset(address, group, topic, queue_id)
-        for address in shardmq.broker_addrs
+        (shard, queue_id): remoting.query_consumer_offset(address, group, topic, queue_id)
+        for shard, address in enumerate(shardmq.broker_addrs)
         for queue_id in range(QUEUES_PER_SHARD)
     }
 
@@ -158,3 +158,21 @@ def test_kill9_keeps_every_acknowledged_message(shardmq_factory):
                       label="acknowledged messages")
     check_delivered(attempted, collector.snapshot(), label="after crash", allow_missing=True)
     assert not collector.errors, "consumer callback errors: {}".format(collector.errors[:5])
+
+
+def test_clean_restart_rebinds_the_same_ports_at_once(shardmq):
+    """Operators restart in place: the namesrv and broker ports must be bindable again right
+    after a clean stop, although closed connections linger in TIME_WAIT (SO_REUSEADDR)."""
+    topic = create_topic(shardmq, "Trebind")
+    expected = build_messages(topic, 20)
+    with closing(make_producer(shardmq.namesrv_addr)) as producer:
+        send_all(producer, topic, expected)
+    ports = (shardmq.namesrv_port, shardmq.broker_port)
+    try:
+        shardmq.restart(allow_port_change=False)
+    except RuntimeError as error:
+        raise AssertionError("shardmq could not bind its own ports again right after a clean "
+                             "stop: {}".format(error))
+    assert (shardmq.namesrv_port, shardmq.broker_port) == ports
+    assert_route = remoting.route_info(shardmq.namesrv_addr, topic)
+    assert assert_route.code == remoting.SUCCESS, "route after restart: {!r}".format(assert_route)

@@ -1,9 +1,12 @@
 """GET_ROUTEINFO_BY_TOPIC (105) on the namesrv port, read byte for byte."""
 
 import json
+import time
 
 import remoting
 from mq import unique, wait_until
+
+ROUTE_CONVERGE_TIMEOUT_S = 35  # a shard's periodic re-registration is every 30 s at worst
 
 
 def route_body(shardmq, topic):
@@ -62,7 +65,19 @@ def test_route_of_created_topic_and_missing_topic(shardmq):
     created = remoting.create_topic(shardmq.broker_addr(0), topic, queue_nums=4)
     assert created.code == remoting.SUCCESS, "UPDATE_AND_CREATE_TOPIC answered {!r}".format(
         created)
-    # Registration of the new topic with the namesrv may lag the broker's answer a little.
-    wait_until(lambda: remoting.route_info(shardmq.namesrv_addr, topic).code == remoting.SUCCESS,
-               10, message="namesrv route for {}".format(topic))
+    # Registration of the new topic with the namesrv may lag the broker's answer a little
+    # (each shard registers its own queues).
+    started = time.monotonic()
+
+    def route_lists_every_shard():
+        response = remoting.route_info(shardmq.namesrv_addr, topic)
+        if response.code != remoting.SUCCESS:
+            return False
+        return len(json.loads(response.body.decode("utf-8"))["queueDatas"]) == shardmq.shards
+
+    try:
+        wait_until(route_lists_every_shard, ROUTE_CONVERGE_TIMEOUT_S,
+                   message="namesrv route for {} to list every shard".format(topic))
+    finally:
+        print("route converged (or gave up) after {:.2f} s".format(time.monotonic() - started))
     check_route(shardmq, route_body(shardmq, topic), queue_nums=4)
