@@ -6,6 +6,10 @@
 //! crate.
 
 pub mod broker;
+pub mod error;
 pub mod namesrv;
+pub mod node;
+pub mod persist;
 pub mod protocol;
 pub mod remoting;
+pub mod server;

@@ -1,1 +1,224 @@
-//! broker (to be written)
+//! The broker role of one shard: shard i is broker `<brokerName>-<i>`, one RocketMQ broker
+//! endpoint with its own port, store, topics, offsets, clients and long-poll waiters.
+//!
+//! Handlers live one family per file (send, pull, offsets and lookups, clients, admin);
+//! each answers every request it is given, and errors reach the wire through
+//! `RequestError::code_and_remark`.
+
+mod admin;
+mod clients;
+mod locks;
+mod offsets;
+mod pull;
+mod queries;
+pub mod registration;
+mod send;
+pub mod topics;
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use shards::store::Store;
+use shards::sync::WaiterSet;
+
+use crate::error::RequestError;
+use crate::protocol::TopicConfig;
+use crate::remoting::{request_code as rc, response_code, RemotingCommand};
+use crate::server::Connection;
+
+pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
+pub use offsets::{OffsetTable, OFFSET_FLUSH_INTERVAL_MS};
+pub use topics::TopicTable;
+
+/// A topic change one shard tells the others about (topics live on every shard of a node).
+#[derive(Debug, Clone)]
+pub enum TopicChange {
+    Upsert(TopicConfig),
+    Delete(String),
+}
+
+/// What identifies this shard's broker to the world.
+#[derive(Debug, Clone)]
+pub struct BrokerIdentity {
+    pub cluster_name: String,
+    /// `<brokerName>-<shard>`
+    pub broker_name: String,
+    /// The address clients are given (brokerIP1:port).
+    pub address: SocketAddrV4,
+    pub shard_dir: PathBuf,
+}
+
+/// Running totals for GET_BROKER_RUNTIME_INFO.
+#[derive(Default)]
+pub struct BrokerStats {
+    pub messages_put: Cell<u64>,
+    pub messages_got: Cell<u64>,
+    pub started_at_ms: Cell<i64>,
+}
+
+pub struct Broker {
+    pub identity: BrokerIdentity,
+    pub store: Store,
+    pub topics: RefCell<TopicTable>,
+    pub offsets: RefCell<OffsetTable>,
+    pub clients: RefCell<ClientTable>,
+    pub locks: RefCell<locks::QueueLocks>,
+    /// Pulls parked until a message reaches (topic, queue id).
+    pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Tells the other shards about a topic change.
+    pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
+    /// Asks the registration task to re-register with the namesrv now.
+    pub register_now: Rc<shards::sync::Signal>,
+    pub stats: BrokerStats,
+    next_unique_id: Cell<u32>,
+    /// Round-robin position for sends that leave the queue to the broker.
+    next_queue: Cell<u32>,
+}
+
+impl Broker {
+    pub fn new(
+        identity: BrokerIdentity,
+        store: Store,
+        broadcast_topic: Box<dyn Fn(&TopicChange)>,
+    ) -> Broker {
+        let config_dir = identity.shard_dir.join("config");
+        let topics = TopicTable::load(
+            config_dir.join("topics.json"),
+            &identity.cluster_name,
+            &identity.broker_name,
+        );
+        let offsets = OffsetTable::load(config_dir.join("consumerOffset.json"));
+        let stats = BrokerStats::default();
+        stats.started_at_ms.set(crate::error::now_ms());
+        Broker {
+            identity,
+            store,
+            topics: RefCell::new(topics),
+            offsets: RefCell::new(offsets),
+            clients: RefCell::new(ClientTable::default()),
+            locks: RefCell::new(locks::QueueLocks::default()),
+            pull_waiters: Rc::new(WaiterSet::default()),
+            broadcast_topic,
+            register_now: Rc::new(shards::sync::Signal::default()),
+            stats,
+            next_unique_id: Cell::new(0),
+            next_queue: Cell::new(0),
+        }
+    }
+
+    pub fn handle(self: &Rc<Self>, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
+        if let Err(error) = self.dispatch(request, connection) {
+            let (code, remark) = error.code_and_remark();
+            connection.respond(request, code, Some(&remark));
+        }
+    }
+
+    fn dispatch(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        match request.code {
+            rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE => {
+                self.send_message(request, connection)
+            }
+            rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => self.pull_message(request, connection),
+            rc::QUERY_CONSUMER_OFFSET => self.query_consumer_offset(request, connection),
+            rc::UPDATE_CONSUMER_OFFSET => self.update_consumer_offset(request, connection),
+            rc::GET_MAX_OFFSET => self.get_max_offset(request, connection),
+            rc::GET_MIN_OFFSET => self.get_min_offset(request, connection),
+            rc::SEARCH_OFFSET_BY_TIMESTAMP => self.search_offset_by_timestamp(request, connection),
+            rc::GET_EARLIEST_MSG_STORETIME => self.earliest_msg_store_time(request, connection),
+            rc::VIEW_MESSAGE_BY_ID => self.view_message_by_id(request, connection),
+            rc::HEART_BEAT => self.heart_beat(request, connection),
+            rc::UNREGISTER_CLIENT => self.unregister_client(request, connection),
+            rc::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list_by_group(request, connection),
+            rc::CHECK_CLIENT_CONFIG => self.check_client_config(request, connection),
+            rc::LOCK_BATCH_MQ => self.lock_batch_mq(request, connection),
+            rc::UNLOCK_BATCH_MQ => self.unlock_batch_mq(request, connection),
+            rc::UPDATE_AND_CREATE_TOPIC => self.update_and_create_topic(request, connection),
+            rc::DELETE_TOPIC_IN_BROKER => self.delete_topic(request, connection),
+            rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
+            rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
+            rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
+            code => {
+                connection.respond(
+                    request,
+                    response_code::REQUEST_CODE_NOT_SUPPORTED,
+                    Some(&format!(" request type {code} not supported")),
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Applies a topic change that another shard made.
+    pub fn apply_topic_change(&self, change: &TopicChange) {
+        let changed = match change {
+            TopicChange::Upsert(config) => self.topics.borrow_mut().upsert(config.clone()),
+            TopicChange::Delete(topic) => self.remove_topic_locally(topic),
+        };
+        if changed {
+            self.register_now.notify();
+        }
+    }
+
+    /// Creates or updates a topic here and on every other shard.
+    pub fn upsert_topic_everywhere(&self, config: TopicConfig) {
+        if self.topics.borrow_mut().upsert(config.clone()) {
+            self.register_now.notify();
+            (self.broadcast_topic)(&TopicChange::Upsert(config));
+        }
+    }
+
+    fn remove_topic_locally(&self, topic: &str) -> bool {
+        let removed = self.topics.borrow_mut().remove(topic);
+        if removed {
+            self.store.delete_topic(topic);
+            self.offsets.borrow_mut().remove_topic(topic);
+        }
+        removed
+    }
+
+    /// A client connection closed: drop its clients and parked pulls.
+    pub fn connection_closed(&self, connection: &Rc<Connection>) {
+        let changed = self
+            .clients
+            .borrow_mut()
+            .remove_where(|c| c.connection.id == connection.id);
+        self.notify_groups(&changed);
+        self.pull_waiters.wake_all();
+    }
+
+    /// Drops clients silent for longer than CLIENT_EXPIRY_MS.
+    pub fn expire_clients(&self, now_ms: i64) {
+        let changed = self
+            .clients
+            .borrow_mut()
+            .remove_where(|c| now_ms - c.last_update_ms > CLIENT_EXPIRY_MS);
+        self.notify_groups(&changed);
+    }
+
+    fn notify_groups(&self, groups: &[String]) {
+        let clients = self.clients.borrow();
+        for group in groups {
+            clients.notify_group(group);
+        }
+    }
+
+    /// A broker-generated UNIQ_KEY for messages sent without one (ali-ons sends none).
+    fn generate_unique_id(&self) -> String {
+        let counter = self.next_unique_id.get();
+        self.next_unique_id.set(counter.wrapping_add(1));
+        let ip = u32::from(*self.identity.address.ip());
+        let pid = std::process::id() & 0xFFFF;
+        let millis = crate::error::now_ms() as u64 & 0xFFFF_FFFF;
+        let port = u32::from(self.identity.address.port());
+        format!(
+            "{ip:08X}{pid:04X}{port:08X}{millis:08X}{:04X}",
+            counter & 0xFFFF
+        )
+    }
+}

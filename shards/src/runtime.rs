@@ -1,0 +1,223 @@
+//! The runtime facade: the only module (with `store` and `mesh`) that names glommio types.
+//!
+//! Every shard is one glommio `LocalExecutor` pinned to one core; shard state is `Rc`/`RefCell`
+//! and never crosses threads. `run_shards` starts them, joins the control-plane mesh on each,
+//! runs the caller's shard body, and stops the whole process when any shard panics (a node
+//! must never keep serving with half its shards gone).
+
+use std::future::Future;
+use std::io;
+use std::time::Duration;
+
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::mesh::Mesh;
+use crate::ShardId;
+
+pub use glommio::net::{TcpListener, TcpStream};
+pub use glommio::Task;
+
+/// Memory glommio registers with io_uring per shard for its DMA buffers (glommio's default
+/// is 10 MiB; we keep it at that and check RLIMIT_MEMLOCK against it at start).
+pub const IO_MEMORY_BYTES_PER_SHARD: usize = 10 << 20;
+/// io_uring submission ring depth per shard: enough for hundreds of requests in flight.
+pub const RING_DEPTH_ENTRIES: usize = 512;
+/// Capacity of each shard-to-shard control channel; a full channel is a logged drop.
+pub const MESH_CHANNEL_CAPACITY_MESSAGES: usize = 1024;
+
+/// Where and how a node's shards run.
+#[derive(Debug, Clone)]
+pub struct ShardPlacement {
+    /// One entry per shard: the CPU it is pinned to, or None to float (tests, small hosts).
+    pub cpus: Vec<Option<usize>>,
+    /// glommio preemption timer: how long a task runs before I/O is polled again.
+    pub preempt_timer_us: u64,
+    /// Busy-spin before parking an idle executor (0 = park at once).
+    pub spin_before_park_us: u64,
+}
+
+impl ShardPlacement {
+    /// `count` shards on the first `count` online CPUs (floating when there are fewer CPUs).
+    pub fn first_cpus(count: usize) -> ShardPlacement {
+        let online = online_cpus();
+        let cpus = (0..count)
+            .map(|i| {
+                if count <= online.len() {
+                    Some(online[i])
+                } else {
+                    None
+                }
+            })
+            .collect();
+        ShardPlacement {
+            cpus,
+            preempt_timer_us: 100,
+            spin_before_park_us: 0,
+        }
+    }
+}
+
+/// The online CPU ids, in order.
+pub fn online_cpus() -> Vec<usize> {
+    match core_affinity::get_core_ids() {
+        Some(ids) if !ids.is_empty() => ids.into_iter().map(|c| c.id).collect(),
+        _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
+/// What a shard body gets: its id, the shard count and its end of the control mesh.
+pub struct ShardContext<M: Send + 'static> {
+    pub shard_id: ShardId,
+    pub shard_count: usize,
+    pub mesh: Mesh<M>,
+}
+
+/// Start-up checks that turn an obscure io_uring failure into an actionable message.
+pub fn check_environment(shard_count: usize) -> Result<(), String> {
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled") {
+        match text.trim() {
+            "2" => {
+                return Err(
+                    "io_uring is disabled on this host (sysctl kernel.io_uring_disabled=2); \
+                     run `sysctl -w kernel.io_uring_disabled=0` (or 1 and add this user to \
+                     kernel.io_uring_group)"
+                        .to_string(),
+                )
+            }
+            "1" if !is_root() => {
+                return Err("io_uring is restricted to root and kernel.io_uring_group \
+                     (sysctl kernel.io_uring_disabled=1); run as a member of that group or set \
+                     it to 0"
+                    .to_string())
+            }
+            _ => {}
+        }
+    }
+    let needed_bytes = (IO_MEMORY_BYTES_PER_SHARD * shard_count) as u64;
+    let limit_bytes = memlock_limit_bytes();
+    if !is_root() && limit_bytes < needed_bytes {
+        return Err(format!(
+            "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB but {} shards need {} KiB for \
+             io_uring buffers; raise it with `ulimit -l unlimited` (or LimitMEMLOCK=infinity in \
+             a systemd unit, or --memlock in docker run)",
+            limit_bytes / 1024,
+            shard_count,
+            needed_bytes / 1024
+        ));
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn memlock_limit_bytes() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    if rc != 0 {
+        return u64::MAX;
+    }
+    limit.rlim_cur
+}
+
+/// Runs one executor per placement entry, each running `body(context)`, and waits for all.
+/// A panic on any shard aborts the process (see the module docs).
+pub fn run_shards<M, F, Fut>(placement: &ShardPlacement, body: F) -> io::Result<()>
+where
+    M: Send + 'static,
+    F: Fn(ShardContext<M>) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    install_abort_on_panic();
+    let shard_count = placement.cpus.len();
+    let mesh_builder = MeshBuilder::<M, _>::full(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
+    let mut handles = Vec::with_capacity(shard_count);
+    for (shard_id, cpu) in placement.cpus.iter().enumerate() {
+        let placement_kind = match cpu {
+            Some(cpu) => Placement::Fixed(*cpu),
+            None => Placement::Unbound,
+        };
+        let builder = LocalExecutorBuilder::new(placement_kind)
+            .name(&format!("shard-{shard_id}"))
+            .io_memory(IO_MEMORY_BYTES_PER_SHARD)
+            .ring_depth(RING_DEPTH_ENTRIES)
+            .preempt_timer(Duration::from_micros(placement.preempt_timer_us))
+            .spin_before_park(Duration::from_micros(placement.spin_before_park_us));
+        let body = body.clone();
+        let mesh_builder = mesh_builder.clone();
+        let handle = builder
+            .spawn(move || async move {
+                let (senders, receivers) = match mesh_builder.join().await {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        panic!("shard {shard_id} could not join the control mesh: {error}")
+                    }
+                };
+                let mesh = Mesh::new(shard_id, senders, receivers);
+                body(ShardContext {
+                    shard_id,
+                    shard_count,
+                    mesh,
+                })
+                .await;
+            })
+            .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
+        handles.push(handle);
+    }
+    for handle in handles {
+        handle
+            .join()
+            .map_err(|e| io::Error::other(format!("a shard stopped with an error: {e}")))?;
+    }
+    Ok(())
+}
+
+fn install_abort_on_panic() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        eprintln!("shardmq: a shard panicked; stopping the whole process");
+        std::process::exit(101);
+    }));
+}
+
+/// Spawns a task on the current shard and lets it run to completion on its own.
+pub fn spawn_detached<T: 'static>(future: impl Future<Output = T> + 'static) {
+    glommio::spawn_local(future).detach();
+}
+
+/// Spawns a task on the current shard; dropping the returned handle cancels it.
+pub fn spawn<T: 'static>(future: impl Future<Output = T> + 'static) -> Task<T> {
+    glommio::spawn_local(future)
+}
+
+/// Sleeps on the current shard's timer.
+pub async fn sleep(duration: Duration) {
+    glommio::timer::sleep(duration).await
+}
+
+/// Runs `future` with a deadline; `None` when it ran out.
+pub async fn timeout<T>(duration: Duration, future: impl Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        sleep(duration).await;
+        None
+    })
+    .await
+}
+
+/// Connects over TCP from the current shard.
+pub async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+    TcpStream::connect(addr).await.map_err(io::Error::from)
+}
+
+/// Binds a listener (SO_REUSEPORT is set, so every shard can bind the namesrv port).
+pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(addr).map_err(io::Error::from)
+}

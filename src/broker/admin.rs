@@ -1,0 +1,266 @@
+//! Clients and administration: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP,
+//! CHECK_CLIENT_CONFIG, LOCK/UNLOCK_BATCH_MQ, UPDATE_AND_CREATE_TOPIC,
+//! DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use crate::error::{now_ms, RequestError};
+use crate::namesrv::respond_body;
+use crate::protocol::{
+    self, perm, CheckClientConfigBody, HeartbeatData, LockBatchRequest, TopicConfig,
+};
+use crate::remoting::{response_code, FrameEncoder, RemotingCommand, BROKER_VERSION};
+use crate::server::Connection;
+
+use super::topics::{validate_topic_name, RETRY_GROUP_TOPIC_PREFIX};
+use super::Broker;
+
+impl Broker {
+    pub(super) fn heart_beat(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let data = HeartbeatData::parse(request.body)?;
+        if self.clients.borrow().consumers.len() >= super::clients::GROUPS_MAX {
+            return Err(RequestError::SystemBusy(
+                "too many consumer groups on this broker".into(),
+            ));
+        }
+        for consumer in &data.consumers {
+            let retry_topic = format!("{RETRY_GROUP_TOPIC_PREFIX}{}", consumer.group_name);
+            if validate_topic_name(&retry_topic).is_ok()
+                && self.topics.borrow().get(&retry_topic).is_none()
+            {
+                self.upsert_topic_everywhere(TopicConfig::new(
+                    &retry_topic,
+                    1,
+                    perm::READ | perm::WRITE,
+                ));
+            }
+        }
+        let changed = self
+            .clients
+            .borrow_mut()
+            .heartbeat(&data, connection, now_ms());
+        self.notify_groups(&changed);
+        if request.is_oneway() {
+            return Ok(());
+        }
+        connection.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
+            frame
+                .ext_bool("IS_SUPPORT_HEART_BEAT_V2", false)
+                .ext_bool("IS_SUB_CHANGE", !changed.is_empty());
+            frame.finish(&[]);
+        });
+        Ok(())
+    }
+
+    pub(super) fn unregister_client(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let client_id = ext.required("clientID")?;
+        let changed = self.clients.borrow_mut().unregister(
+            client_id,
+            ext.get_non_empty("producerGroup"),
+            ext.get_non_empty("consumerGroup"),
+        );
+        self.notify_groups(&changed);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn consumer_list_by_group(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let group = request.ext_fields.required("consumerGroup")?;
+        let ids = self.clients.borrow().consumer_ids(group);
+        if ids.is_empty() {
+            return Err(RequestError::SystemError(format!(
+                "no consumer for this group, {group}"
+            )));
+        }
+        respond_body(
+            connection,
+            request,
+            &protocol::encode_consumer_id_list(&ids),
+        );
+        Ok(())
+    }
+
+    pub(super) fn check_client_config(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let body = CheckClientConfigBody::parse(request.body)?;
+        if let Some(subscription) = &body.subscription {
+            if !subscription.expression_type.eq_ignore_ascii_case("TAG") {
+                return Err(RequestError::SystemError(format!(
+                    "The broker does not support consumer to filter message by {}",
+                    subscription.expression_type
+                )));
+            }
+        }
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn lock_batch_mq(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let body = LockBatchRequest::parse(request.body)?;
+        let now = now_ms();
+        let mut locks = self.locks.borrow_mut();
+        locks.expire(now);
+        let locked: Vec<_> = body
+            .mq_set
+            .iter()
+            .filter(|mq| mq.broker_name == self.identity.broker_name)
+            .filter(|mq| {
+                locks.try_lock(
+                    &body.consumer_group,
+                    &mq.topic,
+                    mq.queue_id,
+                    &body.client_id,
+                    now,
+                )
+            })
+            .cloned()
+            .collect();
+        drop(locks);
+        respond_body(
+            connection,
+            request,
+            &protocol::encode_lock_batch_response(&locked),
+        );
+        Ok(())
+    }
+
+    pub(super) fn unlock_batch_mq(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let body = LockBatchRequest::parse(request.body)?;
+        let mut locks = self.locks.borrow_mut();
+        for mq in &body.mq_set {
+            locks.unlock(
+                &body.consumer_group,
+                &mq.topic,
+                mq.queue_id,
+                &body.client_id,
+            );
+        }
+        drop(locks);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn update_and_create_topic(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let topic = ext.required("topic")?;
+        validate_topic_name(topic)?;
+        let read = ext.optional_i32("readQueueNums")?.unwrap_or(16);
+        let write = ext.optional_i32("writeQueueNums")?.unwrap_or(16);
+        let topic_perm = ext.optional_i32("perm")?.unwrap_or(6);
+        if !(1..=1024).contains(&read) || !(1..=1024).contains(&write) {
+            return Err(RequestError::InvalidParameter(format!(
+                "queue counts must be between 1 and 1024 (read {read}, write {write})"
+            )));
+        }
+        let mut config = TopicConfig::new(topic, write as u32, topic_perm as u32);
+        config.read_queue_nums = read as u32;
+        if let Some(filter_type) = ext.get_non_empty("topicFilterType") {
+            config.topic_filter_type = filter_type.to_string();
+        }
+        config.topic_sys_flag = ext.optional_i32("topicSysFlag")?.unwrap_or(0).max(0) as u32;
+        config.order = ext.bool_lenient("order").unwrap_or(false);
+        self.upsert_topic_everywhere(config);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn delete_topic(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let topic = request.ext_fields.required("topic")?.to_string();
+        if self.remove_topic_locally(&topic) {
+            self.register_now.notify();
+        }
+        (self.broadcast_topic)(&super::TopicChange::Delete(topic));
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn all_topic_config(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let snapshot = self.topics.borrow().snapshot();
+        let total = snapshot.topics.len();
+        let body = snapshot.encode();
+        connection.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
+            frame.ext_i64("totalTopicNum", total as i64);
+            frame.finish(&body);
+        });
+        Ok(())
+    }
+
+    pub(super) fn runtime_info(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let stats = self.store.stats();
+        let mut table = BTreeMap::new();
+        let mut put = |key: &str, value: String| {
+            table.insert(key.to_string(), value);
+        };
+        put("brokerVersion", BROKER_VERSION.to_string());
+        put(
+            "brokerVersionDesc",
+            format!("shardmq {}", env!("CARGO_PKG_VERSION")),
+        );
+        put("brokerActive", "true".into());
+        put(
+            "msgPutTotalTodayNow",
+            self.stats.messages_put.get().to_string(),
+        );
+        put(
+            "msgGetTotalTodayNow",
+            self.stats.messages_got.get().to_string(),
+        );
+        put("bootTimestamp", self.stats.started_at_ms.get().to_string());
+        put(
+            "commitLogMaxOffset",
+            self.store.max_physical_offset().to_string(),
+        );
+        put(
+            "commitLogMinOffset",
+            self.store.min_physical_offset().to_string(),
+        );
+        put("storeStats", format!("{stats:?}"));
+        put("parkedPulls", self.pull_waiters.len().to_string());
+        put("flushDiskType", format!("{:?}", self.store.flush_mode()));
+        respond_body(connection, request, &protocol::encode_kv_table(&table));
+        Ok(())
+    }
+}

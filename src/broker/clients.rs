@@ -1,0 +1,179 @@
+//! Producer and consumer clients known to one shard (HEART_BEAT, UNREGISTER_CLIENT), their
+//! subscriptions, consumer-group membership and the NOTIFY_CONSUMER_IDS_CHANGED pushes that
+//! make clients rebalance. A client whose connection closes, or that has not sent a heartbeat
+//! for CLIENT_EXPIRY_MS, is removed and its group told.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use crate::protocol::{
+    ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData,
+};
+use crate::remoting::{request_code, FrameEncoder};
+use crate::server::Connection;
+
+/// A client silent this long is dropped (RocketMQ's channel expiry).
+pub const CLIENT_EXPIRY_MS: i64 = 120_000;
+/// How often expired clients are looked for.
+pub const CLIENT_SCAN_INTERVAL_MS: u64 = 10_000;
+/// Distinct groups one shard tracks; beyond this heartbeats are refused (SYSTEM_BUSY).
+pub const GROUPS_MAX: usize = 100_000;
+
+pub struct ClientChannel {
+    pub connection: Rc<Connection>,
+    pub last_update_ms: i64,
+}
+
+pub struct ConsumerGroup {
+    pub clients: BTreeMap<String, ClientChannel>,
+    pub subscriptions: BTreeMap<String, SubscriptionData>,
+    pub consume_type: ConsumeType,
+    pub message_model: MessageModel,
+    pub consume_from_where: ConsumeFromWhere,
+}
+
+#[derive(Default)]
+pub struct ClientTable {
+    pub consumers: BTreeMap<String, ConsumerGroup>,
+    pub producers: BTreeMap<String, BTreeMap<String, ClientChannel>>,
+}
+
+impl ClientTable {
+    /// Registers a heartbeat; returns the groups whose membership or subscriptions changed.
+    pub fn heartbeat(
+        &mut self,
+        data: &HeartbeatData,
+        connection: &Rc<Connection>,
+        now_ms: i64,
+    ) -> Vec<String> {
+        for group in &data.producer_groups {
+            self.producers.entry(group.clone()).or_default().insert(
+                data.client_id.clone(),
+                ClientChannel {
+                    connection: connection.clone(),
+                    last_update_ms: now_ms,
+                },
+            );
+        }
+        let mut changed = Vec::new();
+        for consumer in &data.consumers {
+            let group = self
+                .consumers
+                .entry(consumer.group_name.clone())
+                .or_insert_with(|| ConsumerGroup {
+                    clients: BTreeMap::new(),
+                    subscriptions: BTreeMap::new(),
+                    consume_type: consumer.consume_type,
+                    message_model: consumer.message_model,
+                    consume_from_where: consumer.consume_from_where,
+                });
+            group.consume_type = consumer.consume_type;
+            group.message_model = consumer.message_model;
+            group.consume_from_where = consumer.consume_from_where;
+            let previous = group.clients.insert(
+                data.client_id.clone(),
+                ClientChannel {
+                    connection: connection.clone(),
+                    last_update_ms: now_ms,
+                },
+            );
+            let mut group_changed = match previous {
+                None => true,
+                Some(previous) => previous.connection.id != connection.id,
+            };
+            for subscription in &consumer.subscriptions {
+                let known = group.subscriptions.get(&subscription.topic);
+                if known.map(|s| &s.sub_string) != Some(&subscription.sub_string) {
+                    group_changed = true;
+                }
+                group
+                    .subscriptions
+                    .insert(subscription.topic.clone(), subscription.clone());
+            }
+            if group_changed {
+                changed.push(consumer.group_name.clone());
+            }
+        }
+        changed
+    }
+
+    /// Removes a client from the named groups ("" or None means none); returns changed groups.
+    pub fn unregister(
+        &mut self,
+        client_id: &str,
+        producer_group: Option<&str>,
+        consumer_group: Option<&str>,
+    ) -> Vec<String> {
+        if let Some(group) = producer_group {
+            if let Some(clients) = self.producers.get_mut(group) {
+                clients.remove(client_id);
+                if clients.is_empty() {
+                    self.producers.remove(group);
+                }
+            }
+        }
+        let mut changed = Vec::new();
+        if let Some(name) = consumer_group {
+            if let Some(group) = self.consumers.get_mut(name) {
+                if group.clients.remove(client_id).is_some() {
+                    changed.push(name.to_string());
+                }
+                if group.clients.is_empty() {
+                    self.consumers.remove(name);
+                }
+            }
+        }
+        changed
+    }
+
+    /// Removes every client matching `gone`; returns the consumer groups that changed.
+    pub fn remove_where(&mut self, gone: impl Fn(&ClientChannel) -> bool) -> Vec<String> {
+        for clients in self.producers.values_mut() {
+            clients.retain(|_, channel| !gone(channel));
+        }
+        self.producers.retain(|_, clients| !clients.is_empty());
+        let mut changed = Vec::new();
+        for (name, group) in self.consumers.iter_mut() {
+            let before = group.clients.len();
+            group.clients.retain(|_, channel| !gone(channel));
+            if group.clients.len() != before {
+                changed.push(name.clone());
+            }
+        }
+        self.consumers.retain(|_, group| !group.clients.is_empty());
+        changed
+    }
+
+    /// Client ids of a group's live consumers, sorted (clients allocate queues by this order).
+    pub fn consumer_ids(&self, group: &str) -> Vec<String> {
+        self.consumers
+            .get(group)
+            .map(|g| g.clients.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn subscription(&self, group: &str, topic: &str) -> Option<&SubscriptionData> {
+        self.consumers.get(group)?.subscriptions.get(topic)
+    }
+
+    /// Sends NOTIFY_CONSUMER_IDS_CHANGED (oneway) to every client of `group`.
+    pub fn notify_group(&self, group: &str) {
+        let Some(consumers) = self.consumers.get(group) else {
+            return;
+        };
+        for channel in consumers.clients.values() {
+            let connection = &channel.connection;
+            let opaque = connection.next_opaque();
+            connection.send_with(|out| {
+                let mut frame = FrameEncoder::request(
+                    out,
+                    request_code::NOTIFY_CONSUMER_IDS_CHANGED,
+                    opaque,
+                    true,
+                );
+                frame.ext("consumerGroup", group);
+                frame.finish(&[]);
+            });
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! PULL_MESSAGE (11) and LITE_PULL_MESSAGE (361), with long polling.
+//!
+//! A pull that finds nothing and may suspend is parked on the shard's waiter set under its
+//! (topic, queue id); the append of a message to that queue wakes it at once, and it answers
+//! PULL_NOT_FOUND when its suspend timeout runs out. It re-runs the read once after waking,
+//! without suspending, as RocketMQ does. A closed connection wakes its parked pulls, which
+//! then end without answering.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use shards::store::{GetMessageResult, GetStatus};
+
+use crate::error::RequestError;
+use crate::protocol::TagFilter;
+use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
+use crate::server::Connection;
+
+use super::send::store_error;
+use super::Broker;
+
+/// Messages one pull returns at most, whatever the client asks (RocketMQ's default).
+pub const PULL_BATCH_MAX_MESSAGES: u32 = 32;
+/// Bytes one pull returns at most (RocketMQ's maxTransferBytesOnMessageInMemory).
+pub const PULL_BATCH_MAX_BYTES: u32 = 256 * 1024;
+/// Longest a pull is held: clients time out their pulls at 30 s, so answer well before.
+pub const PULL_SUSPEND_MAX_MS: u64 = 25_000;
+/// Pulls parked at once on one shard; beyond it a pull gets SYSTEM_BUSY (a client retries).
+pub const PARKED_PULLS_MAX: usize = 100_000;
+
+const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
+const PULL_FLAG_SUSPEND: i32 = 0x2;
+const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
+
+/// The owned parts of a pull request (the frame buffer is reused while the pull waits).
+struct PullRequest {
+    opaque: i32,
+    oneway: bool,
+    topic: String,
+    queue_id: u32,
+    queue_offset: u64,
+    max_messages: u32,
+    max_bytes: u32,
+    suspend_timeout_ms: u64,
+    may_suspend: bool,
+    filter: TagFilter,
+}
+
+impl Broker {
+    pub(super) fn pull_message(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let group = ext.required("consumerGroup")?;
+        let topic = ext.required("topic")?;
+        let queue_id = ext.required_i32("queueId")?;
+        let queue_offset = ext.required_i64("queueOffset")?.max(0) as u64;
+        let sys_flag = ext.optional_i32("sysFlag")?.unwrap_or(0);
+        let max_messages = ext.optional_i32("maxMsgNums")?.unwrap_or(32).max(1) as u32;
+        let max_bytes = ext
+            .optional_i32("maxMsgBytes")?
+            .map_or(PULL_BATCH_MAX_BYTES, |b| b.max(1) as u32);
+        let suspend_timeout_ms = ext
+            .optional_i64("suspendTimeoutMillis")?
+            .unwrap_or(15_000)
+            .max(0) as u64;
+        let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
+        if !expression_type.eq_ignore_ascii_case("TAG") {
+            return Err(RequestError::SubscriptionParseFailed(format!(
+                "expression type {expression_type} is not supported yet; use TAG expressions"
+            )));
+        }
+        let read_queues = match self.topics.borrow().get(topic) {
+            Some(config) => config.read_queue_nums,
+            None => {
+                return Err(RequestError::TopicNotExist(format!(
+                    "topic[{topic}] not exist, apply first please!"
+                )))
+            }
+        };
+        if queue_id < 0 || queue_id as u32 >= read_queues {
+            return Err(RequestError::InvalidParameter(format!(
+                "queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{read_queues}]"
+            )));
+        }
+        let filter = match ext.get_non_empty("subscription") {
+            Some(expression) if sys_flag & PULL_FLAG_SUBSCRIPTION != 0 => {
+                TagFilter::parse(expression)
+            }
+            _ => match self.clients.borrow().subscription(group, topic) {
+                Some(subscription) => TagFilter::parse(&subscription.sub_string),
+                // No expression and no heartbeat yet: deliver everything (clients re-filter).
+                None => TagFilter::All,
+            },
+        };
+        if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
+            if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
+                self.offsets
+                    .borrow_mut()
+                    .commit(group, topic, queue_id as u32, commit_offset);
+            }
+        }
+        let pull = PullRequest {
+            opaque: request.opaque,
+            oneway: request.is_oneway(),
+            topic: topic.to_string(),
+            queue_id: queue_id as u32,
+            queue_offset,
+            max_messages: max_messages.min(PULL_BATCH_MAX_MESSAGES),
+            max_bytes: max_bytes.min(PULL_BATCH_MAX_BYTES),
+            suspend_timeout_ms: suspend_timeout_ms.min(PULL_SUSPEND_MAX_MS),
+            may_suspend: sys_flag & PULL_FLAG_SUSPEND != 0,
+            filter,
+        };
+        let broker = self.clone();
+        let in_flight = connection.in_flight();
+        let connection = connection.clone();
+        shards::runtime::spawn_detached(async move {
+            let _in_flight = in_flight;
+            broker.serve_pull(pull, connection).await
+        });
+        Ok(())
+    }
+
+    async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
+        let mut result = self.read_queue(&pull).await;
+        let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
+        if found_nothing && pull.may_suspend && pull.suspend_timeout_ms > 0 {
+            if self.pull_waiters.len() >= PARKED_PULLS_MAX {
+                respond_error(
+                    &connection,
+                    &pull,
+                    RequestError::SystemBusy(
+                        "[PULL]too many pulls are waiting on this broker, try again later".into(),
+                    ),
+                );
+                return;
+            }
+            let key = (pull.topic.clone(), pull.queue_id);
+            let store = &self.store;
+            let arrived = || {
+                connection.is_closed()
+                    || store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset
+            };
+            let wait = self.pull_waiters.wait_until(key, arrived);
+            shards::runtime::timeout(Duration::from_millis(pull.suspend_timeout_ms), wait).await;
+            if connection.is_closed() {
+                return;
+            }
+            result = self.read_queue(&pull).await;
+        }
+        if pull.oneway {
+            return;
+        }
+        match result {
+            Ok(found) => self.respond_found(&connection, &pull, found),
+            Err(error) => respond_error(&connection, &pull, error),
+        }
+    }
+
+    async fn read_queue(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
+        let filter = &pull.filter;
+        let accept = |tags_code: i64| filter.matches_code(tags_code);
+        self.store
+            .get_messages(
+                &pull.topic,
+                pull.queue_id,
+                pull.queue_offset,
+                pull.max_messages,
+                pull.max_bytes,
+                &accept,
+            )
+            .await
+            .map_err(store_error)
+    }
+
+    fn respond_found(&self, connection: &Connection, pull: &PullRequest, found: GetMessageResult) {
+        let code = pull_code(&found, pull.queue_offset);
+        if code == response_code::SUCCESS {
+            let got = self.stats.messages_got.get() + u64::from(found.message_count);
+            self.stats.messages_got.set(got);
+        }
+        connection.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, code, pull.opaque);
+            frame
+                .remark(status_name(found.status))
+                .ext_i64("suggestWhichBrokerId", 0)
+                .ext_i64("nextBeginOffset", found.next_begin_offset as i64)
+                .ext_i64("minOffset", found.min_offset as i64)
+                .ext_i64("maxOffset", found.max_offset as i64)
+                .ext_i64("topicSysFlag", 0)
+                .ext_i64("groupSysFlag", 0);
+            let body: &[u8] = if code == response_code::SUCCESS {
+                &found.body
+            } else {
+                &[]
+            };
+            frame.finish(body);
+        });
+    }
+}
+
+fn respond_error(connection: &Connection, pull: &PullRequest, error: RequestError) {
+    if pull.oneway {
+        return;
+    }
+    let (code, remark) = error.code_and_remark();
+    connection.send_with(|out| {
+        let mut frame = FrameEncoder::response(out, code, pull.opaque);
+        frame.remark(&remark);
+        frame.finish(&[]);
+    });
+}
+
+/// RocketMQ's mapping from store status to pull response code (REMOTING.md §3.3).
+fn pull_code(result: &GetMessageResult, requested_offset: u64) -> i32 {
+    match result.status {
+        GetStatus::Found => response_code::SUCCESS,
+        GetStatus::NoMessageInQueue if requested_offset == 0 => response_code::PULL_NOT_FOUND,
+        GetStatus::NoMessageInQueue => response_code::PULL_OFFSET_MOVED,
+        GetStatus::OffsetOverflowOne => response_code::PULL_NOT_FOUND,
+        GetStatus::OffsetTooSmall | GetStatus::OffsetOverflowBadly => {
+            response_code::PULL_OFFSET_MOVED
+        }
+        GetStatus::NoMatchedMessage | GetStatus::OffsetFoundNull => {
+            response_code::PULL_RETRY_IMMEDIATELY
+        }
+    }
+}
+
+fn status_name(status: GetStatus) -> &'static str {
+    match status {
+        GetStatus::Found => "FOUND",
+        GetStatus::NoMessageInQueue => "NO_MESSAGE_IN_QUEUE",
+        GetStatus::OffsetTooSmall => "OFFSET_TOO_SMALL",
+        GetStatus::OffsetOverflowOne => "OFFSET_OVERFLOW_ONE",
+        GetStatus::OffsetOverflowBadly => "OFFSET_OVERFLOW_BADLY",
+        GetStatus::NoMatchedMessage => "NO_MATCHED_MESSAGE",
+        GetStatus::OffsetFoundNull => "OFFSET_FOUND_NULL",
+    }
+}

@@ -1,0 +1,199 @@
+//! Offsets and lookups: QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/MIN_OFFSET,
+//! SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, VIEW_MESSAGE_BY_ID,
+//! GET_ALL_CONSUMER_OFFSET.
+
+use std::rc::Rc;
+
+use crate::error::RequestError;
+use crate::remoting::{response_code, ExtFields, FrameEncoder, RemotingCommand};
+use crate::server::Connection;
+
+use super::send::store_error;
+use super::Broker;
+
+/// A queue whose first unit lies within this many bytes of the commitlog's end is "young":
+/// a new group starts there at 0 and misses nothing (RocketMQ's message-still-in-memory rule,
+/// with a fixed window instead of 40% of RAM).
+pub const YOUNG_QUEUE_WINDOW_BYTES: u64 = 4 << 30;
+
+fn topic_and_queue<'a>(ext: &'a ExtFields<'a>) -> Result<(&'a str, u32), RequestError> {
+    let topic = ext.required("topic")?;
+    let queue_id = ext.required_i32("queueId")?;
+    if queue_id < 0 {
+        return Err(RequestError::InvalidParameter(format!(
+            "queueId[{queue_id}] is illegal"
+        )));
+    }
+    Ok((topic, queue_id as u32))
+}
+
+fn respond_offset(connection: &Connection, opaque: i32, key: &str, value: i64) {
+    connection.send_with(|out| {
+        let mut frame = FrameEncoder::response(out, response_code::SUCCESS, opaque);
+        frame.ext_i64(key, value);
+        frame.finish(&[]);
+    });
+}
+
+impl Broker {
+    pub(super) fn query_consumer_offset(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let group = ext.required("consumerGroup")?;
+        let (topic, queue_id) = topic_and_queue(ext)?;
+        if let Some(offset) = self.offsets.borrow().query(group, topic, queue_id) {
+            respond_offset(connection, request.opaque, "offset", offset);
+            return Ok(());
+        }
+        let min_offset = self.store.min_queue_offset(topic, queue_id);
+        let max_offset = self.store.max_queue_offset(topic, queue_id);
+        let young = min_offset == 0
+            && max_offset > 0
+            && self
+                .store
+                .max_physical_offset()
+                .saturating_sub(self.store.min_physical_offset())
+                <= YOUNG_QUEUE_WINDOW_BYTES;
+        if young && ext.bool_lenient("setZeroIfNotFound") != Some(false) {
+            respond_offset(connection, request.opaque, "offset", 0);
+        } else {
+            connection.respond(
+                request,
+                response_code::QUERY_NOT_FOUND,
+                Some("Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"),
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn update_consumer_offset(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let group = ext.required("consumerGroup")?;
+        let (topic, queue_id) = topic_and_queue(ext)?;
+        let offset = ext.required_i64("commitOffset")?;
+        self.offsets
+            .borrow_mut()
+            .commit(group, topic, queue_id, offset);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn get_max_offset(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
+        let offset = self.store.max_queue_offset(topic, queue_id);
+        respond_offset(connection, request.opaque, "offset", offset as i64);
+        Ok(())
+    }
+
+    pub(super) fn get_min_offset(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
+        let offset = self.store.min_queue_offset(topic, queue_id);
+        respond_offset(connection, request.opaque, "offset", offset as i64);
+        Ok(())
+    }
+
+    pub(super) fn search_offset_by_timestamp(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let (topic, queue_id) = topic_and_queue(ext)?;
+        let timestamp_ms = ext.required_i64("timestamp")?;
+        let upper = ext
+            .get("boundaryType")
+            .is_some_and(|b| b.eq_ignore_ascii_case("upper"));
+        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
+        let opaque = request.opaque;
+        shards::runtime::spawn_detached(async move {
+            let found =
+                broker
+                    .store
+                    .queue_offset_by_timestamp(&topic, queue_id, timestamp_ms, upper);
+            match found.await {
+                Ok(offset) => respond_offset(&connection, opaque, "offset", offset as i64),
+                Err(error) => respond_error(&connection, opaque, store_error(error)),
+            }
+        });
+        Ok(())
+    }
+
+    pub(super) fn earliest_msg_store_time(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
+        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
+        let opaque = request.opaque;
+        shards::runtime::spawn_detached(async move {
+            match broker.store.earliest_store_time(&topic, queue_id).await {
+                Ok(time) => respond_offset(&connection, opaque, "timestamp", time.unwrap_or(-1)),
+                Err(error) => respond_error(&connection, opaque, store_error(error)),
+            }
+        });
+        Ok(())
+    }
+
+    pub(super) fn view_message_by_id(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let offset = request.ext_fields.required_i64("offset")?;
+        let (broker, connection) = (self.clone(), connection.clone());
+        let opaque = request.opaque;
+        shards::runtime::spawn_detached(async move {
+            match broker.store.read_record(offset.max(0) as u64).await {
+                Ok(Some(record)) => connection.send_with(|out| {
+                    FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&record);
+                }),
+                Ok(None) => respond_error(
+                    &connection,
+                    opaque,
+                    RequestError::SystemError(format!(
+                        "can not find message by the offset, {offset}"
+                    )),
+                ),
+                Err(error) => respond_error(&connection, opaque, store_error(error)),
+            }
+        });
+        Ok(())
+    }
+
+    pub(super) fn all_consumer_offset(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let table = crate::protocol::ConsumerOffsetTable {
+            offsets: self.offsets.borrow().entries().clone(),
+        };
+        crate::namesrv::respond_body(connection, request, &table.encode_pretty());
+        Ok(())
+    }
+}
+
+pub(super) fn respond_error(connection: &Connection, opaque: i32, error: RequestError) {
+    let (code, remark) = error.code_and_remark();
+    connection.send_with(|out| {
+        let mut frame = FrameEncoder::response(out, code, opaque);
+        frame.remark(&remark);
+        frame.finish(&[]);
+    });
+}

@@ -1,0 +1,201 @@
+//! Registration of one shard's broker with every namesrv: REGISTER_BROKER at start, 10 s
+//! later, then every 30 s and whenever a topic changes; UNREGISTER_BROKER at shutdown.
+//! One long-lived connection per namesrv (a Java namesrv drops a broker whose connection
+//! closes), re-opened when it breaks.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use shards::runtime::{self, TcpStream};
+
+use crate::protocol::RegisterBrokerBody;
+use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
+
+use super::Broker;
+
+/// RocketMQ's registerNameServerPeriod.
+pub const REGISTER_PERIOD_MS: u64 = 30_000;
+/// The second registration comes this soon after the first (as Java brokers do).
+pub const FIRST_REREGISTER_DELAY_MS: u64 = 10_000;
+/// How long we wait for a namesrv to answer.
+pub const NAMESRV_REQUEST_TIMEOUT_MS: u64 = 3_000;
+/// How long we tell the namesrv to keep us without news.
+pub const HEARTBEAT_TIMEOUT_MS: i64 = 120_000;
+/// Largest answer we accept from a namesrv.
+const NAMESRV_RESPONSE_MAX_BYTES: usize = 16 << 20;
+
+/// A request/response connection to one namesrv.
+pub struct NamesrvConnection {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    next_opaque: i32,
+}
+
+impl NamesrvConnection {
+    pub fn new(addr: SocketAddr) -> Self {
+        NamesrvConnection {
+            addr,
+            stream: None,
+            next_opaque: 1,
+        }
+    }
+
+    /// Sends one request built by `build` (given the opaque) and returns (code, remark).
+    pub async fn call(
+        &mut self,
+        build: impl Fn(&mut Vec<u8>, i32),
+    ) -> Result<(i32, Option<String>), String> {
+        let timeout = Duration::from_millis(NAMESRV_REQUEST_TIMEOUT_MS);
+        let result = runtime::timeout(timeout, self.call_inner(build)).await;
+        let result = result.unwrap_or_else(|| Err(format!("no answer from {} in time", self.addr)));
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+
+    async fn call_inner(
+        &mut self,
+        build: impl Fn(&mut Vec<u8>, i32),
+    ) -> Result<(i32, Option<String>), String> {
+        if self.stream.is_none() {
+            let stream = runtime::connect(self.addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = stream.set_nodelay(true);
+            self.stream = Some(stream);
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err("not connected".into());
+        };
+        let opaque = self.next_opaque;
+        self.next_opaque = self.next_opaque.wrapping_add(1);
+        let mut frame = Vec::new();
+        build(&mut frame, opaque);
+        stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+        let mut buffer = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let read = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
+            if read == 0 {
+                return Err("namesrv closed the connection".into());
+            }
+            buffer.extend_from_slice(&chunk[..read]);
+            if buffer.len() > NAMESRV_RESPONSE_MAX_BYTES {
+                return Err("namesrv answer too large".into());
+            }
+            let mut consumed = 0;
+            while let Some((command, length)) =
+                decode_frame(&buffer[consumed..]).map_err(|e| e.to_string())?
+            {
+                consumed += length;
+                if command.is_response() && command.opaque == opaque {
+                    return Ok((command.code, command.remark.map(|r| r.into_owned())));
+                }
+            }
+            buffer.drain(..consumed);
+        }
+    }
+}
+
+impl Broker {
+    fn encode_registration(&self, out: &mut Vec<u8>, opaque: i32, body: &[u8]) {
+        let identity = &self.identity;
+        let crc = crc32fast::hash(body) & 0x7FFF_FFFF;
+        let mut frame = FrameEncoder::request(out, request_code::REGISTER_BROKER, opaque, false);
+        frame
+            .ext("brokerName", &identity.broker_name)
+            .ext("brokerAddr", &identity.address.to_string())
+            .ext("clusterName", &identity.cluster_name)
+            .ext("haServerAddr", &ha_addr(identity))
+            .ext_i64("brokerId", 0)
+            .ext_i64("heartbeatTimeoutMillis", HEARTBEAT_TIMEOUT_MS)
+            .ext_bool("compressed", false)
+            .ext_i64("bodyCrc32", i64::from(crc));
+        frame.finish(body);
+    }
+
+    fn encode_unregistration(&self, out: &mut Vec<u8>, opaque: i32) {
+        let identity = &self.identity;
+        let mut frame = FrameEncoder::request(out, request_code::UNREGISTER_BROKER, opaque, false);
+        frame
+            .ext("brokerName", &identity.broker_name)
+            .ext("brokerAddr", &identity.address.to_string())
+            .ext("clusterName", &identity.cluster_name)
+            .ext_i64("brokerId", 0);
+        frame.finish(&[]);
+    }
+
+    /// Registers with every namesrv; true when all of them accepted.
+    async fn register_with_all(&self, namesrvs: &mut [NamesrvConnection]) -> bool {
+        let mut all_accepted = true;
+        let body = RegisterBrokerBody {
+            topic_config_table: self.topics.borrow().snapshot(),
+            filter_server_list: Vec::new(),
+        }
+        .encode();
+        for namesrv in namesrvs.iter_mut() {
+            let result = namesrv
+                .call(|out, opaque| self.encode_registration(out, opaque, &body))
+                .await;
+            all_accepted &= matches!(result, Ok((response_code::SUCCESS, _)));
+            match result {
+                Ok((response_code::SUCCESS, _)) => {}
+                Ok((code, remark)) => eprintln!(
+                    "shardmq: {}: namesrv {} refused the registration: code {code} {}",
+                    self.identity.broker_name,
+                    namesrv.addr,
+                    remark.unwrap_or_default()
+                ),
+                Err(error) => eprintln!(
+                    "shardmq: {}: cannot register with namesrv {}: {error}",
+                    self.identity.broker_name, namesrv.addr
+                ),
+            }
+        }
+        all_accepted
+    }
+
+    /// Unregisters from every namesrv (best effort, at shutdown).
+    pub async fn unregister_from_all(&self, namesrvs: &mut [NamesrvConnection]) {
+        for namesrv in namesrvs.iter_mut() {
+            let _ = namesrv
+                .call(|out, opaque| self.encode_unregistration(out, opaque))
+                .await;
+        }
+    }
+}
+
+fn ha_addr(identity: &super::BrokerIdentity) -> String {
+    let address = identity.address;
+    format!("{}:{}", address.ip(), address.port().saturating_add(1))
+}
+
+/// Pause before retrying a registration that failed (a namesrv still starting).
+const REGISTER_RETRY_DELAY_MS: u64 = 300;
+
+/// The registration loop of one shard; runs until the process stops. `on_first_success`
+/// runs once, after every namesrv has accepted the first registration.
+pub async fn run(
+    broker: Rc<Broker>,
+    namesrv_addrs: Vec<SocketAddr>,
+    on_first_success: impl FnOnce(),
+) {
+    let mut namesrvs: Vec<NamesrvConnection> = namesrv_addrs
+        .into_iter()
+        .map(NamesrvConnection::new)
+        .collect();
+    while !broker.register_with_all(&mut namesrvs).await {
+        runtime::sleep(Duration::from_millis(REGISTER_RETRY_DELAY_MS)).await;
+    }
+    on_first_success();
+    let mut period = Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
+    loop {
+        let signal = broker.register_now.clone();
+        futures_lite::future::or(runtime::sleep(period), signal.wait()).await;
+        period = Duration::from_millis(REGISTER_PERIOD_MS);
+        broker.register_with_all(&mut namesrvs).await;
+    }
+}

@@ -1,0 +1,190 @@
+//! One shard's topic table: `config/topics.json`, the built-in topics, name validation and
+//! auto-creation through the template topic `TBW102`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::error::{now_ms, RequestError};
+use crate::persist;
+use crate::protocol::{perm, DataVersion, TopicConfig, TopicConfigTable};
+
+pub const AUTO_CREATE_TOPIC_KEY_TOPIC: &str = "TBW102";
+/// Queues of the template topic (RocketMQ's defaultTopicQueueNums).
+pub const DEFAULT_TOPIC_QUEUE_NUMS: u32 = 8;
+pub const TOPIC_NAME_MAX_CHARS: usize = 127;
+/// %RETRY% and %DLQ% topics embed a group name, so they may be longer.
+pub const SYSTEM_TOPIC_NAME_MAX_CHARS: usize = 255;
+pub const RETRY_GROUP_TOPIC_PREFIX: &str = "%RETRY%";
+pub const DLQ_GROUP_TOPIC_PREFIX: &str = "%DLQ%";
+/// Topics a client may not send to directly.
+pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+    "SCHEDULE_TOPIC_XXXX",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT",
+];
+
+/// Checks a topic name: RocketMQ's character set and length limit.
+pub fn validate_topic_name(topic: &str) -> Result<(), RequestError> {
+    if topic.is_empty() {
+        return Err(RequestError::InvalidParameter(
+            "the specified topic is blank".into(),
+        ));
+    }
+    let limit = if topic.starts_with(RETRY_GROUP_TOPIC_PREFIX)
+        || topic.starts_with(DLQ_GROUP_TOPIC_PREFIX)
+    {
+        SYSTEM_TOPIC_NAME_MAX_CHARS
+    } else {
+        TOPIC_NAME_MAX_CHARS
+    };
+    if topic.len() > limit {
+        return Err(RequestError::InvalidParameter(format!(
+            "the specified topic is longer than topic max length {limit}."
+        )));
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '%' | '-' | '_' | '|');
+    if !topic.chars().all(valid) {
+        return Err(RequestError::InvalidParameter(format!(
+            "the specified topic[{topic}] contains illegal characters, allowing only \
+             ^[%|a-zA-Z0-9_-]+$"
+        )));
+    }
+    Ok(())
+}
+
+/// The topic table of one shard.
+pub struct TopicTable {
+    path: PathBuf,
+    pub data_version: DataVersion,
+    pub topics: BTreeMap<String, TopicConfig>,
+}
+
+impl TopicTable {
+    /// Loads `topics.json` (or its backup), adding the built-in topics when missing.
+    pub fn load(path: PathBuf, cluster_name: &str, broker_name: &str) -> TopicTable {
+        let loaded =
+            persist::read_with_fallback(&path, |bytes| TopicConfigTable::parse(bytes).ok());
+        let (data_version, topics) = match loaded {
+            Some(table) => (table.data_version, table.topics),
+            None => (
+                DataVersion {
+                    counter: 0,
+                    state_version: 0,
+                    timestamp: now_ms(),
+                },
+                BTreeMap::new(),
+            ),
+        };
+        let mut table = TopicTable {
+            path,
+            data_version,
+            topics,
+        };
+        let builtin = [
+            (
+                AUTO_CREATE_TOPIC_KEY_TOPIC,
+                DEFAULT_TOPIC_QUEUE_NUMS,
+                perm::READ | perm::WRITE | perm::INHERIT,
+            ),
+            ("SELF_TEST_TOPIC", 1, perm::READ | perm::WRITE),
+            ("OFFSET_MOVED_EVENT", 1, perm::READ | perm::WRITE),
+            ("SCHEDULE_TOPIC_XXXX", 18, perm::READ | perm::WRITE),
+            ("RMQ_SYS_TRANS_HALF_TOPIC", 1, perm::READ | perm::WRITE),
+            (cluster_name, 16, perm::READ | perm::WRITE | perm::INHERIT),
+            (broker_name, 1, perm::READ | perm::WRITE | perm::INHERIT),
+        ];
+        let mut changed = false;
+        for (name, queues, topic_perm) in builtin {
+            if !table.topics.contains_key(name) {
+                table
+                    .topics
+                    .insert(name.to_string(), TopicConfig::new(name, queues, topic_perm));
+                changed = true;
+            }
+        }
+        if changed {
+            table.persist();
+        }
+        table
+    }
+
+    pub fn get(&self, topic: &str) -> Option<&TopicConfig> {
+        self.topics.get(topic)
+    }
+
+    /// Inserts or replaces a topic; returns whether anything changed.
+    pub fn upsert(&mut self, config: TopicConfig) -> bool {
+        if self.topics.get(&config.topic_name) == Some(&config) {
+            return false;
+        }
+        self.topics.insert(config.topic_name.clone(), config);
+        self.bump_and_persist();
+        true
+    }
+
+    pub fn remove(&mut self, topic: &str) -> bool {
+        let removed = self.topics.remove(topic).is_some();
+        if removed {
+            self.bump_and_persist();
+        }
+        removed
+    }
+
+    /// The config auto-creation would give `topic` from `template` (None: not allowed).
+    pub fn auto_create_config(
+        &self,
+        topic: &str,
+        template: &str,
+        requested_queue_nums: u32,
+    ) -> Option<TopicConfig> {
+        if topic.starts_with(RETRY_GROUP_TOPIC_PREFIX) {
+            return Some(TopicConfig::new(topic, 1, perm::READ | perm::WRITE));
+        }
+        let template = self.topics.get(template)?;
+        if template.perm & perm::INHERIT == 0 {
+            return None;
+        }
+        let queues = requested_queue_nums.clamp(1, template.write_queue_nums.max(1));
+        let mut config = TopicConfig::new(topic, queues, template.perm & !perm::INHERIT);
+        config.topic_filter_type = template.topic_filter_type.clone();
+        Some(config)
+    }
+
+    pub fn snapshot(&self) -> TopicConfigTable {
+        TopicConfigTable {
+            data_version: self.data_version.clone(),
+            topics: self.topics.clone(),
+        }
+    }
+
+    fn bump_and_persist(&mut self) {
+        self.data_version.counter += 1;
+        self.data_version.timestamp = now_ms();
+        self.persist();
+    }
+
+    fn persist(&self) {
+        let bytes = self.snapshot().encode_pretty();
+        if let Err(error) = persist::write_file_durably(&self.path, &bytes) {
+            eprintln!("shardmq: cannot persist {}: {error}", self.path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_are_checked() {
+        assert!(validate_topic_name("Topic_A-1|x%y").is_ok());
+        assert!(validate_topic_name("").is_err());
+        assert!(validate_topic_name("bad topic").is_err());
+        assert!(validate_topic_name("bad/topic").is_err());
+        assert!(validate_topic_name(&"x".repeat(128)).is_err());
+        assert!(validate_topic_name(&format!("%RETRY%{}", "g".repeat(200))).is_ok());
+    }
+}

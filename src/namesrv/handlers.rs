@@ -1,0 +1,370 @@
+//! Namesrv request handlers (one shard's replica). Every request gets an answer; unknown
+//! codes get REQUEST_CODE_NOT_SUPPORTED.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use crate::error::{now_ms, RequestError};
+use crate::protocol::{self, DataVersion, RegisterBrokerBody};
+use crate::remoting::{request_code as rc, response_code, FrameEncoder, RemotingCommand};
+use crate::server::Connection;
+
+use super::table::{BrokerRegistration, RouteTable, RouteUpdate};
+
+/// The namesrv side of a shard.
+pub struct NamesrvHandler {
+    pub table: Rc<RefCell<RouteTable>>,
+    /// Sends an applied update to the other replicas.
+    pub broadcast: Box<dyn Fn(&RouteUpdate)>,
+    /// Where this replica persists KV config (only one shard persists), if anywhere.
+    pub kv_config_path: Option<PathBuf>,
+    /// Brokers registered over each connection: unregistered when it closes (as Java does).
+    registered_by_connection: RefCell<BTreeMap<u64, Vec<RouteUpdate>>>,
+}
+
+impl NamesrvHandler {
+    pub fn new(
+        table: Rc<RefCell<RouteTable>>,
+        broadcast: Box<dyn Fn(&RouteUpdate)>,
+        kv_config_path: Option<PathBuf>,
+    ) -> Self {
+        NamesrvHandler {
+            table,
+            broadcast,
+            kv_config_path,
+            registered_by_connection: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Applies locally and broadcasts to the other replicas.
+    fn apply(&self, update: RouteUpdate) {
+        self.table.borrow_mut().apply(&update);
+        (self.broadcast)(&update);
+        if matches!(
+            update,
+            RouteUpdate::PutKv { .. } | RouteUpdate::DeleteKv { .. }
+        ) {
+            self.persist_kv();
+        }
+    }
+
+    fn persist_kv(&self) {
+        let Some(path) = &self.kv_config_path else {
+            return;
+        };
+        let table = self.table.borrow();
+        let json = serde_json::json!({ "configTable": table.kv_all() });
+        if let Err(error) = crate::persist::write_json_file(path, &json) {
+            eprintln!("shardmq: cannot persist {}: {error}", path.display());
+        }
+    }
+
+    pub fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
+        if let Err(error) = self.dispatch(request, connection) {
+            let (code, remark) = error.code_and_remark();
+            connection.respond(request, code, Some(&remark));
+        }
+    }
+
+    fn dispatch(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        match request.code {
+            rc::REGISTER_BROKER => self.register_broker(request, connection),
+            rc::UNREGISTER_BROKER => self.unregister_broker(request, connection),
+            rc::GET_ROUTEINFO_BY_TOPIC => self.route_by_topic(request, connection),
+            rc::GET_BROKER_CLUSTER_INFO => {
+                let body = self.table.borrow().cluster_info().encode();
+                respond_body(connection, request, &body);
+                Ok(())
+            }
+            rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => {
+                let body = protocol::encode_topic_list(&self.table.borrow().topic_names());
+                respond_body(connection, request, &body);
+                Ok(())
+            }
+            rc::GET_TOPICS_BY_CLUSTER => {
+                let cluster = request.ext_fields.required("cluster")?;
+                let topics = self.table.borrow().topics_of_cluster(cluster);
+                respond_body(connection, request, &protocol::encode_topic_list(&topics));
+                Ok(())
+            }
+            rc::DELETE_TOPIC_IN_NAMESRV => {
+                let topic = request.ext_fields.required("topic")?.to_string();
+                let cluster_name = request
+                    .ext_fields
+                    .get_non_empty("clusterName")
+                    .map(String::from);
+                self.apply(RouteUpdate::DeleteTopic {
+                    topic,
+                    cluster_name,
+                });
+                connection.respond(request, response_code::SUCCESS, None);
+                Ok(())
+            }
+            rc::PUT_KV_CONFIG => self.put_kv(request, connection),
+            rc::GET_KV_CONFIG => self.get_kv(request, connection),
+            rc::DELETE_KV_CONFIG => {
+                let namespace = request.ext_fields.required("namespace")?.to_string();
+                let key = request.ext_fields.required("key")?.to_string();
+                self.apply(RouteUpdate::DeleteKv { namespace, key });
+                connection.respond(request, response_code::SUCCESS, None);
+                Ok(())
+            }
+            rc::GET_KVLIST_BY_NAMESPACE => {
+                let namespace = request.ext_fields.required("namespace")?;
+                let table = self.table.borrow();
+                match table.kv_namespace(namespace) {
+                    Some(entries) => {
+                        respond_body(connection, request, &protocol::encode_kv_table(entries))
+                    }
+                    None => connection.respond(
+                        request,
+                        response_code::QUERY_NOT_FOUND,
+                        Some(&format!("No config item, Namespace: {namespace}")),
+                    ),
+                }
+                Ok(())
+            }
+            rc::QUERY_DATA_VERSION => self.query_data_version(request, connection),
+            code => {
+                connection.respond(
+                    request,
+                    response_code::REQUEST_CODE_NOT_SUPPORTED,
+                    Some(&format!(" request type {code} not supported")),
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn register_broker(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let body_crc = ext.optional_i64("bodyCrc32")?.unwrap_or(0);
+        if body_crc != 0 && i64::from(crc32fast::hash(request.body) & 0x7FFF_FFFF) != body_crc {
+            return Err(RequestError::SystemError("crc32 not match".into()));
+        }
+        if ext.bool_lenient("compressed") == Some(true) {
+            return Err(RequestError::SystemError(
+                "compressed broker registrations are not supported; register with \
+                 compressed=false"
+                    .into(),
+            ));
+        }
+        let (topics, data_version) = if request.body.is_empty() {
+            (
+                Vec::new(),
+                DataVersion {
+                    counter: 0,
+                    state_version: 0,
+                    timestamp: now_ms(),
+                },
+            )
+        } else {
+            let body = RegisterBrokerBody::parse(request.body)?;
+            let table = body.topic_config_table;
+            (table.topics.into_values().collect(), table.data_version)
+        };
+        let registration = BrokerRegistration {
+            cluster_name: ext.required("clusterName")?.to_string(),
+            broker_name: ext.required("brokerName")?.to_string(),
+            broker_addr: ext.required("brokerAddr")?.to_string(),
+            broker_id: ext.required_i64("brokerId")?.max(0) as u64,
+            ha_server_addr: ext.get("haServerAddr").unwrap_or_default().to_string(),
+            heartbeat_timeout_ms: ext.optional_i64("heartbeatTimeoutMillis")?.unwrap_or(0),
+            data_version,
+            topics,
+            received_at_ms: now_ms(),
+        };
+        let unregister = RouteUpdate::Unregister {
+            cluster_name: registration.cluster_name.clone(),
+            broker_name: registration.broker_name.clone(),
+            broker_addr: registration.broker_addr.clone(),
+            broker_id: registration.broker_id,
+        };
+        let (broker_name, broker_id) = (registration.broker_name.clone(), registration.broker_id);
+        let ha_server_addr = registration.ha_server_addr.clone();
+        self.apply(RouteUpdate::Register(registration));
+        let mut by_connection = self.registered_by_connection.borrow_mut();
+        let registered = by_connection.entry(connection.id).or_default();
+        if !registered.iter().any(|u| same_broker(u, &unregister)) {
+            registered.push(unregister);
+        }
+        drop(by_connection);
+        let master_addr = match broker_id {
+            0 => None,
+            _ => self
+                .table
+                .borrow()
+                .master_addr_of(&broker_name)
+                .map(String::from),
+        };
+        if request.is_oneway() {
+            return Ok(());
+        }
+        connection.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
+            frame.ext("haServerAddr", &ha_server_addr);
+            if let Some(master_addr) = &master_addr {
+                frame.ext("masterAddr", master_addr);
+            }
+            frame.finish(&[]);
+        });
+        Ok(())
+    }
+
+    fn unregister_broker(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let update = RouteUpdate::Unregister {
+            cluster_name: ext.required("clusterName")?.to_string(),
+            broker_name: ext.required("brokerName")?.to_string(),
+            broker_addr: ext.required("brokerAddr")?.to_string(),
+            broker_id: ext.required_i64("brokerId")?.max(0) as u64,
+        };
+        if let Some(registered) = self
+            .registered_by_connection
+            .borrow_mut()
+            .get_mut(&connection.id)
+        {
+            registered.retain(|u| !same_broker(u, &update));
+        }
+        self.apply(update);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    fn route_by_topic(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let topic = request.ext_fields.required("topic")?;
+        let route = self.table.borrow().route(topic);
+        match route {
+            Some(route) => respond_body(connection, request, &route.encode()),
+            None => connection.respond(
+                request,
+                response_code::TOPIC_NOT_EXIST,
+                Some(&format!(
+                    "No topic route info in name server for the topic: {topic}"
+                )),
+            ),
+        }
+        Ok(())
+    }
+
+    fn put_kv(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        self.apply(RouteUpdate::PutKv {
+            namespace: ext.required("namespace")?.to_string(),
+            key: ext.required("key")?.to_string(),
+            value: ext.required("value")?.to_string(),
+        });
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    fn get_kv(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let namespace = request.ext_fields.required("namespace")?;
+        let key = request.ext_fields.required("key")?;
+        let table = self.table.borrow();
+        match table.kv_get(namespace, key) {
+            Some(value) => connection.send_with(|out| {
+                let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
+                frame.ext("value", value);
+                frame.finish(&[]);
+            }),
+            None => connection.respond(
+                request,
+                response_code::QUERY_NOT_FOUND,
+                Some(&format!(
+                    "No config item, Namespace: {namespace} Key: {key}"
+                )),
+            ),
+        }
+        Ok(())
+    }
+
+    fn query_data_version(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let broker_addr = request.ext_fields.required("brokerAddr")?;
+        let theirs = DataVersion::parse(request.body).ok();
+        let mut table = self.table.borrow_mut();
+        let ours = table.data_version_of(broker_addr).cloned();
+        let changed = match (&ours, &theirs) {
+            (Some(ours), Some(theirs)) => ours != theirs,
+            _ => true,
+        };
+        table.touch(broker_addr, now_ms());
+        drop(table);
+        let body = ours.map(|v| v.encode()).unwrap_or_default();
+        connection.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
+            frame.ext_bool("changed", changed);
+            frame.finish(&body);
+        });
+        Ok(())
+    }
+
+    /// A broker's namesrv connection closed: its registrations go at once (as Java does).
+    pub fn connection_closed(&self, connection: &Rc<Connection>) {
+        let registered = self
+            .registered_by_connection
+            .borrow_mut()
+            .remove(&connection.id);
+        for update in registered.unwrap_or_default() {
+            self.apply(update);
+        }
+    }
+}
+
+fn same_broker(a: &RouteUpdate, b: &RouteUpdate) -> bool {
+    match (a, b) {
+        (
+            RouteUpdate::Unregister {
+                broker_addr: a,
+                broker_id: ai,
+                ..
+            },
+            RouteUpdate::Unregister {
+                broker_addr: b,
+                broker_id: bi,
+                ..
+            },
+        ) => a == b && ai == bi,
+        _ => false,
+    }
+}
+
+/// A SUCCESS response carrying `body`.
+pub fn respond_body(connection: &Connection, request: &RemotingCommand<'_>, body: &[u8]) {
+    if request.is_oneway() {
+        return;
+    }
+    connection.send_with(|out| {
+        FrameEncoder::response(out, response_code::SUCCESS, request.opaque).finish(body);
+    });
+}

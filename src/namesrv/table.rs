@@ -1,0 +1,427 @@
+//! One shard's replica of the route table (pure data, no I/O; unit-tested below).
+//!
+//! Invariants: a broker name appears in `topic_queues` only while it has a live address with
+//! broker id 0 or a slave; a topic with no queue data left is gone (TOPIC_NOT_EXIST).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::protocol::{
+    BrokerData, ClusterInfo, DataVersion, QueueData, TopicConfig, TopicRouteData,
+};
+
+/// How long a broker stays routable after its last registration, unless it says otherwise.
+pub const BROKER_EXPIRY_MS_DEFAULT: i64 = 120_000;
+
+/// One REGISTER_BROKER, decoded.
+#[derive(Debug, Clone)]
+pub struct BrokerRegistration {
+    pub cluster_name: String,
+    pub broker_name: String,
+    pub broker_addr: String,
+    pub broker_id: u64,
+    pub ha_server_addr: String,
+    pub heartbeat_timeout_ms: i64,
+    pub data_version: DataVersion,
+    pub topics: Vec<TopicConfig>,
+    /// When it was received (ms since the epoch), the replica's ordering stamp.
+    pub received_at_ms: i64,
+}
+
+/// A change to the route table, as applied locally and broadcast to the other replicas.
+#[derive(Debug, Clone)]
+pub enum RouteUpdate {
+    Register(BrokerRegistration),
+    Unregister {
+        cluster_name: String,
+        broker_name: String,
+        broker_addr: String,
+        broker_id: u64,
+    },
+    PutKv {
+        namespace: String,
+        key: String,
+        value: String,
+    },
+    DeleteKv {
+        namespace: String,
+        key: String,
+    },
+    DeleteTopic {
+        topic: String,
+        cluster_name: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct LiveBroker {
+    broker_name: String,
+    cluster_name: String,
+    last_update_ms: i64,
+    timeout_ms: i64,
+    data_version: DataVersion,
+    ha_server_addr: String,
+}
+
+/// The replica.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    /// broker name → (cluster, broker id → address)
+    brokers: BTreeMap<String, (String, BTreeMap<u64, String>)>,
+    /// cluster → broker names
+    clusters: BTreeMap<String, BTreeSet<String>>,
+    /// topic → broker name → queue data
+    topic_queues: BTreeMap<String, BTreeMap<String, QueueData>>,
+    /// broker address → liveness
+    live: BTreeMap<String, LiveBroker>,
+    /// namespace → key → value
+    kv: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl RouteTable {
+    pub fn apply(&mut self, update: &RouteUpdate) {
+        match update {
+            RouteUpdate::Register(registration) => self.register(registration),
+            RouteUpdate::Unregister {
+                broker_name,
+                broker_addr,
+                broker_id,
+                cluster_name,
+            } => self.unregister(cluster_name, broker_name, broker_addr, *broker_id),
+            RouteUpdate::PutKv {
+                namespace,
+                key,
+                value,
+            } => {
+                self.kv
+                    .entry(namespace.clone())
+                    .or_default()
+                    .insert(key.clone(), value.clone());
+            }
+            RouteUpdate::DeleteKv { namespace, key } => {
+                if let Some(table) = self.kv.get_mut(namespace) {
+                    table.remove(key);
+                }
+            }
+            RouteUpdate::DeleteTopic {
+                topic,
+                cluster_name,
+            } => self.delete_topic(topic, cluster_name),
+        }
+    }
+
+    fn register(&mut self, registration: &BrokerRegistration) {
+        if let Some(live) = self.live.get(&registration.broker_addr) {
+            if live.last_update_ms > registration.received_at_ms {
+                return; // an older registration arriving late
+            }
+        }
+        let name = &registration.broker_name;
+        self.clusters
+            .entry(registration.cluster_name.clone())
+            .or_default()
+            .insert(name.clone());
+        let (cluster, addrs) = self
+            .brokers
+            .entry(name.clone())
+            .or_insert_with(|| (registration.cluster_name.clone(), BTreeMap::new()));
+        *cluster = registration.cluster_name.clone();
+        // The same address under another id (slave promoted to master) replaces the old entry.
+        addrs.retain(|id, addr| *addr != registration.broker_addr || *id == registration.broker_id);
+        addrs.insert(registration.broker_id, registration.broker_addr.clone());
+        if registration.broker_id == 0 {
+            for topic in &registration.topics {
+                let queue_data = QueueData {
+                    broker_name: name.clone(),
+                    read_queue_nums: topic.read_queue_nums,
+                    write_queue_nums: topic.write_queue_nums,
+                    perm: topic.perm,
+                    topic_sys_flag: topic.topic_sys_flag,
+                };
+                self.topic_queues
+                    .entry(topic.topic_name.clone())
+                    .or_default()
+                    .insert(name.clone(), queue_data);
+            }
+        }
+        let timeout_ms = if registration.heartbeat_timeout_ms > 0 {
+            registration.heartbeat_timeout_ms
+        } else {
+            BROKER_EXPIRY_MS_DEFAULT
+        };
+        self.live.insert(
+            registration.broker_addr.clone(),
+            LiveBroker {
+                broker_name: name.clone(),
+                cluster_name: registration.cluster_name.clone(),
+                last_update_ms: registration.received_at_ms,
+                timeout_ms,
+                data_version: registration.data_version.clone(),
+                ha_server_addr: registration.ha_server_addr.clone(),
+            },
+        );
+    }
+
+    fn unregister(&mut self, cluster: &str, broker_name: &str, broker_addr: &str, broker_id: u64) {
+        self.live.remove(broker_addr);
+        let mut name_gone = false;
+        if let Some((_, addrs)) = self.brokers.get_mut(broker_name) {
+            if addrs.get(&broker_id).map(String::as_str) == Some(broker_addr) {
+                addrs.remove(&broker_id);
+            }
+            name_gone = addrs.is_empty();
+        }
+        if name_gone {
+            self.brokers.remove(broker_name);
+            if let Some(names) = self.clusters.get_mut(cluster) {
+                names.remove(broker_name);
+                if names.is_empty() {
+                    self.clusters.remove(cluster);
+                }
+            }
+        }
+        let master_gone = self
+            .brokers
+            .get(broker_name)
+            .is_none_or(|(_, addrs)| !addrs.contains_key(&0));
+        if master_gone {
+            self.topic_queues.retain(|_, queues| {
+                queues.remove(broker_name);
+                !queues.is_empty()
+            });
+        }
+    }
+
+    fn delete_topic(&mut self, topic: &str, cluster_name: &Option<String>) {
+        match cluster_name {
+            None => {
+                self.topic_queues.remove(topic);
+            }
+            Some(cluster) => {
+                let names = self.clusters.get(cluster).cloned().unwrap_or_default();
+                if let Some(queues) = self.topic_queues.get_mut(topic) {
+                    queues.retain(|name, _| !names.contains(name));
+                    if queues.is_empty() {
+                        self.topic_queues.remove(topic);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes brokers whose last registration is older than their timeout; returns them.
+    pub fn expire(&mut self, now_ms: i64) -> Vec<String> {
+        let expired: Vec<(String, LiveBroker)> = self
+            .live
+            .iter()
+            .filter(|(_, live)| now_ms - live.last_update_ms > live.timeout_ms)
+            .map(|(addr, live)| (addr.clone(), live.clone()))
+            .collect();
+        for (addr, live) in &expired {
+            let id = self.broker_id_of(&live.broker_name, addr).unwrap_or(0);
+            self.unregister(&live.cluster_name, &live.broker_name, addr, id);
+        }
+        expired.into_iter().map(|(addr, _)| addr).collect()
+    }
+
+    fn broker_id_of(&self, broker_name: &str, addr: &str) -> Option<u64> {
+        let (_, addrs) = self.brokers.get(broker_name)?;
+        addrs
+            .iter()
+            .find(|(_, a)| a.as_str() == addr)
+            .map(|(id, _)| *id)
+    }
+
+    pub fn route(&self, topic: &str) -> Option<TopicRouteData> {
+        let queues = self.topic_queues.get(topic)?;
+        let mut route = TopicRouteData::default();
+        for (name, queue_data) in queues {
+            route.queue_datas.push(queue_data.clone());
+            if let Some((cluster, addrs)) = self.brokers.get(name) {
+                route.broker_datas.push(BrokerData {
+                    cluster: cluster.clone(),
+                    broker_name: name.clone(),
+                    broker_addrs: addrs.clone(),
+                    enable_acting_master: false,
+                });
+            }
+        }
+        if route.broker_datas.is_empty() {
+            return None;
+        }
+        route.order_topic_conf = self
+            .kv
+            .get("ORDER_TOPIC_CONFIG")
+            .and_then(|table| table.get(topic))
+            .cloned();
+        Some(route)
+    }
+
+    pub fn cluster_info(&self) -> ClusterInfo {
+        let mut info = ClusterInfo {
+            broker_addr_table: BTreeMap::new(),
+            cluster_addr_table: BTreeMap::new(),
+        };
+        for (name, (cluster, addrs)) in &self.brokers {
+            info.broker_addr_table.insert(
+                name.clone(),
+                BrokerData {
+                    cluster: cluster.clone(),
+                    broker_name: name.clone(),
+                    broker_addrs: addrs.clone(),
+                    enable_acting_master: false,
+                },
+            );
+        }
+        for (cluster, names) in &self.clusters {
+            info.cluster_addr_table
+                .insert(cluster.clone(), names.clone());
+        }
+        info
+    }
+
+    pub fn topic_names(&self) -> Vec<String> {
+        self.topic_queues.keys().cloned().collect()
+    }
+
+    pub fn topics_of_cluster(&self, cluster: &str) -> Vec<String> {
+        let names = self.clusters.get(cluster).cloned().unwrap_or_default();
+        self.topic_queues
+            .iter()
+            .filter(|(_, queues)| queues.keys().any(|name| names.contains(name)))
+            .map(|(topic, _)| topic.clone())
+            .collect()
+    }
+
+    pub fn kv_get(&self, namespace: &str, key: &str) -> Option<&str> {
+        self.kv.get(namespace)?.get(key).map(String::as_str)
+    }
+
+    pub fn kv_namespace(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        self.kv.get(namespace)
+    }
+
+    pub fn kv_all(&self) -> &BTreeMap<String, BTreeMap<String, String>> {
+        &self.kv
+    }
+
+    /// For QUERY_DATA_VERSION: whether the stored version differs, and the stored one.
+    pub fn data_version_of(&self, broker_addr: &str) -> Option<&DataVersion> {
+        self.live.get(broker_addr).map(|live| &live.data_version)
+    }
+
+    pub fn ha_server_addr_of(&self, broker_addr: &str) -> Option<&str> {
+        self.live
+            .get(broker_addr)
+            .map(|live| live.ha_server_addr.as_str())
+    }
+
+    pub fn master_addr_of(&self, broker_name: &str) -> Option<&str> {
+        self.brokers.get(broker_name)?.1.get(&0).map(String::as_str)
+    }
+
+    /// Refreshes a broker's liveness (QUERY_DATA_VERSION does this without a full register).
+    pub fn touch(&mut self, broker_addr: &str, now_ms: i64) {
+        if let Some(live) = self.live.get_mut(broker_addr) {
+            live.last_update_ms = live.last_update_ms.max(now_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(name: &str, addr: &str, topics: &[&str], at_ms: i64) -> BrokerRegistration {
+        BrokerRegistration {
+            cluster_name: "DefaultCluster".into(),
+            broker_name: name.into(),
+            broker_addr: addr.into(),
+            broker_id: 0,
+            ha_server_addr: String::new(),
+            heartbeat_timeout_ms: 0,
+            data_version: DataVersion {
+                counter: 1,
+                state_version: 0,
+                timestamp: at_ms,
+            },
+            topics: topics.iter().map(|t| TopicConfig::new(t, 4, 6)).collect(),
+            received_at_ms: at_ms,
+        }
+    }
+
+    #[test]
+    fn route_lists_every_broker_hosting_the_topic() {
+        let mut table = RouteTable::default();
+        table.apply(&RouteUpdate::Register(registration(
+            "b-0",
+            "127.0.0.1:10911",
+            &["T"],
+            1,
+        )));
+        table.apply(&RouteUpdate::Register(registration(
+            "b-1",
+            "127.0.0.1:10921",
+            &["T"],
+            1,
+        )));
+        let route = table.route("T").expect("route");
+        assert_eq!(route.queue_datas.len(), 2);
+        assert_eq!(route.broker_datas.len(), 2);
+        assert_eq!(
+            route.broker_datas[1].broker_addrs.get(&0).unwrap(),
+            "127.0.0.1:10921"
+        );
+        assert!(table.route("missing").is_none());
+    }
+
+    #[test]
+    fn brokers_expire_after_their_timeout_and_late_registrations_are_ignored() {
+        let mut table = RouteTable::default();
+        table.apply(&RouteUpdate::Register(registration(
+            "b-0",
+            "a:1",
+            &["T"],
+            1_000,
+        )));
+        table.apply(&RouteUpdate::Register(registration("b-0", "a:1", &[], 500)));
+        assert_eq!(
+            table.expire(1_000 + BROKER_EXPIRY_MS_DEFAULT),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            table.expire(1_001 + BROKER_EXPIRY_MS_DEFAULT),
+            vec!["a:1".to_string()]
+        );
+        assert!(table.route("T").is_none());
+        assert!(table.cluster_info().broker_addr_table.is_empty());
+    }
+
+    #[test]
+    fn unregister_drops_queue_data_and_kv_round_trips() {
+        let mut table = RouteTable::default();
+        table.apply(&RouteUpdate::Register(registration(
+            "b-0",
+            "a:1",
+            &["T"],
+            1,
+        )));
+        table.apply(&RouteUpdate::Unregister {
+            cluster_name: "DefaultCluster".into(),
+            broker_name: "b-0".into(),
+            broker_addr: "a:1".into(),
+            broker_id: 0,
+        });
+        assert!(table.route("T").is_none());
+        table.apply(&RouteUpdate::PutKv {
+            namespace: "n".into(),
+            key: "k".into(),
+            value: "v".into(),
+        });
+        assert_eq!(table.kv_get("n", "k"), Some("v"));
+        table.apply(&RouteUpdate::DeleteKv {
+            namespace: "n".into(),
+            key: "k".into(),
+        });
+        assert_eq!(table.kv_get("n", "k"), None);
+    }
+}

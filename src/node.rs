@@ -1,0 +1,363 @@
+//! One node: the shards of this process and what each runs (namesrv role, broker role or
+//! both), their listeners, timers and control-plane messages, and an orderly shutdown on
+//! SIGINT/SIGTERM (final flush, offsets written, brokers unregistered).
+//!
+//! Shared across shards, and nothing else: the immutable `NodeConfig` (an `Arc`), and the
+//! process-wide shutdown flag and ready counter below.
+
+use std::cell::RefCell;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shards::mesh::MeshSender;
+use shards::runtime::{self, ShardContext, ShardPlacement};
+use shards::store::{FlushMode, Store, StoreConfig};
+
+use crate::broker::{self, registration, Broker, BrokerIdentity, TopicChange};
+use crate::error::now_ms;
+use crate::namesrv::{NamesrvHandler, RouteTable, RouteUpdate};
+use crate::remoting::RemotingCommand;
+use crate::server::{self, Connection, RequestHandler};
+
+/// Set by SIGINT/SIGTERM; every shard polls it.
+static SHUTDOWN_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Shards whose broker has completed its first registration.
+static SHARDS_READY: AtomicUsize = AtomicUsize::new(0);
+/// How often shards look at the shutdown flag.
+const SHUTDOWN_POLL_INTERVAL_MS: u64 = 100;
+/// RocketMQ's scanNotActiveBrokerInterval.
+const BROKER_EXPIRY_SCAN_INTERVAL_MS: u64 = 5_000;
+
+/// Everything a node needs to start; immutable once shards run.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub run_namesrv: bool,
+    pub run_broker: bool,
+    pub data_dir: PathBuf,
+    pub listen_ip: Ipv4Addr,
+    /// The address advertised to clients (brokerIP1).
+    pub broker_ip: Ipv4Addr,
+    pub namesrv_port: u16,
+    pub broker_port: u16,
+    /// Shard i listens on broker_port + i * port_stride.
+    pub port_stride: u16,
+    /// Where brokers register (the local namesrv when both roles run).
+    pub namesrv_addrs: Vec<SocketAddr>,
+    pub cluster_name: String,
+    pub broker_name: String,
+    pub placement: ShardPlacement,
+    pub flush_mode: FlushMode,
+    pub flush_interval_ms: u64,
+    pub segment_size_bytes: u64,
+}
+
+impl NodeConfig {
+    pub fn shard_port(&self, shard: usize) -> u16 {
+        self.broker_port + (shard as u16) * self.port_stride
+    }
+}
+
+/// What travels between shards.
+#[derive(Debug, Clone)]
+pub enum ControlMessage {
+    Route(RouteUpdate),
+    Topic(TopicChange),
+}
+
+extern "C" fn on_shutdown_signal(_: libc::c_int) {
+    SHUTDOWN_REQUESTED.store(true, Ordering::SeqCst);
+}
+
+/// Runs the node until SIGINT/SIGTERM.
+pub fn run(config: NodeConfig) -> anyhow::Result<()> {
+    let shard_count = config.placement.cpus.len();
+    runtime::check_environment(shard_count).map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&config.data_dir)?;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_shutdown_signal as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_shutdown_signal as *const () as libc::sighandler_t,
+        );
+    }
+    check_ports_free(&config)?;
+    let config = Arc::new(config);
+    let placement = config.placement.clone();
+    runtime::run_shards(&placement, move |context: ShardContext<ControlMessage>| {
+        let config = config.clone();
+        async move { run_shard(context, config).await }
+    })?;
+    println!("shardmq: stopped");
+    Ok(())
+}
+
+/// Shards bind with SO_REUSEPORT, which would let a second process share our ports silently
+/// (and split the traffic); a plain bind first makes "address in use" an error at start.
+fn check_ports_free(config: &NodeConfig) -> anyhow::Result<()> {
+    let mut ports = Vec::new();
+    if config.run_namesrv {
+        ports.push((config.namesrv_port, "namesrv"));
+    }
+    if config.run_broker {
+        for shard in 0..config.placement.cpus.len() {
+            ports.push((config.shard_port(shard), "broker"));
+            ports.push((config.shard_port(shard) - 2, "broker-vip"));
+        }
+    }
+    for (port, what) in ports {
+        std::net::TcpListener::bind((config.listen_ip, port)).map_err(|e| {
+            anyhow::anyhow!("cannot listen for {what} on {}:{port}: {e}", config.listen_ip)
+        })?;
+    }
+    Ok(())
+}
+
+struct ShardHandler {
+    namesrv: Option<Rc<NamesrvHandler>>,
+    broker: Option<Rc<Broker>>,
+}
+
+/// Serves one listener's role: the namesrv port or a broker port.
+struct RoleHandler {
+    shard: Rc<ShardHandler>,
+    namesrv_port: bool,
+}
+
+impl RequestHandler for RoleHandler {
+    fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
+        match (&self.shard.namesrv, &self.shard.broker, self.namesrv_port) {
+            (Some(namesrv), _, true) => namesrv.handle(request, connection),
+            (_, Some(broker), false) => broker.handle(request, connection),
+            _ => connection.respond(
+                request,
+                crate::remoting::response_code::SYSTEM_ERROR,
+                Some("role not served here"),
+            ),
+        }
+    }
+
+    fn connection_closed(&self, connection: &Rc<Connection>) {
+        if self.namesrv_port {
+            if let Some(namesrv) = &self.shard.namesrv {
+                namesrv.connection_closed(connection);
+            }
+        } else if let Some(broker) = &self.shard.broker {
+            broker.connection_closed(connection);
+        }
+    }
+}
+
+async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig>) {
+    let shard_id = context.shard_id;
+    let shard_count = context.shard_count;
+    let mut mesh = context.mesh;
+    let sender = mesh.sender();
+    let table = Rc::new(RefCell::new(RouteTable::default()));
+    let namesrv = config
+        .run_namesrv
+        .then(|| Rc::new(make_namesrv(&config, shard_id, &table, &sender)));
+    let broker = match config.run_broker {
+        true => match open_broker(&config, shard_id, &sender).await {
+            Ok(broker) => Some(broker),
+            Err(error) => {
+                eprintln!("shardmq: shard {shard_id}: {error}");
+                std::process::exit(1);
+            }
+        },
+        false => None,
+    };
+    let (route_table, topic_broker) = (table.clone(), broker.clone());
+    mesh.spawn_receivers(move |_, message| match message {
+        ControlMessage::Route(update) => route_table.borrow_mut().apply(&update),
+        ControlMessage::Topic(change) => {
+            if let Some(broker) = &topic_broker {
+                broker.apply_topic_change(&change);
+            }
+        }
+    });
+    let shard = Rc::new(ShardHandler {
+        namesrv: namesrv.clone(),
+        broker: broker.clone(),
+    });
+    if let Err(error) = start_listeners(&config, shard_id, &shard) {
+        eprintln!("shardmq: shard {shard_id}: {error}");
+        std::process::exit(1);
+    }
+    if namesrv.is_some() {
+        runtime::spawn_detached(expire_brokers(table.clone()));
+    }
+    if let Some(broker) = &broker {
+        start_broker_tasks(&config, broker, shard_count);
+    }
+    while !SHUTDOWN_REQUESTED.load(Ordering::SeqCst) {
+        runtime::sleep(Duration::from_millis(SHUTDOWN_POLL_INTERVAL_MS)).await;
+    }
+    if let Some(broker) = &broker {
+        shut_down_broker(&config, broker).await;
+    }
+}
+
+fn make_namesrv(
+    config: &NodeConfig,
+    shard_id: usize,
+    table: &Rc<RefCell<RouteTable>>,
+    sender: &MeshSender<ControlMessage>,
+) -> NamesrvHandler {
+    let kv_path = config.data_dir.join("namesrv").join("kvConfig.json");
+    load_kv_config(&kv_path, &mut table.borrow_mut());
+    let sender = sender.clone();
+    let broadcast = Box::new(move |update: &RouteUpdate| {
+        sender.broadcast(&ControlMessage::Route(update.clone()));
+    });
+    NamesrvHandler::new(table.clone(), broadcast, (shard_id == 0).then_some(kv_path))
+}
+
+fn load_kv_config(path: &std::path::Path, table: &mut RouteTable) {
+    let parse = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
+    let Some(value) = crate::persist::read_with_fallback(path, parse) else {
+        return;
+    };
+    let Some(namespaces) = value.get("configTable").and_then(|v| v.as_object()) else {
+        return;
+    };
+    for (namespace, entries) in namespaces {
+        for (key, value) in entries.as_object().into_iter().flatten() {
+            if let Some(value) = value.as_str() {
+                table.apply(&RouteUpdate::PutKv {
+                    namespace: namespace.clone(),
+                    key: key.clone(),
+                    value: value.to_string(),
+                });
+            }
+        }
+    }
+}
+
+async fn open_broker(
+    config: &NodeConfig,
+    shard_id: usize,
+    sender: &MeshSender<ControlMessage>,
+) -> Result<Rc<Broker>, String> {
+    let shard_dir = config.data_dir.join(format!("shard-{shard_id}"));
+    let address = SocketAddrV4::new(config.broker_ip, config.shard_port(shard_id));
+    let mut store_config = StoreConfig::new(shard_dir.clone(), address);
+    store_config.flush_mode = config.flush_mode;
+    store_config.flush_interval_ms = config.flush_interval_ms;
+    store_config.segment_size_bytes = config.segment_size_bytes;
+    let store = Store::open(store_config)
+        .await
+        .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;
+    let identity = BrokerIdentity {
+        cluster_name: config.cluster_name.clone(),
+        broker_name: format!("{}-{shard_id}", config.broker_name),
+        address,
+        shard_dir,
+    };
+    let sender = sender.clone();
+    let broadcast = Box::new(move |change: &TopicChange| {
+        sender.broadcast(&ControlMessage::Topic(change.clone()));
+    });
+    Ok(Rc::new(Broker::new(identity, store, broadcast)))
+}
+
+fn start_listeners(
+    config: &NodeConfig,
+    shard_id: usize,
+    shard: &Rc<ShardHandler>,
+) -> std::io::Result<()> {
+    let ip = config.listen_ip;
+    let mut listening = Vec::new();
+    if shard.namesrv.is_some() {
+        let addr = SocketAddr::from((ip, config.namesrv_port));
+        let listener = bind(addr, "namesrv")?;
+        let handler = Rc::new(RoleHandler {
+            shard: shard.clone(),
+            namesrv_port: true,
+        });
+        runtime::spawn_detached(server::serve_listener(listener, handler));
+        listening.push(format!("namesrv {addr}"));
+    }
+    if shard.broker.is_some() {
+        let port = config.shard_port(shard_id);
+        // The main port, and port − 2: the "VIP" channel of Java clients older than 4.5.1.
+        for (port, what) in [(port, "broker"), (port - 2, "broker-vip")] {
+            let addr = SocketAddr::from((ip, port));
+            let listener = bind(addr, what)?;
+            let handler = Rc::new(RoleHandler {
+                shard: shard.clone(),
+                namesrv_port: false,
+            });
+            runtime::spawn_detached(server::serve_listener(listener, handler));
+            listening.push(format!("{what} {addr}"));
+        }
+    }
+    println!(
+        "shardmq: shard {shard_id} listening on {}",
+        listening.join(", ")
+    );
+    Ok(())
+}
+
+fn bind(addr: SocketAddr, what: &str) -> std::io::Result<shards::runtime::TcpListener> {
+    runtime::bind(addr).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for {what} on {addr}: {e}"))
+    })
+}
+
+fn start_broker_tasks(config: &NodeConfig, broker: &Rc<Broker>, shard_count: usize) {
+    let namesrv_addrs = config.namesrv_addrs.clone();
+    let on_ready = move || {
+        if SHARDS_READY.fetch_add(1, Ordering::SeqCst) + 1 == shard_count {
+            println!("shardmq: ready ({shard_count} shard(s) registered with the namesrv)");
+        }
+    };
+    runtime::spawn_detached(registration::run(broker.clone(), namesrv_addrs, on_ready));
+    let every = |broker: &Rc<Broker>, period_ms: u64, work: fn(&Broker)| {
+        let broker = broker.clone();
+        runtime::spawn_detached(async move {
+            loop {
+                runtime::sleep(Duration::from_millis(period_ms)).await;
+                work(&broker);
+            }
+        });
+    };
+    every(broker, broker::OFFSET_FLUSH_INTERVAL_MS, |b| {
+        b.offsets.borrow_mut().flush_if_dirty()
+    });
+    every(broker, broker::CLIENT_SCAN_INTERVAL_MS, |b| {
+        b.expire_clients(now_ms())
+    });
+}
+
+async fn expire_brokers(table: Rc<RefCell<RouteTable>>) {
+    loop {
+        runtime::sleep(Duration::from_millis(BROKER_EXPIRY_SCAN_INTERVAL_MS)).await;
+        for addr in table.borrow_mut().expire(now_ms()) {
+            eprintln!("shardmq: namesrv: broker {addr} expired (no registration for 120 s)");
+        }
+    }
+}
+
+async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
+    let mut namesrvs: Vec<_> = config
+        .namesrv_addrs
+        .iter()
+        .map(|a| registration::NamesrvConnection::new(*a))
+        .collect();
+    broker.unregister_from_all(&mut namesrvs).await;
+    broker.offsets.borrow_mut().flush_if_dirty();
+    if let Err(error) = broker.store.close().await {
+        eprintln!(
+            "shardmq: {}: final flush failed: {error}",
+            broker.identity.broker_name
+        );
+    }
+}

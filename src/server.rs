@@ -1,0 +1,252 @@
+//! Connections: one read task and one write task per TCP connection, on the shard that
+//! accepted it.
+//!
+//! The read task decodes frames and hands each to the shard's handler, which answers at once
+//! (most requests) or spawns a task that answers later (a SYNC_FLUSH send waiting for its
+//! group commit, a long-polling pull). Answers are appended to the connection's output buffer
+//! and the write task sends whatever has accumulated in one write, so pipelined requests get
+//! batched responses. A frame that cannot be decoded closes that one connection, logged; a
+//! full output buffer pauses reading (backpressure) instead of growing without bound.
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use shards::runtime::{self, TcpListener, TcpStream};
+use shards::sync::Signal;
+
+use crate::remoting::{self, FrameEncoder, RemotingCommand};
+
+/// Bytes read from the socket per read call.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Output waiting to be written past which the connection stops reading requests.
+pub const OUTPUT_PAUSE_BYTES: usize = 32 * 1024 * 1024;
+/// Requests of one connection still being served (waiting for a group commit, parked pulls)
+/// past which the connection stops reading more: a client cannot make us hold without bound.
+pub const IN_FLIGHT_REQUESTS_MAX: usize = 8192;
+
+/// One client connection as the handlers see it.
+pub struct Connection {
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    output: RefCell<Vec<u8>>,
+    output_ready: Signal,
+    output_drained: Signal,
+    closed: Cell<bool>,
+    next_opaque: Cell<i32>,
+    in_flight_requests: Cell<usize>,
+}
+
+/// Counts one request of a connection as being served until dropped.
+pub struct InFlight(Rc<Connection>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let connection = &self.0;
+        connection.in_flight_requests.set(connection.in_flight_requests.get() - 1);
+        connection.output_drained.notify();
+    }
+}
+
+impl Connection {
+    fn new(id: u64, peer: SocketAddr, local: SocketAddr) -> Rc<Self> {
+        Rc::new(Connection {
+            id,
+            peer,
+            local,
+            output: RefCell::new(Vec::with_capacity(READ_CHUNK_BYTES)),
+            output_ready: Signal::default(),
+            output_drained: Signal::default(),
+            closed: Cell::new(false),
+            next_opaque: Cell::new(1),
+            in_flight_requests: Cell::new(0),
+        })
+    }
+
+    /// Marks a request as served later (by a spawned task); hold the guard until answered.
+    pub fn in_flight(self: &Rc<Self>) -> InFlight {
+        self.in_flight_requests.set(self.in_flight_requests.get() + 1);
+        InFlight(self.clone())
+    }
+
+    fn must_pause(&self) -> bool {
+        self.output.borrow().len() > OUTPUT_PAUSE_BYTES
+            || self.in_flight_requests.get() > IN_FLIGHT_REQUESTS_MAX
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    /// Writes one frame into the output buffer with `write` and wakes the writer. A closed
+    /// connection discards it.
+    pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) {
+        if self.closed.get() {
+            return;
+        }
+        write(&mut self.output.borrow_mut());
+        self.output_ready.notify();
+    }
+
+    /// A response with no ext fields and no body.
+    pub fn respond(&self, request: &RemotingCommand<'_>, code: i32, remark: Option<&str>) {
+        if request.is_oneway() {
+            return;
+        }
+        let opaque = request.opaque;
+        self.send_with(|out| {
+            let mut frame = FrameEncoder::response(out, code, opaque);
+            if let Some(remark) = remark {
+                frame.remark(remark);
+            }
+            frame.finish(&[]);
+        });
+    }
+
+    /// The next opaque for a server-to-client request on this connection.
+    pub fn next_opaque(&self) -> i32 {
+        let opaque = self.next_opaque.get();
+        self.next_opaque.set(opaque.wrapping_add(1));
+        opaque
+    }
+
+    fn output_len(&self) -> usize {
+        self.output.borrow().len()
+    }
+}
+
+/// What a shard plugs into its listeners: called for every decoded request.
+pub trait RequestHandler: 'static {
+    fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>);
+    /// Called once when a connection has closed.
+    fn connection_closed(&self, connection: &Rc<Connection>);
+}
+
+thread_local! {
+    static NEXT_CONNECTION_ID: Cell<u64> = const { Cell::new(1) };
+}
+
+/// Accepts connections forever, serving each with `handler`.
+pub async fn serve_listener(listener: TcpListener, handler: Rc<dyn RequestHandler>) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                let handler = handler.clone();
+                runtime::spawn_detached(async move { serve_connection(stream, handler).await });
+            }
+            Err(error) => {
+                eprintln!("shardmq: accept failed: {error}");
+                runtime::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, handler: Rc<dyn RequestHandler>) {
+    let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let id = NEXT_CONNECTION_ID.with(|next| {
+        let id = next.get();
+        next.set(id + 1);
+        id
+    });
+    let connection = Connection::new(id, peer, local);
+    let (reader, writer) = futures_lite::io::split(stream);
+    let writer_task = runtime::spawn(write_loop(writer, connection.clone()));
+    if let Err(reason) = read_loop(reader, &connection, handler.as_ref()).await {
+        eprintln!("shardmq: closing connection from {peer}: {reason}");
+    }
+    connection.closed.set(true);
+    connection.output_ready.notify();
+    handler.connection_closed(&connection);
+    writer_task.await;
+}
+
+async fn read_loop(
+    mut reader: futures_lite::io::ReadHalf<TcpStream>,
+    connection: &Rc<Connection>,
+    handler: &dyn RequestHandler,
+) -> Result<(), String> {
+    let mut buffer: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut filled = 0usize;
+    loop {
+        while connection.must_pause() && !connection.is_closed() {
+            connection.output_drained.wait().await;
+        }
+        if connection.is_closed() {
+            return Ok(());
+        }
+        if buffer.len() < filled + READ_CHUNK_BYTES {
+            buffer.resize(filled + READ_CHUNK_BYTES, 0);
+        }
+        let read = reader
+            .read(&mut buffer[filled..])
+            .await
+            .map_err(|e| e.to_string())?;
+        if read == 0 {
+            return Ok(());
+        }
+        filled += read;
+        let consumed = decode_and_dispatch(&buffer[..filled], connection, handler)?;
+        buffer.copy_within(consumed..filled, 0);
+        filled -= consumed;
+        if buffer.len() > 4 * READ_CHUNK_BYTES && filled < READ_CHUNK_BYTES {
+            buffer.truncate(READ_CHUNK_BYTES);
+            buffer.shrink_to(2 * READ_CHUNK_BYTES);
+        }
+    }
+}
+
+/// Decodes and dispatches every whole frame in `input`; returns the bytes consumed.
+fn decode_and_dispatch(
+    input: &[u8],
+    connection: &Rc<Connection>,
+    handler: &dyn RequestHandler,
+) -> Result<usize, String> {
+    let mut consumed = 0;
+    loop {
+        match remoting::decode_frame(&input[consumed..]) {
+            Ok(Some((command, length))) => {
+                consumed += length;
+                if !command.is_response() {
+                    handler.handle(&command, connection);
+                }
+            }
+            Ok(None) => return Ok(consumed),
+            Err(error) => return Err(format!("undecodable frame: {error}")),
+        }
+    }
+}
+
+async fn write_loop(
+    mut writer: futures_lite::io::WriteHalf<TcpStream>,
+    connection: Rc<Connection>,
+) {
+    let mut spare: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        if connection.output_len() == 0 {
+            if connection.is_closed() {
+                return;
+            }
+            connection.output_ready.wait().await;
+            continue;
+        }
+        std::mem::swap(&mut spare, &mut connection.output.borrow_mut());
+        let result = writer.write_all(&spare).await;
+        spare.clear();
+        if spare.capacity() > 4 * OUTPUT_PAUSE_BYTES {
+            spare.shrink_to(READ_CHUNK_BYTES);
+        }
+        connection.output_drained.notify();
+        if result.is_err() {
+            connection.closed.set(true);
+            connection.output.borrow_mut().clear();
+            connection.output_drained.notify();
+            return;
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! The real binary on loopback, driven with raw remoting frames built by our codec: route
+//! data, send, pull, offsets, and the bad-input answers, checked field by field.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shardmq::remoting::{decode_frame, request_code as rc, response_code, FrameEncoder};
+
+struct Node {
+    child: Child,
+    dir: std::path::PathBuf,
+    namesrv_port: u16,
+    broker_port: u16,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port_base() -> u16 {
+    // A base whose neighbourhood (namesrv, 2 shards × 3 ports) is free right now.
+    for _ in 0..100 {
+        let base = 20_000 + (std::process::id() as u16 % 200) * 100 + (rand_u16() % 100);
+        let ports = [base, base + 20, base + 18, base + 30, base + 28];
+        if ports
+            .iter()
+            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        {
+            return base;
+        }
+    }
+    panic!("no free ports");
+}
+
+fn rand_u16() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    (nanos ^ (nanos >> 16)) as u16
+}
+
+fn start_node() -> Node {
+    let base = free_port_base();
+    let dir = std::env::temp_dir().join(format!("shardmq-raw-{}-{base}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (namesrv_port, broker_port) = (base, base + 20);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardmq"))
+        .args([
+            "serve",
+            "--shards",
+            "2",
+            "--segment-size-mib",
+            "16",
+            "--flush",
+            "sync",
+        ])
+        .args([
+            "--namesrv-port",
+            &namesrv_port.to_string(),
+            "--broker-port",
+            &broker_port.to_string(),
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start shardmq");
+    let mut stdout = child.stdout.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("shardmq: ready") {
+        assert!(
+            Instant::now() < deadline,
+            "not ready: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        let n = stdout.read(&mut chunk).unwrap();
+        assert!(n > 0, "exited early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    Node {
+        child,
+        dir,
+        namesrv_port,
+        broker_port,
+    }
+}
+
+struct Reply {
+    code: i32,
+    remark: Option<String>,
+    ext: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn ext(&self, key: &str) -> &str {
+        self.ext
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {key}"))
+    }
+}
+
+fn call(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut frame = Vec::new();
+    let mut encoder = FrameEncoder::request(&mut frame, code, 7, false);
+    for (k, v) in ext {
+        encoder.ext(k, v);
+    }
+    encoder.finish(body);
+    stream.write_all(&frame).unwrap();
+    read_reply(stream)
+}
+
+fn read_reply(stream: &mut TcpStream) -> Reply {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 65536];
+    loop {
+        if let Some((command, _)) = decode_frame(&buffer).unwrap() {
+            return Reply {
+                code: command.code,
+                remark: command.remark.map(|r| r.into_owned()),
+                ext: command
+                    .ext_fields
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                body: command.body.to_vec(),
+            };
+        }
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "connection closed");
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn send_v2(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8], tag: &str) -> Reply {
+    let properties = format!("TAGS\u{1}{tag}\u{2}KEYS\u{1}k-{tag}\u{2}");
+    call(
+        stream,
+        rc::SEND_MESSAGE_V2,
+        &[
+            ("a", "pg"),
+            ("b", topic),
+            ("c", "TBW102"),
+            ("d", "4"),
+            ("e", queue),
+            ("f", "0"),
+            ("g", "1700000000000"),
+            ("h", "0"),
+            ("i", &properties),
+        ],
+        body,
+    )
+}
+
+#[test]
+fn route_send_pull_and_offsets_on_the_real_binary() {
+    let node = start_node();
+    let mut namesrv = TcpStream::connect(("127.0.0.1", node.namesrv_port)).unwrap();
+    let route = call(
+        &mut namesrv,
+        rc::GET_ROUTEINFO_BY_TOPIC,
+        &[("topic", "TBW102")],
+        &[],
+    );
+    assert_eq!(route.code, response_code::SUCCESS);
+    let route_text = String::from_utf8(route.body).unwrap();
+    assert!(
+        route_text.contains(&format!("\"0\":\"127.0.0.1:{}\"", node.broker_port)),
+        "{route_text}"
+    );
+    assert!(
+        route_text.contains(&format!("\"0\":\"127.0.0.1:{}\"", node.broker_port + 10)),
+        "{route_text}"
+    );
+
+    let mut broker = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
+    let sent = send_v2(&mut broker, "RawTopic", "1", b"hello", "TagA");
+    assert_eq!(sent.code, response_code::SUCCESS, "{:?}", sent.remark);
+    assert_eq!(sent.ext("queueId"), "1");
+    assert_eq!(sent.ext("queueOffset"), "0");
+    assert_eq!(sent.ext("msgId").len(), 32);
+    let sent = send_v2(&mut broker, "RawTopic", "1", b"world", "TagB");
+    assert_eq!(sent.ext("queueOffset"), "1");
+
+    let pull = |stream: &mut TcpStream, offset: &str, expression: &str| {
+        call(
+            stream,
+            rc::PULL_MESSAGE,
+            &[
+                ("consumerGroup", "cg"),
+                ("topic", "RawTopic"),
+                ("queueId", "1"),
+                ("queueOffset", offset),
+                ("maxMsgNums", "32"),
+                ("sysFlag", "6"),
+                ("commitOffset", "0"),
+                ("suspendTimeoutMillis", "1000"),
+                ("subscription", expression),
+                ("subVersion", "0"),
+            ],
+            &[],
+        )
+    };
+    let pulled = pull(&mut broker, "0", "*");
+    assert_eq!(pulled.code, response_code::SUCCESS, "{:?}", pulled.remark);
+    assert_eq!(pulled.ext("nextBeginOffset"), "2");
+    assert_eq!(pulled.ext("maxOffset"), "2");
+    let records = shards::store::record::decode_all(&pulled.body).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].body, b"hello");
+    assert_eq!(records[1].body, b"world");
+    assert_eq!(records[1].queue_offset, 1);
+    let filtered = pull(&mut broker, "0", "TagB");
+    let records = shards::store::record::decode_all(&filtered.body).unwrap();
+    assert_eq!(records.len(), 1, "tag filter");
+    assert_eq!(records[0].body, b"world");
+
+    // Long polling: a pull at the end waits, and a send wakes it at once.
+    let started = Instant::now();
+    let empty = pull(&mut broker, "2", "*");
+    assert_eq!(empty.code, response_code::PULL_NOT_FOUND);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "pull was not held"
+    );
+
+    let commit = call(
+        &mut broker,
+        rc::UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", "RawTopic"),
+            ("queueId", "1"),
+            ("commitOffset", "2"),
+        ],
+        &[],
+    );
+    assert_eq!(commit.code, response_code::SUCCESS);
+    let offset = call(
+        &mut broker,
+        rc::QUERY_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", "RawTopic"),
+            ("queueId", "1"),
+        ],
+        &[],
+    );
+    assert_eq!(offset.ext("offset"), "2");
+    let max = call(
+        &mut broker,
+        rc::GET_MAX_OFFSET,
+        &[("topic", "RawTopic"), ("queueId", "1")],
+        &[],
+    );
+    assert_eq!(max.ext("offset"), "2");
+}
+
+#[test]
+fn bad_input_gets_clear_answers_and_loses_nothing() {
+    let node = start_node();
+    let mut broker = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
+    let unknown = call(&mut broker, 9999, &[], &[]);
+    assert_eq!(unknown.code, response_code::REQUEST_CODE_NOT_SUPPORTED);
+    assert!(unknown.remark.unwrap().contains("9999"));
+    let bad_topic = send_v2(&mut broker, "bad topic!", "0", b"x", "T");
+    assert_eq!(bad_topic.code, response_code::INVALID_PARAMETER);
+    let ok = send_v2(&mut broker, "Kept", "0", b"kept", "T");
+    assert_eq!(ok.code, response_code::SUCCESS);
+    let huge = vec![b'x'; 4 * 1024 * 1024 + 1];
+    let too_big = send_v2(&mut broker, "Kept", "0", &huge, "T");
+    assert_eq!(too_big.code, response_code::MESSAGE_ILLEGAL);
+    let missing = call(
+        &mut broker,
+        rc::PULL_MESSAGE,
+        &[
+            ("consumerGroup", "g"),
+            ("topic", "Nope"),
+            ("queueId", "0"),
+            ("queueOffset", "0"),
+            ("maxMsgNums", "1"),
+            ("sysFlag", "0"),
+            ("commitOffset", "0"),
+            ("suspendTimeoutMillis", "0"),
+            ("subVersion", "0"),
+        ],
+        &[],
+    );
+    assert_eq!(missing.code, response_code::TOPIC_NOT_EXIST);
+    let bad_queue = call(
+        &mut broker,
+        rc::PULL_MESSAGE,
+        &[
+            ("consumerGroup", "g"),
+            ("topic", "Kept"),
+            ("queueId", "99"),
+            ("queueOffset", "0"),
+            ("maxMsgNums", "1"),
+            ("sysFlag", "0"),
+            ("commitOffset", "0"),
+            ("suspendTimeoutMillis", "0"),
+            ("subVersion", "0"),
+        ],
+        &[],
+    );
+    assert_eq!(bad_queue.code, response_code::INVALID_PARAMETER);
+
+    // A huge length prefix closes that connection only.
+    let mut hostile = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
+    hostile
+        .write_all(&[0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 2, b'{', b'}'])
+        .unwrap();
+    hostile
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        hostile.read(&mut byte).unwrap_or(0),
+        0,
+        "connection should be closed"
+    );
+    // Garbage JSON header likewise.
+    let mut garbage = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
+    garbage
+        .write_all(&[0, 0, 0, 9, 0, 0, 0, 5, b'{', b'x', b'x', b'x', b'x'])
+        .unwrap();
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(
+        garbage.read(&mut byte).unwrap_or(0),
+        0,
+        "connection should be closed"
+    );
+
+    let mut fresh = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
+    let pulled = call(
+        &mut fresh,
+        rc::PULL_MESSAGE,
+        &[
+            ("consumerGroup", "g"),
+            ("topic", "Kept"),
+            ("queueId", "0"),
+            ("queueOffset", "0"),
+            ("maxMsgNums", "32"),
+            ("sysFlag", "0"),
+            ("commitOffset", "0"),
+            ("suspendTimeoutMillis", "0"),
+            ("subVersion", "0"),
+        ],
+        &[],
+    );
+    assert_eq!(pulled.code, response_code::SUCCESS);
+    let records = shards::store::record::decode_all(&pulled.body).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].body, b"kept");
+}
+
+fn wait_for_line(child: &mut Child, needle: &str) {
+    let mut stdout = child.stdout.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        assert!(Instant::now() < deadline, "no {needle:?}: {}", String::from_utf8_lossy(&seen));
+        let n = stdout.read(&mut chunk).unwrap();
+        assert!(n > 0, "exited early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn broker_registers_with_a_separate_namesrv_process() {
+    let base = free_port_base();
+    let dir = std::env::temp_dir().join(format!("shardmq-split-{}-{base}", std::process::id()));
+    let (namesrv_port, broker_port) = (base, base + 20);
+    let mut namesrv = Command::new(env!("CARGO_BIN_EXE_shardmq"))
+        .args(["namesrv", "--shards", "2", "--namesrv-port", &namesrv_port.to_string()])
+        .arg("--data-dir")
+        .arg(dir.join("namesrv"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_line(&mut namesrv, "listening");
+    let _namesrv = Killed(namesrv);
+    let mut broker = Command::new(env!("CARGO_BIN_EXE_shardmq"))
+        .args(["broker", "--shards", "2", "--segment-size-mib", "16"])
+        .args(["--namesrv", &format!("127.0.0.1:{namesrv_port}")])
+        .args(["--broker-port", &broker_port.to_string(), "--broker-name", "split"])
+        .arg("--data-dir")
+        .arg(dir.join("broker"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_line(&mut broker, "ready");
+    let _broker = Killed(broker);
+    // Every namesrv shard's replica knows both brokers: ask on several connections.
+    for _ in 0..6 {
+        let mut stream = TcpStream::connect(("127.0.0.1", namesrv_port)).unwrap();
+        let cluster = call(&mut stream, rc::GET_BROKER_CLUSTER_INFO, &[], &[]);
+        let text = String::from_utf8(cluster.body).unwrap();
+        assert!(text.contains("\"split-0\"") && text.contains("\"split-1\""), "{text}");
+        let route = call(&mut stream, rc::GET_ROUTEINFO_BY_TOPIC, &[("topic", "TBW102")], &[]);
+        assert_eq!(route.code, response_code::SUCCESS);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
