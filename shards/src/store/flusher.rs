@@ -475,7 +475,8 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     true
 }
 
-async fn sync_file(path: &std::path::Path) -> io::Result<()> {
+/// fdatasync of a file by path (consume-queue files are written through memory maps).
+pub(crate) async fn sync_file(path: &std::path::Path) -> io::Result<()> {
     let file = BufferedFile::open(path).await.map_err(io_error)?;
     let synced = file.fdatasync().await.map_err(io_error);
     file.close().await.map_err(io_error)?;

@@ -299,6 +299,12 @@ impl Store {
                 limit_bytes: PROPERTIES_SIZE_MAX_BYTES,
             });
         }
+        if msg.properties.last() == Some(&0) {
+            // Recovery reads a trailing NUL as the mark of a torn write (see recovery.rs).
+            return Err(StoreError::PropertiesInvalid(
+                "properties end with a NUL byte".into(),
+            ));
+        }
         let inner = &*self.inner;
         let size = record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
         let segment_size = inner.config.segment_size_bytes;
