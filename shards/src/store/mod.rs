@@ -316,9 +316,10 @@ impl Store {
             return Err(StoreError::Closed);
         }
         if (size + record::BLANK_HEADER_BYTES) as u64 > segment_size {
+            // Only with segments smaller than a largest record (tests).
             return Err(StoreError::MessageTooLarge {
                 size_bytes: size,
-                limit_bytes: 0,
+                limit_bytes: segment_size as usize - record::BLANK_HEADER_BYTES,
             });
         }
         let end = log.tail.end();
