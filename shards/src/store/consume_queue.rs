@@ -87,6 +87,19 @@ fn file_name(start_unit: u64) -> String {
     format!("{:020}", start_unit * CQ_UNIT_BYTES)
 }
 
+/// Allocates the file's blocks up front: a store through a memory map into a hole of a full
+/// disk would be a SIGBUS; an error here is an ordinary `DiskFull`.
+fn reserve_blocks(file: &std::fs::File, size_bytes: u64) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let len = libc::off_t::try_from(size_bytes).map_err(io::Error::other)?;
+    // SAFETY: plain syscall on a descriptor we own.
+    let code = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    match code {
+        0 => Ok(()),
+        code => Err(io::Error::from_raw_os_error(code)),
+    }
+}
+
 impl ConsumeQueue {
     fn open(dir: PathBuf, units_per_file: u64) -> io::Result<ConsumeQueue> {
         fs::create_dir_all(&dir)?;
@@ -150,6 +163,7 @@ impl ConsumeQueue {
         if file.metadata()?.len() != size_bytes {
             file.set_len(size_bytes)?;
         }
+        reserve_blocks(&file, size_bytes)?;
         // SAFETY: the file is private to this shard's store; nothing else truncates it while
         // it is mapped (truncate_to drops the maps first).
         let map = unsafe { MmapMut::map_mut(&file)? };
@@ -256,6 +270,7 @@ impl ConsumeQueue {
             // without writing (or reading) them.
             file.set_len((new_max - keep_start) * CQ_UNIT_BYTES)?;
             file.set_len(self.units_per_file * CQ_UNIT_BYTES)?;
+            reserve_blocks(&file, self.units_per_file * CQ_UNIT_BYTES)?;
             self.dirty_files.insert(keep_start);
         }
         if self.files.is_empty() {

@@ -23,6 +23,8 @@ pub enum StoreError {
         size_bytes: usize,
         limit_bytes: usize,
     },
+    #[error("invalid properties: {0}")]
+    PropertiesInvalid(String),
     #[error("invalid topic name {0:?}: 1..=127 bytes, no '/', not '.' or '..'")]
     InvalidTopic(String),
     #[error("disk full (ENOSPC): the store refuses writes until it is reopened: {0}")]

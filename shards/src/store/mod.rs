@@ -299,6 +299,12 @@ impl Store {
                 limit_bytes: PROPERTIES_SIZE_MAX_BYTES,
             });
         }
+        if msg.properties.last() == Some(&0) {
+            // Recovery reads a trailing NUL as the mark of a torn write (see recovery.rs).
+            return Err(StoreError::PropertiesInvalid(
+                "properties end with a NUL byte".into(),
+            ));
+        }
         let inner = &*self.inner;
         let size = record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
         let segment_size = inner.config.segment_size_bytes;
@@ -310,9 +316,10 @@ impl Store {
             return Err(StoreError::Closed);
         }
         if (size + record::BLANK_HEADER_BYTES) as u64 > segment_size {
+            // Only with segments smaller than a largest record (tests).
             return Err(StoreError::MessageTooLarge {
                 size_bytes: size,
-                limit_bytes: 0,
+                limit_bytes: segment_size as usize - record::BLANK_HEADER_BYTES,
             });
         }
         let end = log.tail.end();

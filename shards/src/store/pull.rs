@@ -114,16 +114,21 @@ fn plan(
     if offset > max {
         return answer(GetStatus::OffsetOverflowBadly, max);
     }
-    let Some(queue) = queues.get_mut(request.topic, request.queue_id) else {
-        return answer(GetStatus::NoMessageInQueue, 0);
-    };
     let max_messages = request.max_messages.clamp(1, PULL_BATCH_MAX_MESSAGES);
     let max_bytes = u64::from(request.max_bytes.min(PULL_BATCH_MAX_BYTES));
     let scan_end = max.min(offset + PULL_SCAN_MIN_UNITS.max(u64::from(max_messages)));
+    // Units are read first and the filter runs after the borrow ends, so a filter may call
+    // back into the store.
+    let mut scanned = Vec::with_capacity((scan_end - offset) as usize);
+    if let Some(queue) = queues.get_mut(request.topic, request.queue_id) {
+        for index in offset..scan_end {
+            scanned.push(queue.read_unit(index)?);
+        }
+    }
+    drop(queues);
     let (mut units, mut bytes, mut saw_null) = (Vec::new(), 0u64, false);
     let mut index = offset;
-    while index < scan_end {
-        let unit = queue.read_unit(index)?;
+    for unit in scanned {
         let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
         else {
             saw_null = true;

@@ -8,9 +8,9 @@
 //!    and every later O_DIRECT read on a virtio disk fails with EOPNOTSUPP (os error 95).
 //! 2. Scan the commitlog from the start of the segment holding the checkpoint (or from the
 //!    first segment when there is none, it does not fit the files, or a queue on disk holds
-//!    fewer units than it recorded), checking
-//!    every record's TOTALSIZE, magic, BODYCRC and PHYSICALOFFSET. A blank filler moves to the
-//!    next segment; the first bad, zero or short record ends the log.
+//!    fewer units than it recorded), checking every record's TOTALSIZE, magic, BODYCRC,
+//!    PHYSICALOFFSET, topic and the last byte of its properties (see `dispatch`). A blank
+//!    filler moves to the next segment; the first bad, zero or short record ends the log.
 //! 3. Re-dispatch a consume-queue unit for every scanned record (at the QUEUEOFFSET it
 //!    carries, so it is idempotent), then cut every queue back to its units below the end.
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
@@ -26,7 +26,7 @@ use glommio::io::DmaFile;
 use super::checkpoint::{self, Checkpoint};
 use super::consume_queue::{QueueTable, Unit};
 use super::error::{io_error, raw_os_error_of};
-use super::flusher::ZERO_FILL_CHUNK_BYTES;
+use super::flusher::{sync_file, ZERO_FILL_CHUNK_BYTES};
 use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
 use super::segments::{
     align_down, align_up, read_exact_at, write_buffer_at, Segments, BLOCK_BYTES,
@@ -90,7 +90,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     remove_segments_after(&mut segments, end).await?;
     let tail = read_tail(&segments, first, end).await?;
     for path in queues.take_dirty_paths() {
-        std::fs::File::open(&path)?.sync_data()?;
+        sync_file(&path).await?;
     }
     let record = Checkpoint {
         commitlog_offset: end,
@@ -263,7 +263,15 @@ fn dispatch(
     let Ok(message) = record::decode(bytes) else {
         return Ok(false);
     };
-    if message.physical_offset != offset || validate_topic(message.topic).is_err() {
+    // BODYCRC does not cover the topic and properties that follow the body. A torn write
+    // leaves zeros from a sector boundary on, so zeros there mean the record never fully
+    // reached the disk: the topic may hold no NUL, and properties may not end with one
+    // (`append` refuses such properties, so no acknowledged record is ever dropped here).
+    let torn_properties = message.properties.last() == Some(&0);
+    if message.physical_offset != offset
+        || validate_topic(message.topic).is_err()
+        || torn_properties
+    {
         return Ok(false);
     }
     let unit = Unit {
