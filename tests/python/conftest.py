@@ -13,8 +13,10 @@ Environment:
 """
 
 import faulthandler
+import glob
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,8 +175,32 @@ class ShardMQ:
                 self._reap()
                 return "exited with code {} before its ready line".format(code)
             time.sleep(0.05)
+        self._log("no ready line within {:.0f} s; thread states follow".format(READY_TIMEOUT_S))
+        self._dump_threads()
         self._kill()
         return "no ready line within {:.0f} s".format(READY_TIMEOUT_S)
+
+    def _dump_threads(self):
+        """Evidence for a hang: each thread's kernel wait channel, and gdb backtraces if gdb
+        is installed."""
+        pid = self.process.pid
+        lines = []
+        for task in sorted(glob.glob("/proc/{}/task/*".format(pid))):
+            try:
+                with open(task + "/comm") as comm, open(task + "/wchan") as wchan:
+                    lines.append("{} {} wchan={}".format(
+                        os.path.basename(task), comm.read().strip(), wchan.read().strip()))
+            except OSError:
+                pass
+        self._log("threads:\n" + "\n".join(lines))
+        if shutil.which("gdb"):
+            try:
+                result = subprocess.run(
+                    ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"],
+                    capture_output=True, text=True, timeout=30)
+                self._log("gdb backtraces:\n" + result.stdout[-20000:])
+            except (OSError, subprocess.SubprocessError) as error:
+                self._log("gdb failed: {}".format(error))
 
     def _bind_failed(self):
         output = self._output_since(self._start_offset)
