@@ -27,9 +27,17 @@ fi
 
 echo "==> cargo build --release -p shardmq"
 cargo build --release -p shardmq
+# Both suites run even when the first fails, so one run shows every failure; either fails it.
 echo "==> cargo test --release --workspace"
-cargo test --release --workspace
+cargo_status=0
+cargo test --release --workspace || cargo_status=$?
 echo "==> pytest tests/python"
-"$venv/bin/python" -m pytest -q --durations=10 tests/python "$@"
+pytest_status=0
+"$venv/bin/python" -m pytest -q --durations=10 tests/python "$@" || pytest_status=$?
 
-echo "==> all tests passed in $(( $(date +%s) - started )) s"
+elapsed=$(( $(date +%s) - started ))
+if [ "$cargo_status" -ne 0 ] || [ "$pytest_status" -ne 0 ]; then
+    echo "==> FAILED after ${elapsed} s: cargo test exit ${cargo_status}, pytest exit ${pytest_status}" >&2
+    exit 1
+fi
+echo "==> all tests passed in ${elapsed} s"
