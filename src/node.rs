@@ -114,7 +114,10 @@ fn check_ports_free(config: &NodeConfig) -> anyhow::Result<()> {
     }
     for (port, what) in ports {
         std::net::TcpListener::bind((config.listen_ip, port)).map_err(|e| {
-            anyhow::anyhow!("cannot listen for {what} on {}:{port}: {e}", config.listen_ip)
+            anyhow::anyhow!(
+                "cannot listen for {what} on {}:{port}: {e}",
+                config.listen_ip
+            )
         })?;
     }
     Ok(())
@@ -175,7 +178,7 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         false => None,
     };
     let (route_table, topic_broker) = (table.clone(), broker.clone());
-    mesh.spawn_receivers(move |_, message| match message {
+    mesh.spawn_receivers(move |message| match message {
         ControlMessage::Route(update) => route_table.borrow_mut().apply(&update),
         ControlMessage::Topic(change) => {
             if let Some(broker) = &topic_broker {

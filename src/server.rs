@@ -45,7 +45,9 @@ pub struct InFlight(Rc<Connection>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         let connection = &self.0;
-        connection.in_flight_requests.set(connection.in_flight_requests.get() - 1);
+        connection
+            .in_flight_requests
+            .set(connection.in_flight_requests.get() - 1);
         connection.output_drained.notify();
     }
 }
@@ -67,7 +69,8 @@ impl Connection {
 
     /// Marks a request as served later (by a spawned task); hold the guard until answered.
     pub fn in_flight(self: &Rc<Self>) -> InFlight {
-        self.in_flight_requests.set(self.in_flight_requests.get() + 1);
+        self.in_flight_requests
+            .set(self.in_flight_requests.get() + 1);
         InFlight(self.clone())
     }
 

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,19 @@ impl Drop for Node {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The binary, killed if this test's thread dies first (a killed test run leaves nothing).
+fn shardmq() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
+    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command
 }
 
 fn free_port_base() -> u16 {
@@ -51,7 +65,7 @@ fn start_node() -> Node {
     let dir = std::env::temp_dir().join(format!("shardmq-raw-{}-{base}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (namesrv_port, broker_port) = (base, base + 20);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shardmq"))
+    let mut child = shardmq()
         .args([
             "serve",
             "--shards",
@@ -73,21 +87,7 @@ fn start_node() -> Node {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start shardmq");
-    let mut stdout = child.stdout.take().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("shardmq: ready") {
-        assert!(
-            Instant::now() < deadline,
-            "not ready: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        let n = stdout.read(&mut chunk).unwrap();
-        assert!(n > 0, "exited early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&chunk[..n]);
-    }
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    wait_for_line(&mut child, "shardmq: ready");
     Node {
         child,
         dir,
@@ -373,18 +373,32 @@ fn bad_input_gets_clear_answers_and_loses_nothing() {
     assert_eq!(records[0].body, b"kept");
 }
 
+/// Waits (at most 60 s) for a line of the child's stdout containing `needle`; the rest of
+/// its output keeps being drained in the background.
 fn wait_for_line(child: &mut Child, needle: &str) {
-    let mut stdout = child.stdout.take().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains(needle) {
-        assert!(Instant::now() < deadline, "no {needle:?}: {}", String::from_utf8_lossy(&seen));
-        let n = stdout.read(&mut chunk).unwrap();
-        assert!(n > 0, "exited early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&chunk[..n]);
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            // A send fails once nobody listens; keep draining so the child never blocks.
+            let _ = lines_tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines_rx.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return,
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => panic!("no line with {needle:?} within 60 s; output so far:\n{seen}"),
+        }
     }
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
 }
 
 struct Killed(Child);
@@ -400,8 +414,14 @@ fn broker_registers_with_a_separate_namesrv_process() {
     let base = free_port_base();
     let dir = std::env::temp_dir().join(format!("shardmq-split-{}-{base}", std::process::id()));
     let (namesrv_port, broker_port) = (base, base + 20);
-    let mut namesrv = Command::new(env!("CARGO_BIN_EXE_shardmq"))
-        .args(["namesrv", "--shards", "2", "--namesrv-port", &namesrv_port.to_string()])
+    let mut namesrv = shardmq()
+        .args([
+            "namesrv",
+            "--shards",
+            "2",
+            "--namesrv-port",
+            &namesrv_port.to_string(),
+        ])
         .arg("--data-dir")
         .arg(dir.join("namesrv"))
         .stdout(Stdio::piped())
@@ -409,10 +429,15 @@ fn broker_registers_with_a_separate_namesrv_process() {
         .unwrap();
     wait_for_line(&mut namesrv, "listening");
     let _namesrv = Killed(namesrv);
-    let mut broker = Command::new(env!("CARGO_BIN_EXE_shardmq"))
+    let mut broker = shardmq()
         .args(["broker", "--shards", "2", "--segment-size-mib", "16"])
         .args(["--namesrv", &format!("127.0.0.1:{namesrv_port}")])
-        .args(["--broker-port", &broker_port.to_string(), "--broker-name", "split"])
+        .args([
+            "--broker-port",
+            &broker_port.to_string(),
+            "--broker-name",
+            "split",
+        ])
         .arg("--data-dir")
         .arg(dir.join("broker"))
         .stdout(Stdio::piped())
@@ -425,8 +450,16 @@ fn broker_registers_with_a_separate_namesrv_process() {
         let mut stream = TcpStream::connect(("127.0.0.1", namesrv_port)).unwrap();
         let cluster = call(&mut stream, rc::GET_BROKER_CLUSTER_INFO, &[], &[]);
         let text = String::from_utf8(cluster.body).unwrap();
-        assert!(text.contains("\"split-0\"") && text.contains("\"split-1\""), "{text}");
-        let route = call(&mut stream, rc::GET_ROUTEINFO_BY_TOPIC, &[("topic", "TBW102")], &[]);
+        assert!(
+            text.contains("\"split-0\"") && text.contains("\"split-1\""),
+            "{text}"
+        );
+        let route = call(
+            &mut stream,
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &[("topic", "TBW102")],
+            &[],
+        );
         assert_eq!(route.code, response_code::SUCCESS);
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,71 +1,82 @@
 //! The control-plane mesh between the shards of one node.
 //!
-//! Control messages only (topic create/delete fan-out, route replica updates, shutdown): the
-//! data path never crosses cores. Channels are bounded; a full channel is an answer (the
-//! message is dropped and counted), never an unbounded wait.
+//! Control messages only (topic create/delete fan-out, route replica updates): the data path
+//! never crosses cores. Each shard has one bounded inbox that every other shard can send to;
+//! a full inbox is an answer (the message is dropped, counted and logged), never a wait.
+//! The inbox is drained by a task every `MESH_POLL_INTERVAL_MS`: control traffic is rare and
+//! a few milliseconds of delay is nothing to it. (glommio's own channel mesh was tried first:
+//! its join hung now and then at start-up on these machines, so the mesh uses std channels.)
 
 use std::cell::Cell;
 use std::rc::Rc;
-
-use futures_lite::StreamExt;
-use glommio::channels::channel_mesh::{Receivers, Senders};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::Duration;
 
 use crate::ShardId;
 
-/// This shard's end of the mesh. Cloning shares the same senders.
+/// How often a shard looks at its inbox.
+pub const MESH_POLL_INTERVAL_MS: u64 = 2;
+/// Messages handled per look, so a burst cannot monopolise the shard.
+pub const MESH_MESSAGES_PER_POLL_MAX: usize = 256;
+
+/// Creates the inboxes of `shard_count` shards: one `Mesh` per shard, in shard order.
+pub fn build<M: Send + 'static>(shard_count: usize, capacity: usize) -> Vec<Mesh<M>> {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..shard_count)
+        .map(|_| std::sync::mpsc::sync_channel::<M>(capacity))
+        .unzip();
+    receivers
+        .into_iter()
+        .enumerate()
+        .map(|(shard_id, inbox)| Mesh {
+            shard_id,
+            peers: senders.clone(),
+            inbox: Some(inbox),
+        })
+        .collect()
+}
+
+/// This shard's end of the mesh.
 pub struct Mesh<M: Send + 'static> {
     shard_id: ShardId,
-    senders: Rc<Senders<M>>,
-    receivers: Option<Receivers<M>>,
-    dropped_messages: Rc<Cell<u64>>,
+    peers: Vec<SyncSender<M>>,
+    inbox: Option<Receiver<M>>,
 }
 
 impl<M: Send + 'static> Mesh<M> {
-    pub(crate) fn new(shard_id: ShardId, senders: Senders<M>, receivers: Receivers<M>) -> Self {
-        Mesh {
-            shard_id,
-            senders: Rc::new(senders),
-            receivers: Some(receivers),
-            dropped_messages: Rc::new(Cell::new(0)),
-        }
-    }
-
     pub fn shard_id(&self) -> ShardId {
         self.shard_id
     }
 
     pub fn shard_count(&self) -> usize {
-        self.senders.nr_consumers()
-    }
-
-    /// Messages dropped so far because a peer's inbox was full or closed.
-    pub fn dropped_messages(&self) -> u64 {
-        self.dropped_messages.get()
+        self.peers.len()
     }
 
     /// A handle that can send but not receive (for handlers that broadcast).
     pub fn sender(&self) -> MeshSender<M> {
         MeshSender {
             shard_id: self.shard_id,
-            senders: self.senders.clone(),
-            dropped_messages: self.dropped_messages.clone(),
+            peers: Rc::new(self.peers.clone()),
+            dropped_messages: Rc::new(Cell::new(0)),
         }
     }
 
-    /// Spawns one task per peer that feeds every incoming message to `handle`.
-    pub fn spawn_receivers(&mut self, handle: impl Fn(ShardId, M) + Clone + 'static) {
-        let Some(mut receivers) = self.receivers.take() else {
+    /// Spawns the task that feeds every incoming message to `handle` (once per shard).
+    pub fn spawn_receivers(&mut self, handle: impl Fn(M) + 'static) {
+        let Some(inbox) = self.inbox.take() else {
             return;
         };
-        for (peer, mut stream) in receivers.streams() {
-            let handle = handle.clone();
-            glommio::spawn_local(async move {
-                while let Some(message) = stream.next().await {
-                    handle(peer, message);
+        glommio::spawn_local(async move {
+            loop {
+                for _ in 0..MESH_MESSAGES_PER_POLL_MAX {
+                    match inbox.try_recv() {
+                        Ok(message) => handle(message),
+                        Err(_) => break,
+                    }
                 }
-            })
-            .detach();
-        }
+                glommio::timer::sleep(Duration::from_millis(MESH_POLL_INTERVAL_MS)).await;
+            }
+        })
+        .detach();
     }
 }
 
@@ -73,7 +84,7 @@ impl<M: Send + 'static> Mesh<M> {
 #[derive(Clone)]
 pub struct MeshSender<M: Send + 'static> {
     shard_id: ShardId,
-    senders: Rc<Senders<M>>,
+    peers: Rc<Vec<SyncSender<M>>>,
     dropped_messages: Rc<Cell<u64>>,
 }
 
@@ -81,12 +92,13 @@ impl<M: Send + Clone + 'static> MeshSender<M> {
     /// Sends `message` to every other shard; returns how many peers could not take it.
     pub fn broadcast(&self, message: &M) -> usize {
         let mut dropped = 0;
-        for peer in 0..self.senders.nr_consumers() {
+        for (peer, sender) in self.peers.iter().enumerate() {
             if peer == self.shard_id {
                 continue;
             }
-            if self.senders.try_send_to(peer, message.clone()).is_err() {
-                dropped += 1;
+            match sender.try_send(message.clone()) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => dropped += 1,
             }
         }
         if dropped > 0 {
@@ -98,5 +110,30 @@ impl<M: Send + Clone + 'static> MeshSender<M> {
             );
         }
         dropped
+    }
+
+    /// Messages dropped so far because a peer's inbox was full or gone.
+    pub fn dropped_messages(&self) -> u64 {
+        self.dropped_messages.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_reaches_every_other_shard_and_a_full_inbox_drops() {
+        let mut meshes = build::<u32>(3, 1);
+        let sender = meshes[0].sender();
+        assert_eq!(sender.broadcast(&7), 0);
+        assert_eq!(sender.broadcast(&8), 2, "inboxes of capacity 1 are full");
+        assert_eq!(sender.dropped_messages(), 2);
+        let inbox = meshes[1].inbox.take().unwrap();
+        assert_eq!(inbox.try_recv().ok(), Some(7));
+        assert!(
+            meshes[0].inbox.take().unwrap().try_recv().is_err(),
+            "no message to self"
+        );
     }
 }

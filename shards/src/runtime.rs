@@ -1,7 +1,7 @@
 //! The runtime facade: the only module (with `store` and `mesh`) that names glommio types.
 //!
 //! Every shard is one glommio `LocalExecutor` pinned to one core; shard state is `Rc`/`RefCell`
-//! and never crosses threads. `run_shards` starts them, joins the control-plane mesh on each,
+//! and never crosses threads. `run_shards` starts them, hands each its end of the control-plane mesh,
 //! runs the caller's shard body, and stops the whole process when any shard panics (a node
 //! must never keep serving with half its shards gone).
 
@@ -9,7 +9,6 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
-use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::mesh::Mesh;
@@ -137,9 +136,9 @@ where
 {
     install_abort_on_panic();
     let shard_count = placement.cpus.len();
-    let mesh_builder = MeshBuilder::<M, _>::full(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
+    let meshes = crate::mesh::build::<M>(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
     let mut handles = Vec::with_capacity(shard_count);
-    for (shard_id, cpu) in placement.cpus.iter().enumerate() {
+    for ((shard_id, cpu), mesh) in placement.cpus.iter().enumerate().zip(meshes) {
         let placement_kind = match cpu {
             Some(cpu) => Placement::Fixed(*cpu),
             None => Placement::Unbound,
@@ -151,16 +150,8 @@ where
             .preempt_timer(Duration::from_micros(placement.preempt_timer_us))
             .spin_before_park(Duration::from_micros(placement.spin_before_park_us));
         let body = body.clone();
-        let mesh_builder = mesh_builder.clone();
         let handle = builder
             .spawn(move || async move {
-                let (senders, receivers) = match mesh_builder.join().await {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        panic!("shard {shard_id} could not join the control mesh: {error}")
-                    }
-                };
-                let mesh = Mesh::new(shard_id, senders, receivers);
                 body(ShardContext {
                     shard_id,
                     shard_count,

@@ -173,8 +173,10 @@ fn ha_addr(identity: &super::BrokerIdentity) -> String {
     format!("{}:{}", address.ip(), address.port().saturating_add(1))
 }
 
-/// Pause before retrying a registration that failed (a namesrv still starting).
-const REGISTER_RETRY_DELAY_MS: u64 = 300;
+/// Pause before retrying a first registration that failed (a namesrv still starting),
+/// doubled after each failure up to REGISTER_RETRY_DELAY_MAX_MS.
+const REGISTER_RETRY_DELAY_MS: u64 = 200;
+const REGISTER_RETRY_DELAY_MAX_MS: u64 = 5_000;
 
 /// The registration loop of one shard; runs until the process stops. `on_first_success`
 /// runs once, after every namesrv has accepted the first registration.
@@ -187,8 +189,10 @@ pub async fn run(
         .into_iter()
         .map(NamesrvConnection::new)
         .collect();
+    let mut retry_delay_ms = REGISTER_RETRY_DELAY_MS;
     while !broker.register_with_all(&mut namesrvs).await {
-        runtime::sleep(Duration::from_millis(REGISTER_RETRY_DELAY_MS)).await;
+        runtime::sleep(Duration::from_millis(retry_delay_ms)).await;
+        retry_delay_ms = (retry_delay_ms * 2).min(REGISTER_RETRY_DELAY_MAX_MS);
     }
     on_first_success();
     let mut period = Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
