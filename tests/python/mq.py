@@ -13,6 +13,7 @@ Client quirks handled here:
 
 import contextlib
 import itertools
+import json
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ import uuid
 from rocketmq.client import Message, Producer, PushConsumer, SendStatus
 from rocketmq.exceptions import ProducerSendSyncFailed
 from rocketmq.ffi import MessageModel, dll
+
+import remoting
 
 SEND_TIMEOUT_MS = 5000
 # The wheel's C++ client fails a send at once ("GetTransport of:<addr> get timed_mutex
@@ -227,3 +230,31 @@ def wait_for_keys(collectors, keys, timeout_s, label="messages"):
                              "deliveries so far: {}".format(
                                  timeout_s, len(missing), len(keys), label, missing[:10],
                                  {c.name: c.deliveries for c in collectors}))
+
+
+ROUTE_CONVERGE_TIMEOUT_S = 35  # a shard's periodic re-registration comes every 30 s at worst
+
+
+def route_shard_count(namesrv_addr, topic):
+    """Number of brokers (shards) in the namesrv route of topic; 0 when there is none."""
+    response = remoting.route_info(namesrv_addr, topic)
+    if response.code != remoting.SUCCESS:
+        return 0
+    return len(json.loads(response.body.decode("utf-8")).get("queueDatas", []))
+
+
+def create_topic(shardmq, prefix, queue_nums=4):
+    """UPDATE_AND_CREATE_TOPIC, then wait until the namesrv route lists every shard.
+
+    The wait matters: a C++ client that fetches a partial route (shardmq briefly answers with
+    broker-0 only after code 17, see test_namesrv_route) ignores the other shards until its
+    30 s route refresh. test_namesrv_route checks the route right after the answer; the other
+    tests only need a topic that is fully there."""
+    topic = unique(prefix)
+    response = remoting.create_topic(shardmq.broker_addr(0), topic, queue_nums)
+    assert response.code == remoting.SUCCESS, "UPDATE_AND_CREATE_TOPIC answered {!r}".format(
+        response)
+    wait_until(lambda: route_shard_count(shardmq.namesrv_addr, topic) == shardmq.shards,
+               ROUTE_CONVERGE_TIMEOUT_S, interval_s=0.05,
+               message="the route of {} to list all {} shards".format(topic, shardmq.shards))
+    return topic

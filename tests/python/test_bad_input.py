@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+import mq
 import remoting
 from remoting import RemotingClient
-from mq import (build_messages, check_delivered, closing, Collector, make_consumer,
-                make_producer, send_all, unique, wait_for_keys)
+from mq import (build_messages, check_delivered, closing, Collector, make_consumer, make_producer,
+                send_all, unique, wait_for_keys)
 
 UNKNOWN_REQUEST_CODE = 9999
 MESSAGE_BODY_MAX_BYTES = 4 * 1024 * 1024
@@ -31,11 +32,7 @@ def assert_well_formed(response, request_code):
 
 
 def create_topic(shardmq):
-    topic = unique("Tbad")
-    response = remoting.create_topic(shardmq.broker_addr(0), topic, queue_nums=4)
-    assert response.code == remoting.SUCCESS, "UPDATE_AND_CREATE_TOPIC answered {!r}".format(
-        response)
-    return topic
+    return mq.create_topic(shardmq, "Tbad")
 
 
 def assert_broker_serves(shardmq, topic=None):

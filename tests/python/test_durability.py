@@ -4,7 +4,7 @@ import threading
 import time
 
 import remoting
-from mq import (build_messages, check_delivered, closing, Collector, make_consumer,
+from mq import (build_messages, check_delivered, closing, Collector, create_topic, make_consumer,
                 make_producer, send_all, send_one, unique, wait_for_keys, wait_until)
 from rocketmq.client import SendStatus
 
@@ -15,14 +15,6 @@ CONSUME_TIMEOUT_S = 120
 OFFSET_SETTLE_TIMEOUT_S = 20
 CRASH_ACKED_BEFORE_KILL = 1_500
 CRASH_PRODUCE_TIMEOUT_S = 60
-
-
-def create_topic(shardmq, prefix):
-    topic = unique(prefix)
-    response = remoting.create_topic(shardmq.broker_addr(0), topic, QUEUES_PER_SHARD)
-    assert response.code == remoting.SUCCESS, "UPDATE_AND_CREATE_TOPIC answered {!r}".format(
-        response)
-    return topic
 
 
 def committed_offsets(shardmq, group, topic):

@@ -1,7 +1,7 @@
 """10,000 messages through the real C++ client: sync sends, one clustering push consumer."""
 
 import remoting
-from mq import (build_messages, check_delivered, closing, Collector, make_consumer,
+from mq import (build_messages, check_delivered, closing, Collector, create_topic, make_consumer,
                 make_producer, send_all, unique, wait_for_keys, wait_until)
 
 MESSAGE_COUNT = 10_000
@@ -24,12 +24,7 @@ def produce_and_consume(shardmq, topic):
 
 
 def test_10k_on_topic_created_with_code_17(shardmq):
-    topic = unique("T10k_created")
-    response = remoting.create_topic(shardmq.broker_addr(0), topic, queue_nums=4)
-    assert response.code == remoting.SUCCESS, (
-        "UPDATE_AND_CREATE_TOPIC answered {!r}".format(response))
-    wait_until(lambda: remoting.route_info(shardmq.namesrv_addr, topic).code == remoting.SUCCESS,
-               10, message="namesrv route for {} after UPDATE_AND_CREATE_TOPIC".format(topic))
+    topic = create_topic(shardmq, "T10k_created")
     produce_and_consume(shardmq, topic)
 
 
