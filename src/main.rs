@@ -45,6 +45,10 @@ struct ShardArgs {
     /// Comma-separated CPU ids to pin shards to (overrides --shards).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// Leave shards unpinned (let the kernel place them): for hosts shared with other busy
+    /// processes, such as test machines running several nodes at once.
+    #[arg(long)]
+    no_pin: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     listen_ip: Ipv4Addr,

@@ -167,15 +167,30 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
     let namesrv = config
         .run_namesrv
         .then(|| Rc::new(make_namesrv(&config, shard_id, &table, &sender)));
-    let broker = match config.run_broker {
-        true => match open_broker(&config, shard_id, &sender).await {
+    let opened = match config.run_broker {
+        true => Some(
+            open_broker_with_retries(&config, shard_id, &sender)
+                .await
+                .map(|mut broker| {
+                    if config.run_namesrv {
+                        if let Some(broker) = Rc::get_mut(&mut broker) {
+                            broker.local_routes = Some((table.clone(), shard_count));
+                        }
+                    }
+                    broker
+                }),
+        ),
+        false => None,
+    };
+    let broker = match opened {
+        Some(opened) => match opened {
             Ok(broker) => Some(broker),
             Err(error) => {
                 eprintln!("shardmq: shard {shard_id}: {error}");
                 std::process::exit(1);
             }
         },
-        false => None,
+        None => None,
     };
     let (route_table, topic_broker) = (table.clone(), broker.clone());
     mesh.spawn_receivers(move |message| match message {
@@ -198,7 +213,8 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         runtime::spawn_detached(expire_brokers(table.clone()));
     }
     if let Some(broker) = &broker {
-        start_broker_tasks(&config, broker, shard_count);
+        let local_table = config.run_namesrv.then(|| table.clone());
+        start_broker_tasks(&config, broker, shard_count, local_table);
     }
     while !SHUTDOWN_REQUESTED.load(Ordering::SeqCst) {
         runtime::sleep(Duration::from_millis(SHUTDOWN_POLL_INTERVAL_MS)).await;
@@ -242,6 +258,34 @@ fn load_kv_config(path: &std::path::Path, table: &mut RouteTable) {
             }
         }
     }
+}
+
+/// How long opening a shard's store may take before it is abandoned and tried again.
+/// Now and then on these machines a glommio file operation at start never completed (its
+/// completion was lost between glommio's rings); a fresh attempt goes through. Recovery is
+/// idempotent, so abandoning an attempt is safe.
+const STORE_OPEN_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
+const STORE_OPEN_ATTEMPTS_MAX: u32 = 3;
+
+async fn open_broker_with_retries(
+    config: &NodeConfig,
+    shard_id: usize,
+    sender: &MeshSender<ControlMessage>,
+) -> Result<Rc<Broker>, String> {
+    let timeout = Duration::from_millis(STORE_OPEN_ATTEMPT_TIMEOUT_MS);
+    for attempt in 1..=STORE_OPEN_ATTEMPTS_MAX {
+        match runtime::timeout(timeout, open_broker(config, shard_id, sender)).await {
+            Some(result) => return result,
+            None => eprintln!(
+                "shardmq: shard {shard_id}: opening the store took over {} ms (attempt \
+                 {attempt} of {STORE_OPEN_ATTEMPTS_MAX}); trying again",
+                STORE_OPEN_ATTEMPT_TIMEOUT_MS
+            ),
+        }
+    }
+    Err(format!(
+        "the store did not open after {STORE_OPEN_ATTEMPTS_MAX} attempts"
+    ))
 }
 
 async fn open_broker(
@@ -315,12 +359,36 @@ fn bind(addr: SocketAddr, what: &str) -> std::io::Result<shards::runtime::TcpLis
     })
 }
 
-fn start_broker_tasks(config: &NodeConfig, broker: &Rc<Broker>, shard_count: usize) {
+/// How often a starting shard looks whether its route replica lists every shard yet.
+const READY_ROUTE_POLL_MS: u64 = 2;
+
+fn start_broker_tasks(
+    config: &NodeConfig,
+    broker: &Rc<Broker>,
+    shard_count: usize,
+    local_table: Option<Rc<RefCell<RouteTable>>>,
+) {
     let namesrv_addrs = config.namesrv_addrs.clone();
+    // A shard counts as ready once its broker is registered and, when this node also runs
+    // the namesrv, once its own route replica lists every shard: clients that ask any
+    // replica after "ready" see the whole node.
     let on_ready = move || {
-        if SHARDS_READY.fetch_add(1, Ordering::SeqCst) + 1 == shard_count {
-            println!("shardmq: ready ({shard_count} shard(s) registered with the namesrv)");
-        }
+        runtime::spawn_detached(async move {
+            if let Some(table) = local_table {
+                let all_listed = || {
+                    table
+                        .borrow()
+                        .route(crate::broker::topics::AUTO_CREATE_TOPIC_KEY_TOPIC)
+                        .is_some_and(|route| route.broker_datas.len() >= shard_count)
+                };
+                while !all_listed() {
+                    runtime::sleep(Duration::from_millis(READY_ROUTE_POLL_MS)).await;
+                }
+            }
+            if SHARDS_READY.fetch_add(1, Ordering::SeqCst) + 1 == shard_count {
+                println!("shardmq: ready ({shard_count} shard(s) registered with the namesrv)");
+            }
+        });
     };
     runtime::spawn_detached(registration::run(broker.clone(), namesrv_addrs, on_ready));
     let every = |broker: &Rc<Broker>, period_ms: u64, work: fn(&Broker)| {

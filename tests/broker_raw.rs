@@ -37,11 +37,17 @@ fn shardmq() -> Command {
     command
 }
 
+/// A base port whose block (namesrv, 2 shards × 3 ports) is free right now. Tests of this
+/// process take disjoint blocks (concurrent tests must never share a port: shards bind with
+/// SO_REUSEPORT, so two nodes on one port would silently split its connections).
 fn free_port_base() -> u16 {
-    // A base whose neighbourhood (namesrv, 2 shards × 3 ports) is free right now.
-    for _ in 0..100 {
-        let base = 20_000 + (std::process::id() as u16 % 200) * 100 + (rand_u16() % 100);
-        let ports = [base, base + 20, base + 18, base + 30, base + 28];
+    static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let process_slot = (std::process::id() % 250) as u16;
+    loop {
+        let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        assert!(block < 4, "no free port block");
+        let base = 20_000 + process_slot * 160 + block * 40;
+        let ports = [base, base + 18, base + 20, base + 28, base + 30];
         if ports
             .iter()
             .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
@@ -49,15 +55,6 @@ fn free_port_base() -> u16 {
             return base;
         }
     }
-    panic!("no free ports");
-}
-
-fn rand_u16() -> u16 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    (nanos ^ (nanos >> 16)) as u16
 }
 
 fn start_node() -> Node {
@@ -446,14 +443,23 @@ fn broker_registers_with_a_separate_namesrv_process() {
     wait_for_line(&mut broker, "ready");
     let _broker = Killed(broker);
     // Every namesrv shard's replica knows both brokers: ask on several connections.
+    // Registrations reach the replica that took them at once and the others over the mesh
+    // within milliseconds: each connection (landing on any replica) sees both soon.
     for _ in 0..6 {
         let mut stream = TcpStream::connect(("127.0.0.1", namesrv_port)).unwrap();
-        let cluster = call(&mut stream, rc::GET_BROKER_CLUSTER_INFO, &[], &[]);
-        let text = String::from_utf8(cluster.body).unwrap();
-        assert!(
-            text.contains("\"split-0\"") && text.contains("\"split-1\""),
-            "{text}"
-        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let cluster = call(&mut stream, rc::GET_BROKER_CLUSTER_INFO, &[], &[]);
+            let text = String::from_utf8(cluster.body).unwrap();
+            if text.contains("\"split-0\"") && text.contains("\"split-1\"") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica never listed both brokers: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let route = call(
             &mut stream,
             rc::GET_ROUTEINFO_BY_TOPIC,

@@ -22,6 +22,15 @@ pub use glommio::Task;
 pub const IO_MEMORY_BYTES_PER_SHARD: usize = 10 << 20;
 /// io_uring submission ring depth per shard: enough for hundreds of requests in flight.
 pub const RING_DEPTH_ENTRIES: usize = 512;
+/// How often a parked shard is nudged awake. glommio parks an idle executor in
+/// io_uring_enter on its main ring, linked to its latency ring (timers, network receives,
+/// accepts, cross-thread wake-ups) by a POLL_ADD on that ring's fd. On these machines the
+/// link now and then does not fire, and a shard slept through its own timers and new
+/// connections until something else woke it (a debugger attaching freed it; so did
+/// glommio's own channel mesh not joining at start). A signal interrupts the wait (EINTR),
+/// and glommio then reaps every ring; this bounds such a stall to one interval. Cost: one
+/// signal per interval per shard, a few microseconds.
+pub const SHARD_NUDGE_INTERVAL_MS: u64 = 5;
 /// Capacity of each shard-to-shard control channel; a full channel is a logged drop.
 pub const MESH_CHANNEL_CAPACITY_MESSAGES: usize = 1024;
 
@@ -137,6 +146,7 @@ where
     install_abort_on_panic();
     let shard_count = placement.cpus.len();
     let meshes = crate::mesh::build::<M>(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
+    let nudger = Nudger::start(shard_count)?;
     let mut handles = Vec::with_capacity(shard_count);
     for ((shard_id, cpu), mesh) in placement.cpus.iter().enumerate().zip(meshes) {
         let placement_kind = match cpu {
@@ -150,24 +160,86 @@ where
             .preempt_timer(Duration::from_micros(placement.preempt_timer_us))
             .spin_before_park(Duration::from_micros(placement.spin_before_park_us));
         let body = body.clone();
-        let handle = builder
-            .spawn(move || async move {
-                body(ShardContext {
-                    shard_id,
-                    shard_count,
-                    mesh,
-                })
-                .await;
-            })
-            .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
+        let nudger = nudger.clone();
+        // Our own thread, registered with the nudger before glommio runs anything on it:
+        // glommio's own `spawn` once parked a fresh executor before it polled its first task.
+        let handle = std::thread::Builder::new()
+            .name(format!("shard-{shard_id}"))
+            .spawn(move || {
+                nudger.register_current_thread(shard_id);
+                let executor = builder
+                    .make()
+                    .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
+                executor.run(async move {
+                    body(ShardContext {
+                        shard_id,
+                        shard_count,
+                        mesh,
+                    })
+                    .await;
+                });
+                Ok::<(), io::Error>(())
+            })?;
         handles.push(handle);
     }
     for handle in handles {
-        handle
-            .join()
-            .map_err(|e| io::Error::other(format!("a shard stopped with an error: {e}")))?;
+        match handle.join() {
+            Ok(result) => result?,
+            Err(_) => return Err(io::Error::other("a shard thread panicked")),
+        }
     }
     Ok(())
+}
+
+/// Sends SIGUSR1 to every shard thread each SHARD_NUDGE_INTERVAL_MS (see there for why).
+#[derive(Clone)]
+struct Nudger {
+    /// pthread ids of the shard threads; 0 until a shard has registered.
+    threads: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>>,
+}
+
+extern "C" fn on_nudge(_: libc::c_int) {}
+
+impl Nudger {
+    fn start(shard_count: usize) -> io::Result<Nudger> {
+        // SAFETY: installs a handler that does nothing; without SA_RESTART, so that a
+        // shard's io_uring_enter returns EINTR instead of being restarted.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_nudge as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let threads: Vec<_> = (0..shard_count)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        let nudger = Nudger {
+            threads: std::sync::Arc::new(threads),
+        };
+        let threads = nudger.threads.clone();
+        std::thread::Builder::new()
+            .name("shard-nudger".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(SHARD_NUDGE_INTERVAL_MS));
+                for thread in threads.iter() {
+                    let id = thread.load(std::sync::atomic::Ordering::Relaxed);
+                    if id != 0 {
+                        // SAFETY: the id was registered by a live shard thread; shard threads
+                        // live until the process exits.
+                        unsafe { libc::pthread_kill(id as libc::pthread_t, libc::SIGUSR1) };
+                    }
+                }
+            })?;
+        Ok(nudger)
+    }
+
+    fn register_current_thread(&self, shard_id: ShardId) {
+        // SAFETY: pthread_self has no preconditions.
+        let id = unsafe { libc::pthread_self() } as u64;
+        self.threads[shard_id].store(id, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn install_abort_on_panic() {
@@ -208,7 +280,48 @@ pub async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
     TcpStream::connect(addr).await.map_err(io::Error::from)
 }
 
-/// Binds a listener (SO_REUSEPORT is set, so every shard can bind the namesrv port).
+/// Binds a listener with SO_REUSEPORT (every shard binds the namesrv port) and SO_REUSEADDR
+/// (so that the connections it accepted, left in TIME_WAIT after a stop, do not keep a
+/// restarted node off its own ports; glommio's own bind sets only SO_REUSEPORT).
 pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(addr).map_err(io::Error::from)
+    use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+    let std::net::SocketAddr::V4(addr) = addr else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "only IPv4 listen addresses",
+        ));
+    };
+    // SAFETY: plain socket calls on a descriptor we own; every return value is checked and
+    // the descriptor is closed by OwnedFd on any error.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let owned = OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let value = &one as *const libc::c_int as *const libc::c_void;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, option, value, size) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let mut sockaddr: libc::sockaddr_in = std::mem::zeroed();
+        sockaddr.sin_family = libc::AF_INET as libc::sa_family_t;
+        sockaddr.sin_port = addr.port().to_be();
+        sockaddr.sin_addr.s_addr = u32::from(*addr.ip()).to_be();
+        let sockaddr_ptr = &sockaddr as *const libc::sockaddr_in as *const libc::sockaddr;
+        let sockaddr_size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(fd, sockaddr_ptr, sockaddr_size) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::listen(fd, LISTEN_BACKLOG_CONNECTIONS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(TcpListener::from_raw_fd(owned.into_raw_fd()))
+    }
 }
+
+/// Pending connections the kernel queues per listener.
+pub const LISTEN_BACKLOG_CONNECTIONS: libc::c_int = 1024;

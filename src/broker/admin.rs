@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 use crate::error::{now_ms, RequestError};
 use crate::namesrv::respond_body;
@@ -14,6 +15,10 @@ use crate::remoting::{response_code, FrameEncoder, RemotingCommand, BROKER_VERSI
 use crate::server::Connection;
 
 use super::topics::{validate_topic_name, RETRY_GROUP_TOPIC_PREFIX};
+
+/// Longest a topic creation waits for the local route replica to list every shard.
+const ROUTE_WAIT_MAX_MS: u64 = 3_000;
+const ROUTE_WAIT_POLL_MS: u64 = 2;
 use super::Broker;
 
 impl Broker {
@@ -189,8 +194,36 @@ impl Broker {
         }
         config.topic_sys_flag = ext.optional_i32("topicSysFlag")?.unwrap_or(0).max(0) as u32;
         config.order = ext.bool_lenient("order").unwrap_or(false);
-        self.upsert_topic_everywhere(config);
-        connection.respond(request, response_code::SUCCESS, None);
+        self.upsert_topic_everywhere(config.clone());
+        let Some((routes, brokers)) = self.local_routes.clone() else {
+            connection.respond(request, response_code::SUCCESS, None);
+            return Ok(());
+        };
+        let (connection, opaque, oneway) =
+            (connection.clone(), request.opaque, request.is_oneway());
+        shards::runtime::spawn_detached(async move {
+            let routed = || {
+                routes
+                    .borrow()
+                    .route(&config.topic_name)
+                    .is_some_and(|route| {
+                        route.queue_datas.len() >= brokers
+                            && route
+                                .queue_datas
+                                .iter()
+                                .all(|q| q.write_queue_nums == config.write_queue_nums)
+                    })
+            };
+            let deadline = std::time::Instant::now() + Duration::from_millis(ROUTE_WAIT_MAX_MS);
+            while !routed() && std::time::Instant::now() < deadline {
+                shards::runtime::sleep(Duration::from_millis(ROUTE_WAIT_POLL_MS)).await;
+            }
+            if !oneway {
+                connection.send_with(|out| {
+                    FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&[]);
+                });
+            }
+        });
         Ok(())
     }
 

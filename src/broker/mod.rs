@@ -72,6 +72,10 @@ pub struct Broker {
     /// Asks the registration task to re-register with the namesrv now.
     pub register_now: Rc<shards::sync::Signal>,
     pub stats: BrokerStats,
+    /// The namesrv replica of this shard when the node runs both roles, and the number of
+    /// brokers (shards) of this node: a topic change is answered once the route shows it
+    /// on every shard, as a Java broker answers after registering it with the namesrv.
+    pub local_routes: Option<(Rc<RefCell<crate::namesrv::RouteTable>>, usize)>,
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
@@ -103,6 +107,7 @@ impl Broker {
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
+            local_routes: None,
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
         }
