@@ -174,7 +174,12 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
                 .map(|mut broker| {
                     if config.run_namesrv {
                         if let Some(broker) = Rc::get_mut(&mut broker) {
-                            broker.local_routes = Some((table.clone(), shard_count));
+                            let mesh = sender.clone();
+                            broker.local_routes = Some(crate::broker::LocalRoutes {
+                                table: table.clone(),
+                                shard_count,
+                                replicas_caught_up: Rc::new(move || mesh.all_applied()),
+                            });
                         }
                     }
                     broker

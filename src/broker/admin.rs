@@ -195,7 +195,7 @@ impl Broker {
         config.topic_sys_flag = ext.optional_i32("topicSysFlag")?.unwrap_or(0).max(0) as u32;
         config.order = ext.bool_lenient("order").unwrap_or(false);
         self.upsert_topic_everywhere(config.clone());
-        let Some((routes, brokers)) = self.local_routes.clone() else {
+        let Some(local) = self.local_routes.clone() else {
             connection.respond(request, response_code::SUCCESS, None);
             return Ok(());
         };
@@ -203,16 +203,15 @@ impl Broker {
             (connection.clone(), request.opaque, request.is_oneway());
         shards::runtime::spawn_detached(async move {
             let routed = || {
-                routes
-                    .borrow()
-                    .route(&config.topic_name)
-                    .is_some_and(|route| {
-                        route.queue_datas.len() >= brokers
-                            && route
-                                .queue_datas
-                                .iter()
-                                .all(|q| q.write_queue_nums == config.write_queue_nums)
-                    })
+                let table = local.table.borrow();
+                let complete = table.route(&config.topic_name).is_some_and(|route| {
+                    route.queue_datas.len() >= local.shard_count
+                        && route
+                            .queue_datas
+                            .iter()
+                            .all(|q| q.write_queue_nums == config.write_queue_nums)
+                });
+                complete && (local.replicas_caught_up)()
             };
             let deadline = std::time::Instant::now() + Duration::from_millis(ROUTE_WAIT_MAX_MS);
             while !routed() && std::time::Instant::now() < deadline {

@@ -39,6 +39,15 @@ pub enum TopicChange {
     Delete(String),
 }
 
+/// The namesrv side of this node, as a topic change waits for it (see `Broker::local_routes`).
+#[derive(Clone)]
+pub struct LocalRoutes {
+    pub table: Rc<RefCell<crate::namesrv::RouteTable>>,
+    pub shard_count: usize,
+    /// Whether every replica has applied every update broadcast so far.
+    pub replicas_caught_up: Rc<dyn Fn() -> bool>,
+}
+
 /// What identifies this shard's broker to the world.
 #[derive(Debug, Clone)]
 pub struct BrokerIdentity {
@@ -75,7 +84,7 @@ pub struct Broker {
     /// The namesrv replica of this shard when the node runs both roles, and the number of
     /// brokers (shards) of this node: a topic change is answered once the route shows it
     /// on every shard, as a Java broker answers after registering it with the namesrv.
-    pub local_routes: Option<(Rc<RefCell<crate::namesrv::RouteTable>>, usize)>,
+    pub local_routes: Option<LocalRoutes>,
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
