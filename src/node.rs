@@ -73,10 +73,17 @@ extern "C" fn on_shutdown_signal(_: libc::c_int) {
 }
 
 /// Runs the node until SIGINT/SIGTERM.
-pub fn run(config: NodeConfig) -> anyhow::Result<()> {
+pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let shard_count = config.placement.cpus.len();
     runtime::check_environment(shard_count).map_err(anyhow::Error::msg)?;
-    std::fs::create_dir_all(&config.data_dir)?;
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create the data directory {}: {e}",
+            config.data_dir.display()
+        )
+    })?;
+    // glommio opens directories relative to nothing: hand it an absolute path.
+    config.data_dir = std::fs::canonicalize(&config.data_dir)?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(

@@ -470,3 +470,28 @@ fn broker_registers_with_a_separate_namesrv_process() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn serve_accepts_a_relative_data_dir() {
+    // `cargo run --release -- serve` uses the relative default `shardmq-data`.
+    let base = free_port_base();
+    let dir = std::env::temp_dir().join(format!("shardmq-relative-{}-{base}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = shardmq()
+        .current_dir(&dir)
+        .args(["serve", "--shards", "2", "--segment-size-mib", "16"])
+        .args([
+            "--namesrv-port",
+            &base.to_string(),
+            "--broker-port",
+            &(base + 20).to_string(),
+        ])
+        .args(["--data-dir", "shardmq-data"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_line(&mut child, "shardmq: ready");
+    let _child = Killed(child);
+    assert!(dir.join("shardmq-data/shard-1/commitlog").is_dir());
+    let _ = std::fs::remove_dir_all(&dir);
+}
