@@ -30,6 +30,9 @@ pub enum RequestError {
     SubscriptionParseFailed(String),
     #[error("{0}")]
     SystemError(String),
+    /// A request code this server does not serve (RocketMQ's remark, leading space included).
+    #[error(" request type {0} not supported")]
+    NotSupported(i32),
 }
 
 impl RequestError {
@@ -46,6 +49,7 @@ impl RequestError {
             RequestError::SubscriptionNotExist(_) => response_code::SUBSCRIPTION_NOT_EXIST,
             RequestError::SubscriptionParseFailed(_) => response_code::SUBSCRIPTION_PARSE_FAILED,
             RequestError::SystemError(_) => response_code::SYSTEM_ERROR,
+            RequestError::NotSupported(_) => response_code::REQUEST_CODE_NOT_SUPPORTED,
         };
         (code, self.to_string())
     }

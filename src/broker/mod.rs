@@ -25,7 +25,7 @@ use shards::sync::WaiterSet;
 
 use crate::error::RequestError;
 use crate::protocol::TopicConfig;
-use crate::remoting::{request_code as rc, response_code, RemotingCommand};
+use crate::remoting::{request_code as rc, RemotingCommand};
 use crate::server::Connection;
 
 pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
@@ -157,14 +157,7 @@ impl Broker {
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
-            code => {
-                connection.respond(
-                    request,
-                    response_code::REQUEST_CODE_NOT_SUPPORTED,
-                    Some(&format!(" request type {code} not supported")),
-                );
-                Ok(())
-            }
+            code => Err(RequestError::NotSupported(code)),
         }
     }
 

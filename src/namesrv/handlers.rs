@@ -131,14 +131,7 @@ impl NamesrvHandler {
                 Ok(())
             }
             rc::QUERY_DATA_VERSION => self.query_data_version(request, connection),
-            code => {
-                connection.respond(
-                    request,
-                    response_code::REQUEST_CODE_NOT_SUPPORTED,
-                    Some(&format!(" request type {code} not supported")),
-                );
-                Ok(())
-            }
+            code => Err(RequestError::NotSupported(code)),
         }
     }
 
