@@ -36,6 +36,12 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// Answers the request with `opaque` with this error's code and remark.
+    pub fn respond(&self, connection: &crate::server::Connection, opaque: i32) {
+        let (code, remark) = self.code_and_remark();
+        connection.respond_to(opaque, code, Some(&remark));
+    }
+
     pub fn code_and_remark(&self) -> (i32, String) {
         let code = match self {
             RequestError::Field(_) | RequestError::Body(_) => response_code::SYSTEM_ERROR,

@@ -98,7 +98,12 @@ impl Connection {
         if request.is_oneway() {
             return;
         }
-        let opaque = request.opaque;
+        self.respond_to(request.opaque, code, remark);
+    }
+
+    /// A response with no ext fields and no body to the request with `opaque` (for answers
+    /// given later, once the request frame itself is gone).
+    pub fn respond_to(&self, opaque: i32, code: i32, remark: Option<&str>) {
         self.send_with(|out| {
             let mut frame = FrameEncoder::response(out, code, opaque);
             if let Some(remark) = remark {

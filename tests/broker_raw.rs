@@ -166,6 +166,32 @@ fn send_v2(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8], tag: &
     )
 }
 
+/// PULL_MESSAGE for `queue` of `topic` from `offset`; with an expression the pull may be held
+/// (sysFlag SUSPEND | SUBSCRIPTION, as the C++ client sends), without it it answers at once.
+fn pull(
+    stream: &mut TcpStream,
+    (group, topic, queue): (&str, &str, &str),
+    offset: &str,
+    expression: Option<&str>,
+    suspend_ms: &str,
+) -> Reply {
+    let mut ext = vec![
+        ("consumerGroup", group),
+        ("topic", topic),
+        ("queueId", queue),
+        ("queueOffset", offset),
+        ("maxMsgNums", "32"),
+        ("sysFlag", if expression.is_some() { "6" } else { "0" }),
+        ("commitOffset", "0"),
+        ("suspendTimeoutMillis", suspend_ms),
+        ("subVersion", "0"),
+    ];
+    if let Some(expression) = expression {
+        ext.push(("subscription", expression));
+    }
+    call(stream, rc::PULL_MESSAGE, &ext, &[])
+}
+
 #[test]
 fn route_send_pull_and_offsets_on_the_real_binary() {
     let node = start_node();
@@ -196,26 +222,7 @@ fn route_send_pull_and_offsets_on_the_real_binary() {
     let sent = send_v2(&mut broker, "RawTopic", "1", b"world", "TagB");
     assert_eq!(sent.ext("queueOffset"), "1");
 
-    let pull = |stream: &mut TcpStream, offset: &str, expression: &str| {
-        call(
-            stream,
-            rc::PULL_MESSAGE,
-            &[
-                ("consumerGroup", "cg"),
-                ("topic", "RawTopic"),
-                ("queueId", "1"),
-                ("queueOffset", offset),
-                ("maxMsgNums", "32"),
-                ("sysFlag", "6"),
-                ("commitOffset", "0"),
-                ("suspendTimeoutMillis", "1000"),
-                ("subscription", expression),
-                ("subVersion", "0"),
-            ],
-            &[],
-        )
-    };
-    let pulled = pull(&mut broker, "0", "*");
+    let pulled = pull(&mut broker, ("cg", "RawTopic", "1"), "0", Some("*"), "1000");
     assert_eq!(pulled.code, response_code::SUCCESS, "{:?}", pulled.remark);
     assert_eq!(pulled.ext("nextBeginOffset"), "2");
     assert_eq!(pulled.ext("maxOffset"), "2");
@@ -224,14 +231,20 @@ fn route_send_pull_and_offsets_on_the_real_binary() {
     assert_eq!(records[0].body, b"hello");
     assert_eq!(records[1].body, b"world");
     assert_eq!(records[1].queue_offset, 1);
-    let filtered = pull(&mut broker, "0", "TagB");
+    let filtered = pull(
+        &mut broker,
+        ("cg", "RawTopic", "1"),
+        "0",
+        Some("TagB"),
+        "1000",
+    );
     let records = shards::store::record::decode_all(&filtered.body).unwrap();
     assert_eq!(records.len(), 1, "tag filter");
     assert_eq!(records[0].body, b"world");
 
     // Long polling: a pull at the end waits, and a send wakes it at once.
     let started = Instant::now();
-    let empty = pull(&mut broker, "2", "*");
+    let empty = pull(&mut broker, ("cg", "RawTopic", "1"), "2", Some("*"), "1000");
     assert_eq!(empty.code, response_code::PULL_NOT_FOUND);
     assert!(
         started.elapsed() >= Duration::from_millis(900),
@@ -284,39 +297,9 @@ fn bad_input_gets_clear_answers_and_loses_nothing() {
     let huge = vec![b'x'; 4 * 1024 * 1024 + 1];
     let too_big = send_v2(&mut broker, "Kept", "0", &huge, "T");
     assert_eq!(too_big.code, response_code::MESSAGE_ILLEGAL);
-    let missing = call(
-        &mut broker,
-        rc::PULL_MESSAGE,
-        &[
-            ("consumerGroup", "g"),
-            ("topic", "Nope"),
-            ("queueId", "0"),
-            ("queueOffset", "0"),
-            ("maxMsgNums", "1"),
-            ("sysFlag", "0"),
-            ("commitOffset", "0"),
-            ("suspendTimeoutMillis", "0"),
-            ("subVersion", "0"),
-        ],
-        &[],
-    );
+    let missing = pull(&mut broker, ("g", "Nope", "0"), "0", None, "0");
     assert_eq!(missing.code, response_code::TOPIC_NOT_EXIST);
-    let bad_queue = call(
-        &mut broker,
-        rc::PULL_MESSAGE,
-        &[
-            ("consumerGroup", "g"),
-            ("topic", "Kept"),
-            ("queueId", "99"),
-            ("queueOffset", "0"),
-            ("maxMsgNums", "1"),
-            ("sysFlag", "0"),
-            ("commitOffset", "0"),
-            ("suspendTimeoutMillis", "0"),
-            ("subVersion", "0"),
-        ],
-        &[],
-    );
+    let bad_queue = pull(&mut broker, ("g", "Kept", "99"), "0", None, "0");
     assert_eq!(bad_queue.code, response_code::INVALID_PARAMETER);
 
     // A huge length prefix closes that connection only.
@@ -348,22 +331,7 @@ fn bad_input_gets_clear_answers_and_loses_nothing() {
     );
 
     let mut fresh = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
-    let pulled = call(
-        &mut fresh,
-        rc::PULL_MESSAGE,
-        &[
-            ("consumerGroup", "g"),
-            ("topic", "Kept"),
-            ("queueId", "0"),
-            ("queueOffset", "0"),
-            ("maxMsgNums", "32"),
-            ("sysFlag", "0"),
-            ("commitOffset", "0"),
-            ("suspendTimeoutMillis", "0"),
-            ("subVersion", "0"),
-        ],
-        &[],
-    );
+    let pulled = pull(&mut fresh, ("g", "Kept", "0"), "0", None, "0");
     assert_eq!(pulled.code, response_code::SUCCESS);
     let records = shards::store::record::decode_all(&pulled.body).unwrap();
     assert_eq!(records.len(), 1);

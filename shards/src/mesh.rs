@@ -81,14 +81,6 @@ pub struct Mesh<M: Send + 'static> {
 }
 
 impl<M: Send + 'static> Mesh<M> {
-    pub fn shard_id(&self) -> ShardId {
-        self.shard_id
-    }
-
-    pub fn shard_count(&self) -> usize {
-        self.peers.len()
-    }
-
     /// A handle that can send but not receive (for handlers that broadcast).
     pub fn sender(&self) -> MeshSender<M> {
         MeshSender {

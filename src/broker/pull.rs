@@ -203,15 +203,9 @@ impl Broker {
 }
 
 fn respond_error(connection: &Connection, pull: &PullRequest, error: RequestError) {
-    if pull.oneway {
-        return;
+    if !pull.oneway {
+        error.respond(connection, pull.opaque);
     }
-    let (code, remark) = error.code_and_remark();
-    connection.send_with(|out| {
-        let mut frame = FrameEncoder::response(out, code, pull.opaque);
-        frame.remark(&remark);
-        frame.finish(&[]);
-    });
 }
 
 /// RocketMQ's mapping from store status to pull response code (REMOTING.md §3.3).

@@ -127,7 +127,7 @@ impl Broker {
                     .queue_offset_by_timestamp(&topic, queue_id, timestamp_ms, upper);
             match found.await {
                 Ok(offset) => respond_offset(&connection, opaque, "offset", offset as i64),
-                Err(error) => respond_error(&connection, opaque, store_error(error)),
+                Err(error) => store_error(error).respond(&connection, opaque),
             }
         });
         Ok(())
@@ -144,7 +144,7 @@ impl Broker {
         shards::runtime::spawn_detached(async move {
             match broker.store.earliest_store_time(&topic, queue_id).await {
                 Ok(time) => respond_offset(&connection, opaque, "timestamp", time.unwrap_or(-1)),
-                Err(error) => respond_error(&connection, opaque, store_error(error)),
+                Err(error) => store_error(error).respond(&connection, opaque),
             }
         });
         Ok(())
@@ -163,14 +163,11 @@ impl Broker {
                 Ok(Some(record)) => connection.send_with(|out| {
                     FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&record);
                 }),
-                Ok(None) => respond_error(
-                    &connection,
-                    opaque,
-                    RequestError::SystemError(format!(
-                        "can not find message by the offset, {offset}"
-                    )),
-                ),
-                Err(error) => respond_error(&connection, opaque, store_error(error)),
+                Ok(None) => RequestError::SystemError(format!(
+                    "can not find message by the offset, {offset}"
+                ))
+                .respond(&connection, opaque),
+                Err(error) => store_error(error).respond(&connection, opaque),
             }
         });
         Ok(())
@@ -187,13 +184,4 @@ impl Broker {
         crate::namesrv::respond_body(connection, request, &table.encode_pretty());
         Ok(())
     }
-}
-
-pub(super) fn respond_error(connection: &Connection, opaque: i32, error: RequestError) {
-    let (code, remark) = error.code_and_remark();
-    connection.send_with(|out| {
-        let mut frame = FrameEncoder::response(out, code, opaque);
-        frame.remark(&remark);
-        frame.finish(&[]);
-    });
 }

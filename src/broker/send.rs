@@ -134,14 +134,7 @@ impl Broker {
                     let _in_flight = in_flight;
                     match broker.store.wait_durable(end_offset).await {
                         Ok(()) => reply.send(&connection, opaque, response_code::SUCCESS),
-                        Err(error) => {
-                            let (code, remark) = store_error(error).code_and_remark();
-                            connection.send_with(|out| {
-                                let mut frame = FrameEncoder::response(out, code, opaque);
-                                frame.remark(&remark);
-                                frame.finish(&[]);
-                            });
-                        }
+                        Err(error) => store_error(error).respond(&connection, opaque),
                     }
                 });
             }

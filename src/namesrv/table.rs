@@ -59,7 +59,6 @@ struct LiveBroker {
     last_update_ms: i64,
     timeout_ms: i64,
     data_version: DataVersion,
-    ha_server_addr: String,
 }
 
 /// The replica.
@@ -156,7 +155,6 @@ impl RouteTable {
                 last_update_ms: registration.received_at_ms,
                 timeout_ms,
                 data_version: registration.data_version.clone(),
-                ha_server_addr: registration.ha_server_addr.clone(),
             },
         );
     }
@@ -307,12 +305,6 @@ impl RouteTable {
     /// For QUERY_DATA_VERSION: whether the stored version differs, and the stored one.
     pub fn data_version_of(&self, broker_addr: &str) -> Option<&DataVersion> {
         self.live.get(broker_addr).map(|live| &live.data_version)
-    }
-
-    pub fn ha_server_addr_of(&self, broker_addr: &str) -> Option<&str> {
-        self.live
-            .get(broker_addr)
-            .map(|live| live.ha_server_addr.as_str())
     }
 
     pub fn master_addr_of(&self, broker_name: &str) -> Option<&str> {
