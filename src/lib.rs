@@ -6,6 +6,7 @@
 //! crate.
 
 pub mod broker;
+pub mod client;
 pub mod error;
 pub mod namesrv;
 pub mod node;
