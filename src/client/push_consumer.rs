@@ -492,7 +492,11 @@ impl PushInner {
             self.options.max_reconsume_times.to_string(),
         );
         resend.remove_property(property::TRAN_MSG);
-        let delay = if delay_level < 0 { 0 } else { 3 + message.reconsume_times };
+        let delay = match delay_level {
+            level if level < 0 => 0,
+            0 => 3 + message.reconsume_times,
+            level => level,
+        };
         if delay > 0 {
             resend.set_property(property::DELAY, delay.min(18).to_string());
         }

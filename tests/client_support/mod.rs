@@ -74,7 +74,30 @@ impl Node {
         node
     }
 
+    /// Starts the process; a start refused for its ports (the previous run's sockets may
+    /// linger a moment after a restart) is tried again, then on fresh ports.
     fn spawn(&mut self) {
+        const ATTEMPTS_ON_SAME_PORTS: usize = 20;
+        for attempt in 0.. {
+            match self.spawn_once() {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(output) => {
+                    assert!(attempt < ATTEMPTS_ON_SAME_PORTS + 5, "shardmq never started: {output}");
+                    if attempt >= ATTEMPTS_ON_SAME_PORTS {
+                        let base = free_port_base();
+                        self.namesrv_port = base;
+                        self.broker_port = base + 20;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    fn spawn_once(&self) -> Result<Child, String> {
         let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
         // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
         unsafe {
@@ -94,8 +117,14 @@ impl Node {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start shardmq");
-        wait_for_line(&mut child, "shardmq: ready");
-        self.child = Some(child);
+        match wait_for_line(&mut child, "shardmq: ready") {
+            Ok(()) => Ok(child),
+            Err(output) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(output)
+            }
+        }
     }
 
     /// Stops the node with SIGTERM (it flushes and writes offsets), then starts it again on the
@@ -148,13 +177,15 @@ impl Node {
     }
 }
 
-fn wait_for_line(child: &mut Child, needle: &str) {
+/// Ok once `needle` is printed; Err(output) if the process ends first or 60 s pass.
+fn wait_for_line(child: &mut Child, needle: &str) -> Result<(), String> {
     use std::io::BufRead;
     let stdout = child.stdout.take().expect("piped stdout");
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
+            // A send fails once nobody listens; keep draining so the child never blocks.
             let _ = lines_tx.send(line);
         }
     });
@@ -163,12 +194,12 @@ fn wait_for_line(child: &mut Child, needle: &str) {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match lines_rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return,
+            Ok(line) if line.contains(needle) => return Ok(()),
             Ok(line) => {
                 seen.push_str(&line);
                 seen.push('\n');
             }
-            Err(_) => panic!("no line with {needle:?} within 60 s; output so far:\n{seen}"),
+            Err(_) => return Err(seen),
         }
     }
 }
