@@ -120,6 +120,7 @@ async fn broadcasting_gives_every_consumer_every_message() {
     for label in ["b1", "b2"] {
         let mut options = node.consumer_options("broadcast-group");
         options.message_model = MessageModel::Broadcasting;
+        options.client.instance_name = Some(label.to_string());
         let mut consumer = concurrent_consumer(options, topic, label, &log);
         consumer.start().await.unwrap();
         consumers.push(consumer);

@@ -216,6 +216,19 @@ where
     }
 }
 
+/// The broadcasting offset file: `<offset_store_dir>/<clientIP>@<instanceName>/<group>/offsets.json`,
+/// instance name "DEFAULT" unless configured (Java's layout), so a restarted consumer finds it.
+/// Two broadcasting consumers of one group on one host need distinct instance names.
+pub(crate) fn local_offset_file(options: &ConsumerOptions, instance: &ClientInstance) -> PathBuf {
+    let instance_name = options.client.instance_name.as_deref().unwrap_or("DEFAULT");
+    let client = format!("{}@{instance_name}", instance.client_ip).replace(['/', '\\', ':'], "_");
+    options
+        .offset_store_dir
+        .join(client)
+        .join(&options.group)
+        .join("offsets.json")
+}
+
 /// The queues of `topic` this consumer owns now (`Err` keeps the current assignment).
 pub(crate) async fn allocate(
     instance: &ClientInstance,

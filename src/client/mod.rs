@@ -16,6 +16,7 @@ mod consumer;
 mod error;
 mod fault;
 mod instance;
+mod lite_pull;
 mod message;
 mod offset_store;
 mod process_queue;
@@ -41,4 +42,5 @@ pub use producer::{
     MessageQueueSelector, Producer, ProducerOptions, SelectByHash, SelectByRoundRobin,
     SendResult, SendStatus,
 };
+pub use lite_pull::LitePullConsumer;
 pub use push_consumer::PushConsumer;

@@ -69,16 +69,21 @@ impl OffsetStore {
         lock(&self.table).get(queue).copied()
     }
 
-    /// The persisted offset: `Ok(None)` when none was ever committed.
+    /// The persisted offset, also kept in memory: `Ok(None)` when none was ever committed.
     pub async fn read_store(&self, queue: &MessageQueue) -> ClientResult<Option<i64>> {
-        let offset = match &self.backend {
-            OffsetBackend::LocalFile(_) => lock(&self.file_table).get(queue).copied(),
-            OffsetBackend::Broker => self.query_broker(queue).await?,
-        };
+        let offset = self.fetch_committed(queue).await?;
         if let Some(offset) = offset {
             self.update(queue, offset, false);
         }
         Ok(offset)
+    }
+
+    /// The persisted offset, leaving memory alone.
+    pub async fn fetch_committed(&self, queue: &MessageQueue) -> ClientResult<Option<i64>> {
+        match &self.backend {
+            OffsetBackend::LocalFile(_) => Ok(lock(&self.file_table).get(queue).copied()),
+            OffsetBackend::Broker => self.query_broker(queue).await,
+        }
     }
 
     async fn query_broker(&self, queue: &MessageQueue) -> ClientResult<Option<i64>> {

@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::consumer::{
-    allocate, compute_pull_from_where, lock_queues, restore_retry_topic, unlock_queues,
+    allocate, compute_pull_from_where, local_offset_file, lock_queues, restore_retry_topic, unlock_queues,
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, MessageListenerConcurrently, MessageListenerOrderly,
 };
@@ -285,13 +285,9 @@ impl PushInner {
         }];
         let backend = match options.message_model {
             MessageModel::Clustering => OffsetBackend::Broker,
-            MessageModel::Broadcasting => OffsetBackend::LocalFile(
-                options
-                    .offset_store_dir
-                    .join(local_instance_dir(&instance))
-                    .join(&options.group)
-                    .join("offsets.json"),
-            ),
+            MessageModel::Broadcasting => {
+                OffsetBackend::LocalFile(local_offset_file(&options, &instance))
+            }
         };
         PushInner {
             offsets: OffsetStore::new(instance.clone(), &options.group, backend),
@@ -523,10 +519,6 @@ impl PushInner {
         }
         Ok(())
     }
-}
-
-fn local_instance_dir(instance: &ClientInstance) -> String {
-    instance.client_id.replace(['/', '\\', ':'], "_")
 }
 
 async fn rebalance_loop(inner: Arc<PushInner>) {
