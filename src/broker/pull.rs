@@ -74,6 +74,11 @@ impl Broker {
             )));
         }
         let read_queues = match self.topics.borrow().get(topic) {
+            Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
+                return Err(RequestError::NoPermission(format!(
+                    "the topic[{topic}] pulling message is forbidden"
+                )))
+            }
             Some(config) => config.read_queue_nums,
             None => {
                 return Err(RequestError::TopicNotExist(format!(

@@ -130,6 +130,11 @@ def test_always_rejected_message_ends_in_the_dead_letter_queue(shardmq_factory):
         time.sleep(1.5)  # nothing more may be delivered once it is dead
     deliveries = counter.of(key)
     assert [d[1] for d in deliveries] == list(range(RETRY_MAX_TIMES + 1)), deliveries
+    # The dead-letter topic is write-only, as in RocketMQ: consumers cannot pull it.
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        refused = client.call(remoting.PULL_MESSAGE,
+                              remoting.pull_message_ext(group, "%DLQ%" + group, 0))
+    assert refused.code == 16 and "forbidden" in refused.remark, refused
 
 
 def test_delay_level_2_is_delivered_after_5_s_even_across_a_restart(shardmq_factory):
