@@ -298,3 +298,30 @@ def test_timer_messages_arrive_at_their_time_across_a_restart(shardmq_factory):
         if key != "timer-restart":
             assert arrived <= due + DELAY_LATE_MAX_S, "{} arrived {:.2f} s late".format(
                 key, arrived - due)
+
+
+def test_client_resend_to_the_retry_topic_follows_the_dead_letter_rule(shardmq):
+    """The fallback of Java/Go clients whose send-back failed: they send the message to
+    %RETRY%<group> themselves, with reconsumeTimes and a DELAY level."""
+    group = unique("cg_resend")
+    retry_topic = "%RETRY%" + group
+    address = shardmq.broker_addr(0)
+    with remoting.RemotingClient.connect(address) as client:
+        # Within the limit: delayed by its DELAY level, then in %RETRY%<group>.
+        ext = remoting.send_message_ext(retry_topic, 0, "DELAY\x011\x02RETRY_TOPIC\x01T\x02")
+        ext.update(reconsumeTimes=3, maxReconsumeTimes=16)
+        response = client.call(remoting.SEND_MESSAGE, ext, body=b"again")
+        assert response.code == remoting.SUCCESS, response
+        # Past the limit: straight to %DLQ%<group>, undelayed.
+        ext = remoting.send_message_ext(retry_topic, 0, "DELAY\x011\x02RETRY_TOPIC\x01T\x02")
+        ext.update(reconsumeTimes=17, maxReconsumeTimes=16)
+        response = client.call(remoting.SEND_MESSAGE, ext, body=b"dead")
+        assert response.code == remoting.SUCCESS, response
+
+    def offset_on_shard0(topic):
+        with remoting.RemotingClient.connect(address) as client:
+            response = client.call(GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
+        return int(response.ext["offset"]) if response.code == remoting.SUCCESS else 0
+    assert offset_on_shard0("%DLQ%" + group) == 1
+    assert offset_on_shard0(retry_topic) == 0  # still waiting out its 1 s delay level
+    wait_until(lambda: offset_on_shard0(retry_topic) == 1, 5, message="the delayed retry")
