@@ -13,7 +13,11 @@ async fn poll_until(consumer: &LitePullConsumer, count: usize) -> Vec<MessageExt
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut all = Vec::new();
     while all.len() < count {
-        assert!(Instant::now() < deadline, "only {} of {count} messages polled", all.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} messages polled",
+            all.len()
+        );
         all.extend(consumer.poll(Duration::from_millis(200)).await);
     }
     all
@@ -31,7 +35,9 @@ async fn assign_poll_seek_commit_and_resume() {
     let node = Node::start();
     let topic = "ClientLiteAssign";
     let group = "lite-assign";
-    let producer = Producer::start(node.producer_options("lite-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("lite-producer"))
+        .await
+        .unwrap();
     producer.send(Message::new(topic, "create")).await.unwrap();
     let queue = producer.fetch_publish_queues(topic).await.unwrap()[0].clone();
     let first = producer
@@ -40,7 +46,10 @@ async fn assign_poll_seek_commit_and_resume() {
         .unwrap()
         .queue_offset;
     for i in 1..20 {
-        producer.send_to_queue(Message::new(topic, format!("q-{i}")), &queue).await.unwrap();
+        producer
+            .send_to_queue(Message::new(topic, format!("q-{i}")), &queue)
+            .await
+            .unwrap();
     }
 
     let mut consumer = LitePullConsumer::new(node.consumer_options(group));
@@ -51,15 +60,28 @@ async fn assign_poll_seek_commit_and_resume() {
     consumer.assign(vec![queue.clone()]).await.unwrap();
     assert_eq!(consumer.assignment(), vec![queue.clone()]);
     let polled = poll_until(&consumer, 20 + (first as usize)).await;
-    let tail: Vec<String> = bodies(&polled).into_iter().filter(|b| b.starts_with("q-")).collect();
-    assert_eq!(tail, (0..20).map(|i| format!("q-{i}")).collect::<Vec<_>>(), "queue order");
+    let tail: Vec<String> = bodies(&polled)
+        .into_iter()
+        .filter(|b| b.starts_with("q-"))
+        .collect();
+    assert_eq!(
+        tail,
+        (0..20).map(|i| format!("q-{i}")).collect::<Vec<_>>(),
+        "queue order"
+    );
 
     // Seek back: the next messages start at the seek offset, nothing older leaks through.
     consumer.seek(&queue, first + 5).await.unwrap();
     let again = poll_until(&consumer, 15).await;
     assert_eq!(again[0].queue_offset, first + 5);
-    assert_eq!(bodies(&again[..15]), (5..20).map(|i| format!("q-{i}")).collect::<Vec<_>>());
-    assert!(consumer.seek(&queue, first + 1_000).await.is_err(), "past the end");
+    assert_eq!(
+        bodies(&again[..15]),
+        (5..20).map(|i| format!("q-{i}")).collect::<Vec<_>>()
+    );
+    assert!(
+        consumer.seek(&queue, first + 1_000).await.is_err(),
+        "past the end"
+    );
 
     // Nothing committed yet (auto-commit off; a young queue may report 0, the broker's
     // "young queue" rule); commit_sync stores the consumed offset.
@@ -71,7 +93,10 @@ async fn assign_poll_seek_commit_and_resume() {
 
     // A new consumer of the group resumes after the committed offset.
     for i in 20..23 {
-        producer.send_to_queue(Message::new(topic, format!("q-{i}")), &queue).await.unwrap();
+        producer
+            .send_to_queue(Message::new(topic, format!("q-{i}")), &queue)
+            .await
+            .unwrap();
     }
     let mut resumed = LitePullConsumer::new(node.consumer_options(group));
     resumed.start().await.unwrap();
@@ -86,9 +111,14 @@ async fn assign_poll_seek_commit_and_resume() {
 async fn subscribed_consumers_share_the_topic() {
     let node = Node::start();
     let topic = "ClientLiteSubscribe";
-    let producer = Producer::start(node.producer_options("lite-sub-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("lite-sub-producer"))
+        .await
+        .unwrap();
     for i in 0..100 {
-        producer.send(Message::new(topic, format!("s-{i}"))).await.unwrap();
+        producer
+            .send(Message::new(topic, format!("s-{i}")))
+            .await
+            .unwrap();
     }
     let mut consumers = Vec::new();
     for _ in 0..2 {
@@ -117,7 +147,10 @@ async fn subscribed_consumers_share_the_topic() {
             seen.extend(bodies(&consumer.poll(Duration::from_millis(100)).await));
         }
     }
-    assert_eq!(seen, (0..100).map(|i| format!("s-{i}")).collect::<BTreeSet<_>>());
+    assert_eq!(
+        seen,
+        (0..100).map(|i| format!("s-{i}")).collect::<BTreeSet<_>>()
+    );
     for consumer in &consumers {
         consumer.shutdown().await;
     }

@@ -17,14 +17,20 @@ use shardmq::client::{
 async fn every_send_mode_arrives_intact() {
     let node = Node::start();
     let topic = "ClientSendModes";
-    let producer = Producer::start(node.producer_options("send-modes")).await.unwrap();
+    let producer = Producer::start(node.producer_options("send-modes"))
+        .await
+        .unwrap();
 
     // Sync.
     let mut expected = BTreeSet::new();
     for i in 0..10 {
         let body = format!("sync-{i}");
         let result = producer
-            .send(Message::new(topic, body.clone()).with_tags("sync").with_keys([&body]))
+            .send(
+                Message::new(topic, body.clone())
+                    .with_tags("sync")
+                    .with_keys([&body]),
+            )
             .await
             .unwrap();
         assert_eq!(result.status, SendStatus::SendOk);
@@ -53,7 +59,10 @@ async fn every_send_mode_arrives_intact() {
     // Oneway.
     for i in 0..10 {
         let body = format!("oneway-{i}");
-        producer.send_oneway(Message::new(topic, body.clone())).await.unwrap();
+        producer
+            .send_oneway(Message::new(topic, body.clone()))
+            .await
+            .unwrap();
         expected.insert(body);
     }
 
@@ -68,7 +77,10 @@ async fn every_send_mode_arrives_intact() {
 
     // Compression: a body above the 4 KiB threshold goes zlib-compressed and comes back whole.
     let big = format!("big-{}", "0123456789".repeat(1_000));
-    producer.send(Message::new(topic, big.clone())).await.unwrap();
+    producer
+        .send(Message::new(topic, big.clone()))
+        .await
+        .unwrap();
     expected.insert(big.clone());
 
     let log: Log = Arc::default();
@@ -105,7 +117,9 @@ async fn every_send_mode_arrives_intact() {
 async fn selectors_pick_queues_by_key_and_in_turn() {
     let node = Node::start();
     let topic = "ClientSelectors";
-    let producer = Producer::start(node.producer_options("selectors")).await.unwrap();
+    let producer = Producer::start(node.producer_options("selectors"))
+        .await
+        .unwrap();
     // Make the topic exist so its real route is used.
     producer.send(Message::new(topic, "warm-up")).await.unwrap();
     let queues = producer.fetch_publish_queues(topic).await.unwrap();
@@ -115,10 +129,17 @@ async fn selectors_pick_queues_by_key_and_in_turn() {
     for i in 0..40 {
         let key = format!("order-{}", i % 5);
         let result = producer
-            .send_with_selector(Message::new(topic, format!("{key}-{i}")), &SelectByHash, &key)
+            .send_with_selector(
+                Message::new(topic, format!("{key}-{i}")),
+                &SelectByHash,
+                &key,
+            )
             .await
             .unwrap();
-        let previous = by_key.lock().unwrap().insert(key.clone(), result.queue.clone());
+        let previous = by_key
+            .lock()
+            .unwrap()
+            .insert(key.clone(), result.queue.clone());
         if let Some(previous) = previous {
             assert_eq!(previous, result.queue, "one key, one queue");
         }
@@ -134,7 +155,11 @@ async fn selectors_pick_queues_by_key_and_in_turn() {
         picked.push(result.queue);
     }
     let distinct: BTreeSet<_> = picked.iter().collect();
-    assert_eq!(distinct.len(), queues.len(), "round robin visits every queue");
+    assert_eq!(
+        distinct.len(),
+        queues.len(),
+        "round robin visits every queue"
+    );
     assert_eq!(picked[..queues.len()], picked[queues.len()..]);
 
     // An explicit queue is used as given.
@@ -150,7 +175,9 @@ async fn selectors_pick_queues_by_key_and_in_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_an_error_not_a_panic() {
     let node = Node::start();
-    let producer = Producer::start(node.producer_options("bad-input")).await.unwrap();
+    let producer = Producer::start(node.producer_options("bad-input"))
+        .await
+        .unwrap();
     assert!(producer.send(Message::new("bad topic", "x")).await.is_err());
     assert!(producer.send(Message::new("T", Vec::new())).await.is_err());
     let too_big = vec![b'x'; 5 * 1024 * 1024];

@@ -15,7 +15,12 @@ use shardmq::client::{
     PushConsumer, SelectByHash,
 };
 
-fn concurrent_consumer(options: ConsumerOptions, topic: &str, label: &str, log: &Log) -> PushConsumer {
+fn concurrent_consumer(
+    options: ConsumerOptions,
+    topic: &str,
+    label: &str,
+    log: &Log,
+) -> PushConsumer {
     let mut consumer = PushConsumer::new(options);
     consumer.subscribe(topic, "*").unwrap();
     let (sink, label) = (log.clone(), label.to_string());
@@ -59,7 +64,9 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
     let node = Node::start();
     let topic = "ClientClustering";
     let group = "clustering-group";
-    let producer = Producer::start(node.producer_options("clustering-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("clustering-producer"))
+        .await
+        .unwrap();
     producer.send(Message::new(topic, "m-0")).await.unwrap();
     let queue_count = producer.fetch_publish_queues(topic).await.unwrap().len();
     let log: Log = Arc::default();
@@ -69,7 +76,10 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
         let producer = producer.clone();
         tokio::spawn(async move {
             for i in 1..600 {
-                producer.send(Message::new(topic, format!("m-{i}"))).await.unwrap();
+                producer
+                    .send(Message::new(topic, format!("m-{i}")))
+                    .await
+                    .unwrap();
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
@@ -82,9 +92,12 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
     let mut third = concurrent_consumer(node.consumer_options(group), topic, "c3", &log);
     third.start().await.unwrap();
     wait_for_partition(&[&first, &second, &third], topic, queue_count).await;
-    wait_until(&log, Duration::from_secs(10), "the third consumer's first message", |seen| {
-        seen.iter().any(|s| s.consumer == "c3")
-    })
+    wait_until(
+        &log,
+        Duration::from_secs(10),
+        "the third consumer's first message",
+        |seen| seen.iter().any(|s| s.consumer == "c3"),
+    )
     .await;
     second.shutdown().await;
     wait_for_partition(&[&first, &third], topic, queue_count).await;
@@ -98,12 +111,19 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
     let seen = log.lock().unwrap().clone();
     assert_eq!(distinct_bodies(&seen), expected, "no message lost");
     let duplicates = seen.len() - expected.len();
-    assert!(duplicates < 200, "duplicates only around the changes: {duplicates}");
+    assert!(
+        duplicates < 200,
+        "duplicates only around the changes: {duplicates}"
+    );
     let by_consumer: BTreeMap<&str, usize> = seen.iter().fold(BTreeMap::new(), |mut m, s| {
         *m.entry(s.consumer.as_str()).or_default() += 1;
         m
     });
-    assert_eq!(by_consumer.len(), 3, "each consumer consumed: {by_consumer:?}");
+    assert_eq!(
+        by_consumer.len(),
+        3,
+        "each consumer consumed: {by_consumer:?}"
+    );
     first.shutdown().await;
     third.shutdown().await;
     producer.shutdown().await;
@@ -113,7 +133,9 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
 async fn broadcasting_gives_every_consumer_every_message() {
     let node = Node::start();
     let topic = "ClientBroadcast";
-    let producer = Producer::start(node.producer_options("broadcast-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("broadcast-producer"))
+        .await
+        .unwrap();
     producer.send(Message::new(topic, "b-0")).await.unwrap();
     let log: Log = Arc::default();
     let mut consumers = Vec::new();
@@ -126,14 +148,26 @@ async fn broadcasting_gives_every_consumer_every_message() {
         consumers.push(consumer);
     }
     for i in 1..50 {
-        producer.send(Message::new(topic, format!("b-{i}"))).await.unwrap();
+        producer
+            .send(Message::new(topic, format!("b-{i}")))
+            .await
+            .unwrap();
     }
     let expected: BTreeSet<String> = (0..50).map(|i| format!("b-{i}")).collect();
     for label in ["b1", "b2"] {
-        wait_until(&log, Duration::from_secs(15), "all messages at each consumer", |seen| {
-            seen.iter().filter(|s| s.consumer == label).map(|s| &s.body).collect::<BTreeSet<_>>().len()
-                == expected.len()
-        })
+        wait_until(
+            &log,
+            Duration::from_secs(15),
+            "all messages at each consumer",
+            |seen| {
+                seen.iter()
+                    .filter(|s| s.consumer == label)
+                    .map(|s| &s.body)
+                    .collect::<BTreeSet<_>>()
+                    .len()
+                    == expected.len()
+            },
+        )
         .await;
     }
     for consumer in &consumers {
@@ -141,7 +175,12 @@ async fn broadcasting_gives_every_consumer_every_message() {
     }
     // Broadcasting offsets live in a local file per consumer.
     let files = walk(&node.dir.join("client-offsets"));
-    assert!(files.iter().any(|f| f.ends_with("broadcast-group/offsets.json")), "{files:?}");
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("broadcast-group/offsets.json")),
+        "{files:?}"
+    );
     producer.shutdown().await;
 }
 
@@ -164,12 +203,18 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
 async fn orderly_listener_sees_each_queue_in_order() {
     let node = Node::start();
     let topic = "ClientOrderly";
-    let producer = Producer::start(node.producer_options("orderly-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("orderly-producer"))
+        .await
+        .unwrap();
     producer.send(Message::new(topic, "warm-up")).await.unwrap();
     for i in 0..200 {
         let key = format!("k{}", i % 7);
         producer
-            .send_with_selector(Message::new(topic, format!("{key}:{i}")), &SelectByHash, &key)
+            .send_with_selector(
+                Message::new(topic, format!("{key}:{i}")),
+                &SelectByHash,
+                &key,
+            )
             .await
             .unwrap();
     }
@@ -183,8 +228,12 @@ async fn orderly_listener_sees_each_queue_in_order() {
             // Suspend the first delivery of every 25th message: the queue must not move past it.
             for message in messages {
                 let body = String::from_utf8_lossy(message.body()).into_owned();
-                let index: usize = body.rsplit(':').next().and_then(|i| i.parse().ok()).unwrap_or(1);
-                if index % 25 == 0 && failed_once.lock().unwrap().insert(body) {
+                let index: usize = body
+                    .rsplit(':')
+                    .next()
+                    .and_then(|i| i.parse().ok())
+                    .unwrap_or(1);
+                if index.is_multiple_of(25) && failed_once.lock().unwrap().insert(body) {
                     return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
                 }
             }
@@ -195,9 +244,12 @@ async fn orderly_listener_sees_each_queue_in_order() {
         },
     );
     consumer.start().await.unwrap();
-    wait_until(&log, Duration::from_secs(20), "all ordered messages", |seen| {
-        distinct_bodies(seen).len() == 201
-    })
+    wait_until(
+        &log,
+        Duration::from_secs(20),
+        "all ordered messages",
+        |seen| distinct_bodies(seen).len() == 201,
+    )
     .await;
     let seen = log.lock().unwrap().clone();
     let mut last_offset: BTreeMap<(String, u32), i64> = BTreeMap::new();
@@ -214,7 +266,11 @@ async fn orderly_listener_sees_each_queue_in_order() {
             }
         }
     }
-    assert_eq!(seen.len(), 201, "no duplicates without failures of the consumer");
+    assert_eq!(
+        seen.len(),
+        201,
+        "no duplicates without failures of the consumer"
+    );
     consumer.shutdown().await;
     producer.shutdown().await;
 }
@@ -223,9 +279,14 @@ async fn orderly_listener_sees_each_queue_in_order() {
 async fn failed_messages_come_back_through_the_retry_topic() {
     let node = Node::start();
     let topic = "ClientSendBack";
-    let producer = Producer::start(node.producer_options("send-back-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("send-back-producer"))
+        .await
+        .unwrap();
     for i in 0..10 {
-        producer.send(Message::new(topic, format!("r-{i}")).with_tags("T1")).await.unwrap();
+        producer
+            .send(Message::new(topic, format!("r-{i}")).with_tags("T1"))
+            .await
+            .unwrap();
     }
     let log: Log = Arc::default();
     let mut consumer = PushConsumer::new(node.consumer_options("send-back-group"));
@@ -246,10 +307,19 @@ async fn failed_messages_come_back_through_the_retry_topic() {
         },
     );
     consumer.start().await.unwrap();
-    wait_until(&log, Duration::from_secs(30), "every message retried once", |seen| {
-        seen.iter().filter(|s| s.reconsume_times >= 1).map(|s| &s.body).collect::<BTreeSet<_>>().len()
-            == 10
-    })
+    wait_until(
+        &log,
+        Duration::from_secs(30),
+        "every message retried once",
+        |seen| {
+            seen.iter()
+                .filter(|s| s.reconsume_times >= 1)
+                .map(|s| &s.body)
+                .collect::<BTreeSet<_>>()
+                .len()
+                == 10
+        },
+    )
     .await;
     let seen = log.lock().unwrap().clone();
     for s in seen.iter().filter(|s| s.reconsume_times >= 1) {
@@ -265,9 +335,14 @@ async fn offsets_resume_after_a_node_restart() {
     let mut node = Node::start();
     let topic = "ClientResume";
     let group = "resume-group";
-    let producer = Producer::start(node.producer_options("resume-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("resume-producer"))
+        .await
+        .unwrap();
     for i in 0..30 {
-        producer.send(Message::new(topic, format!("old-{i}"))).await.unwrap();
+        producer
+            .send(Message::new(topic, format!("old-{i}")))
+            .await
+            .unwrap();
     }
     producer.shutdown().await;
     let log: Log = Arc::default();
@@ -280,9 +355,14 @@ async fn offsets_resume_after_a_node_restart() {
     consumer.shutdown().await;
 
     node.restart();
-    let producer = Producer::start(node.producer_options("resume-producer")).await.unwrap();
+    let producer = Producer::start(node.producer_options("resume-producer"))
+        .await
+        .unwrap();
     for i in 0..20 {
-        producer.send(Message::new(topic, format!("new-{i}"))).await.unwrap();
+        producer
+            .send(Message::new(topic, format!("new-{i}")))
+            .await
+            .unwrap();
     }
     let mut consumer = concurrent_consumer(node.consumer_options(group), topic, "after", &log);
     consumer.start().await.unwrap();
@@ -298,7 +378,10 @@ async fn offsets_resume_after_a_node_restart() {
         .filter(|s| s.consumer == "after")
         .map(|s| s.body.clone())
         .collect();
-    assert!(after.iter().all(|b| b.starts_with("new-")), "old messages redelivered: {after:?}");
+    assert!(
+        after.iter().all(|b| b.starts_with("new-")),
+        "old messages redelivered: {after:?}"
+    );
     assert_eq!(after.len(), 20);
     consumer.shutdown().await;
     producer.shutdown().await;

@@ -101,10 +101,20 @@ mod tests {
             .collect()
     }
 
-    fn ids(strategy: &dyn AllocateStrategy, queues: &[MessageQueue], consumers: &[String]) -> Vec<Vec<u32>> {
+    fn ids(
+        strategy: &dyn AllocateStrategy,
+        queues: &[MessageQueue],
+        consumers: &[String],
+    ) -> Vec<Vec<u32>> {
         consumers
             .iter()
-            .map(|c| strategy.allocate(c, queues, consumers).iter().map(|q| q.queue_id).collect())
+            .map(|c| {
+                strategy
+                    .allocate(c, queues, consumers)
+                    .iter()
+                    .map(|q| q.queue_id)
+                    .collect()
+            })
             .collect()
     }
 
@@ -119,7 +129,9 @@ mod tests {
             ids(&AllocateAveragely, &queues(2), &consumers),
             vec![vec![0], vec![1], vec![]]
         );
-        assert!(AllocateAveragely.allocate("z", &queues(8), &consumers).is_empty());
+        assert!(AllocateAveragely
+            .allocate("z", &queues(8), &consumers)
+            .is_empty());
     }
 
     #[test]
@@ -136,7 +148,10 @@ mod tests {
         for queue_count in 0..20 {
             for consumer_count in 1..7 {
                 let consumers: Vec<String> = (0..consumer_count).map(|i| format!("c{i}")).collect();
-                for strategy in [&AllocateAveragely as &dyn AllocateStrategy, &AllocateAveragelyByCircle] {
+                for strategy in [
+                    &AllocateAveragely as &dyn AllocateStrategy,
+                    &AllocateAveragelyByCircle,
+                ] {
                     let mut all: Vec<u32> =
                         ids(strategy, &queues(queue_count), &consumers).concat();
                     all.sort_unstable();

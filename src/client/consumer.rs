@@ -103,7 +103,9 @@ impl ConsumerOptions {
 
     pub(crate) fn validate(&self) -> ClientResult<()> {
         if self.group.is_empty() {
-            return Err(ClientError::InvalidArgument("consumer group is empty".into()));
+            return Err(ClientError::InvalidArgument(
+                "consumer group is empty".into(),
+            ));
         }
         if self.consume_thread_max == 0
             || self.consume_message_batch_max_size == 0

@@ -29,7 +29,6 @@ const _: () = assert!(LATENCY_MAX_MS.len() == NOT_AVAILABLE_DURATION_MS.len());
 
 #[derive(Debug, Clone, Copy)]
 struct FaultItem {
-    latency_ms: i64,
     available_from_ms: i64,
 }
 
@@ -63,7 +62,6 @@ impl LatencyFaultTolerance {
         lock(&self.items).insert(
             broker_name.to_string(),
             FaultItem {
-                latency_ms,
                 available_from_ms: now + duration,
             },
         );
@@ -103,7 +101,8 @@ impl LatencyFaultTolerance {
         let start = self.next_queue.fetch_add(1, Ordering::Relaxed) as usize;
         let candidates = (0..count).map(|step| &queues[(start + step) % count]);
         let not_avoided = |q: &&MessageQueue| avoid != Some(q.broker_name.as_str());
-        let available = |q: &&MessageQueue| !use_latency || self.is_available_at(&q.broker_name, now);
+        let available =
+            |q: &&MessageQueue| !use_latency || self.is_available_at(&q.broker_name, now);
         let chosen = candidates
             .clone()
             .find(|q| not_avoided(q) && available(q))
@@ -165,12 +164,18 @@ mod tests {
     fn a_retry_avoids_the_last_broker_and_falls_back_when_all_are_down() {
         let fault = LatencyFaultTolerance::new();
         for _ in 0..8 {
-            assert_eq!(fault.select_at(&queues(), Some("a"), false, 0).broker_name, "b");
+            assert_eq!(
+                fault.select_at(&queues(), Some("a"), false, 0).broker_name,
+                "b"
+            );
         }
         fault.update_at("a", 0, true, 0);
         fault.update_at("b", 0, true, 0);
         // Everything is isolated: still pick something, preferring not the last broker.
-        assert_eq!(fault.select_at(&queues(), Some("b"), true, 1).broker_name, "a");
+        assert_eq!(
+            fault.select_at(&queues(), Some("b"), true, 1).broker_name,
+            "a"
+        );
         let single = &queues()[..1];
         assert_eq!(fault.select_at(single, Some("a"), true, 1).broker_name, "a");
     }

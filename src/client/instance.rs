@@ -20,13 +20,11 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use super::error::{ClientError, ClientResult};
-use super::message::{now_ms, MessageQueue, UniqueIdGenerator};
+use super::message::{MessageQueue, UniqueIdGenerator};
 use super::remoting::{
     RemotingClient, Request, Response, ServerRequest, SERVER_REQUESTS_QUEUED_MAX,
 };
-use crate::protocol::{
-    parse_consumer_id_list, perm, ConsumerData, HeartbeatData, TopicRouteData,
-};
+use crate::protocol::{parse_consumer_id_list, perm, ConsumerData, HeartbeatData, TopicRouteData};
 use crate::remoting::{request_code, response_code};
 
 /// The template topic whose route a producer borrows for a topic the cluster does not know yet.
@@ -192,10 +190,6 @@ impl ClientInstance {
     /// Keeps `task` to abort at shutdown.
     pub fn add_task(&self, task: JoinHandle<()>) {
         lock(&self.tasks).push(task);
-    }
-
-    pub fn is_shut_down(&self) -> bool {
-        self.shut_down.load(Ordering::Acquire)
     }
 
     /// Asks the name servers, starting with the last one that answered, moving on when one fails.
@@ -485,7 +479,9 @@ async fn dispatch_server_requests(
 
 /// Locks a short-held std mutex; a poisoned one (a panic elsewhere) is still used.
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -493,12 +489,8 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 }
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Milliseconds now, re-exported for the modules that keep timestamps.
-pub fn now() -> i64 {
-    now_ms()
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -229,7 +229,9 @@ impl LitePullConsumer {
     pub async fn assign(&self, queues: Vec<MessageQueue>) -> ClientResult<()> {
         let inner = self.started()?;
         if !inner.subscriptions.is_empty() {
-            return Err(ClientError::State("subscribed; assign is for unsubscribed consumers"));
+            return Err(ClientError::State(
+                "subscribed; assign is for unsubscribed consumers",
+            ));
         }
         for queue in &queues {
             if inner.instance.master_addr(&queue.broker_name).is_none() {
@@ -499,7 +501,8 @@ async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
     let delay_on_error = inner.options.pull_time_delay_when_exception;
     while !state.dropped.load(Ordering::Acquire) {
         let buffered = state.buffered_messages.load(Ordering::Acquire);
-        if state.paused.load(Ordering::Acquire) || buffered >= inner.options.pull_threshold_for_queue
+        if state.paused.load(Ordering::Acquire)
+            || buffered >= inner.options.pull_threshold_for_queue
         {
             tokio::time::sleep(Duration::from_millis(FLOW_CONTROL_DELAY_MS)).await;
             continue;
@@ -511,8 +514,13 @@ async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
         let offset = match offset {
             Some(offset) => offset,
             None => {
-                match compute_pull_from_where(&inner.instance, &inner.options, &inner.offsets, &queue)
-                    .await
+                match compute_pull_from_where(
+                    &inner.instance,
+                    &inner.options,
+                    &inner.offsets,
+                    &queue,
+                )
+                .await
                 {
                     Ok(offset) => {
                         let mut position = lock(&state.position);

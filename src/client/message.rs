@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -140,7 +140,11 @@ impl Message {
 
     pub fn keys(&self) -> Vec<&str> {
         self.property(property::KEYS)
-            .map(|keys| keys.split(KEY_SEPARATOR).filter(|k| !k.is_empty()).collect())
+            .map(|keys| {
+                keys.split(KEY_SEPARATOR)
+                    .filter(|k| !k.is_empty())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -425,17 +429,6 @@ pub fn random_u32() -> u32 {
     hasher.finish() as u32
 }
 
-/// The IPv4 form of an address when it is IPv4-mapped (stored records want IPv4 hosts).
-pub fn to_v4(addr: SocketAddr) -> Option<SocketAddrV4> {
-    match addr {
-        SocketAddr::V4(v4) => Some(v4),
-        SocketAddr::V6(v6) => v6
-            .ip()
-            .to_ipv4_mapped()
-            .map(|ip| SocketAddrV4::new(ip, v6.port())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,13 +450,18 @@ mod tests {
     #[test]
     fn batch_encoding_matches_the_layout() {
         let messages = vec![
-            Message::new("T", b"ab".to_vec()).with_tags("t1").with_flag(7),
+            Message::new("T", b"ab".to_vec())
+                .with_tags("t1")
+                .with_flag(7),
             Message::new("T", b"c".to_vec()),
         ];
         let body = encode_batch(&messages);
         let props = messages[0].encode_properties();
         let first = 20 + 2 + 2 + props.len();
-        assert_eq!(i32::from_be_bytes(body[0..4].try_into().unwrap()), first as i32);
+        assert_eq!(
+            i32::from_be_bytes(body[0..4].try_into().unwrap()),
+            first as i32
+        );
         assert_eq!(i32::from_be_bytes(body[12..16].try_into().unwrap()), 7);
         assert_eq!(i32::from_be_bytes(body[16..20].try_into().unwrap()), 2);
         assert_eq!(&body[20..22], b"ab");

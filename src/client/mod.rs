@@ -24,23 +24,27 @@ mod producer;
 mod pull_api;
 mod push_consumer;
 mod remoting;
+mod transaction;
 
+pub use crate::protocol::{ConsumeFromWhere, MessageModel};
 pub use allocate::{AllocateAveragely, AllocateAveragelyByCircle, AllocateStrategy};
 pub use consumer::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, MessageListenerConcurrently, MessageListenerOrderly,
 };
-pub use crate::protocol::{ConsumeFromWhere, MessageModel};
 pub use error::{ClientError, ClientResult};
 pub use fault::LatencyFaultTolerance;
 pub use instance::{ClientConfig, TopicRouteInfo};
+pub use lite_pull::LitePullConsumer;
 pub use message::{
     validate_topic, Message, MessageExt, MessageQueue, DLQ_TOPIC_PREFIX, MESSAGE_BODY_MAX_BYTES,
     RETRY_TOPIC_PREFIX,
 };
 pub use producer::{
-    MessageQueueSelector, Producer, ProducerOptions, SelectByHash, SelectByRoundRobin,
-    SendResult, SendStatus,
+    MessageQueueSelector, Producer, ProducerOptions, SelectByHash, SelectByRoundRobin, SendResult,
+    SendStatus,
 };
-pub use lite_pull::LitePullConsumer;
 pub use push_consumer::PushConsumer;
+pub use transaction::{
+    LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
+};

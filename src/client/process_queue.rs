@@ -72,7 +72,11 @@ impl ProcessQueue {
         for message in messages {
             cached.max_offset = cached.max_offset.max(message.queue_offset);
             let size = message.body().len() as u64;
-            if cached.messages.insert(message.queue_offset, message).is_none() {
+            if cached
+                .messages
+                .insert(message.queue_offset, message)
+                .is_none()
+            {
                 cached.size_bytes += size;
             }
         }
@@ -209,13 +213,19 @@ mod tests {
         assert!(queue.put((0..3).map(message).collect()));
         assert!(!queue.put(vec![message(3)]), "already dispatched");
         let batch = queue.take(2);
-        assert_eq!(batch.iter().map(|m| m.queue_offset).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(
+            batch.iter().map(|m| m.queue_offset).collect::<Vec<_>>(),
+            [0, 1]
+        );
         queue.make_available_again(batch);
         assert_eq!(queue.take(2).len(), 2);
         assert_eq!(queue.commit(), Some(2));
         assert_eq!(queue.take(10).len(), 2);
         assert_eq!(queue.commit(), Some(4));
         assert!(queue.take(1).is_empty());
-        assert!(queue.put(vec![message(4)]), "a new dispatch after the queue ran dry");
+        assert!(
+            queue.put(vec![message(4)]),
+            "a new dispatch after the queue ran dry"
+        );
     }
 }

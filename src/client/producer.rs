@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::error::{ClientError, ClientResult};
 use super::fault::LatencyFaultTolerance;
-use super::instance::{lock, ClientConfig, ClientInstance, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use super::instance::DEFAULT_TOPIC_QUEUE_NUMS;
+use super::instance::{lock, ClientConfig, ClientInstance, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use super::message::{
     compress, encode_batch, now_ms, Message, MessageQueue, MESSAGE_BODY_MAX_BYTES,
     RETRY_TOPIC_PREFIX, SYS_FLAG_COMPRESSED, SYS_FLAG_TRANSACTION_PREPARED,
@@ -169,7 +169,9 @@ impl Producer {
     /// Starts a producer: client instance, timers; the first send fetches the route.
     pub async fn start(options: ProducerOptions) -> ClientResult<Producer> {
         if options.group.is_empty() {
-            return Err(ClientError::InvalidArgument("producer group is empty".into()));
+            return Err(ClientError::InvalidArgument(
+                "producer group is empty".into(),
+            ));
         }
         let instance = ClientInstance::start(options.client.clone()).await?;
         lock(&instance.heartbeat_source)
@@ -489,10 +491,17 @@ impl ProducerInner {
         }
         let request = request.ext("n", &queue.broker_name).body(body);
         if mode == SendMode::Oneway {
-            self.instance.remoting.invoke_oneway(&addr, &request).await?;
+            self.instance
+                .remoting
+                .invoke_oneway(&addr, &request)
+                .await?;
             return Ok(None);
         }
-        let response = self.instance.remoting.invoke(&addr, &request, timeout).await?;
+        let response = self
+            .instance
+            .remoting
+            .invoke(&addr, &request, timeout)
+            .await?;
         if !is_send_stored(response.code) {
             return Err(response.into_error(&addr));
         }
@@ -503,7 +512,11 @@ impl ProducerInner {
     }
 }
 
-fn send_result(response: &Response, queue: &MessageQueue, msg_id: String) -> ClientResult<SendResult> {
+fn send_result(
+    response: &Response,
+    queue: &MessageQueue,
+    msg_id: String,
+) -> ClientResult<SendResult> {
     let status = match response.code {
         response_code::FLUSH_DISK_TIMEOUT => SendStatus::FlushDiskTimeout,
         response_code::FLUSH_SLAVE_TIMEOUT => SendStatus::FlushSlaveTimeout,

@@ -9,7 +9,7 @@ use super::error::{ClientError, ClientResult};
 use super::instance::ClientInstance;
 use super::message::{decode_pull_body, MessageExt, MessageQueue};
 use super::remoting::Request;
-use crate::protocol::{SubscriptionData, TagFilter};
+use crate::protocol::{property, SubscriptionData, TagFilter};
 use crate::remoting::{request_code, response_code};
 
 /// PullSysFlag bit: commit `commitOffset` for the group.
@@ -50,8 +50,6 @@ pub enum PullStatus {
 pub struct PullOutcome {
     pub status: PullStatus,
     pub next_begin_offset: i64,
-    pub min_offset: i64,
-    pub max_offset: i64,
     /// Found messages that match the subscription's tags.
     pub messages: Vec<MessageExt>,
 }
@@ -114,6 +112,12 @@ pub async fn pull(instance: &ClientInstance, spec: &PullSpec<'_>) -> ClientResul
                 messages.retain(|m| filter.matches_tag(m.tags()));
             }
         }
+        // As Java does: each message tells the queue's range at the time of the pull.
+        for message in &mut messages {
+            let fields = &mut message.message;
+            fields.set_property(property::MIN_OFFSET, min_offset.to_string());
+            fields.set_property(property::MAX_OFFSET, max_offset.to_string());
+        }
     }
     if next_begin_offset < 0 {
         return Err(ClientError::Malformed(format!(
@@ -123,8 +127,6 @@ pub async fn pull(instance: &ClientInstance, spec: &PullSpec<'_>) -> ClientResul
     Ok(PullOutcome {
         status,
         next_begin_offset,
-        min_offset,
-        max_offset,
         messages,
     })
 }

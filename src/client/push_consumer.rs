@@ -28,8 +28,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::consumer::{
-    allocate, compute_pull_from_where, local_offset_file, lock_queues, restore_retry_topic, unlock_queues,
-    ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
+    allocate, compute_pull_from_where, local_offset_file, lock_queues, restore_retry_topic,
+    unlock_queues, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, MessageListenerConcurrently, MessageListenerOrderly,
 };
 use super::error::{ClientError, ClientResult};
@@ -39,9 +39,7 @@ use super::offset_store::{OffsetBackend, OffsetStore};
 use super::producer::{Producer, ProducerOptions};
 use super::pull_api::{pull, PullSpec, PullStatus};
 use super::remoting::Request;
-use crate::protocol::{
-    property, ConsumeType, ConsumerData, MessageModel, SubscriptionData,
-};
+use crate::protocol::{property, ConsumeType, ConsumerData, MessageModel, SubscriptionData};
 use crate::remoting::{request_code, response_code};
 
 /// Wait before a message whose send-back failed is consumed again locally (Java: 5 s).
@@ -154,7 +152,9 @@ impl PushConsumer {
 
     /// This consumer's client id (after start).
     pub fn client_id(&self) -> Option<&str> {
-        self.inner.as_ref().map(|inner| inner.instance.client_id.as_str())
+        self.inner
+            .as_ref()
+            .map(|inner| inner.instance.client_id.as_str())
     }
 
     /// The queues this consumer owns now (after start).
@@ -196,7 +196,9 @@ impl PushConsumer {
         inner.instance.add_task(rebalance);
         inner.instance.add_task(persist);
         if matches!(inner.listener, Listener::Orderly(_)) && inner.options.is_clustering() {
-            inner.instance.add_task(tokio::spawn(lock_loop(inner.clone())));
+            inner
+                .instance
+                .add_task(tokio::spawn(lock_loop(inner.clone())));
         }
         self.inner = Some(inner);
         Ok(())
@@ -374,7 +376,12 @@ impl PushInner {
             let _guard =
                 tokio::time::timeout(Duration::from_millis(ORDERLY_DROP_WAIT_MS), running).await;
             let _ = self.offsets.persist(queue).await;
-            unlock_queues(&self.instance, &self.options.group, std::slice::from_ref(queue)).await;
+            unlock_queues(
+                &self.instance,
+                &self.options.group,
+                std::slice::from_ref(queue),
+            )
+            .await;
         } else {
             let _ = self.offsets.persist(queue).await;
         }
@@ -431,7 +438,11 @@ impl PushInner {
             || (self.is_orderly() && self.options.is_clustering() && !state.is_locked())
     }
 
-    fn dispatch(self: &Arc<Self>, process_queue: &Arc<ProcessQueueHandle>, messages: Vec<MessageExt>) {
+    fn dispatch(
+        self: &Arc<Self>,
+        process_queue: &Arc<ProcessQueueHandle>,
+        messages: Vec<MessageExt>,
+    ) {
         match &self.listener {
             Listener::Concurrently(_) => {
                 process_queue.state.put(messages.clone());
@@ -462,8 +473,7 @@ impl PushInner {
         let producer = self
             .fallback_producer
             .get_or_try_init(|| async {
-                let mut options =
-                    ProducerOptions::new(CLIENT_INNER_PRODUCER_GROUP, "unused:0");
+                let mut options = ProducerOptions::new(CLIENT_INNER_PRODUCER_GROUP, "unused:0");
                 options.client = self.options.client.clone();
                 Producer::start(options).await
             })
@@ -499,7 +509,11 @@ impl PushInner {
         producer.send(resend).await.map(|_| ())
     }
 
-    async fn send_back_to_broker(&self, message: &MessageExt, delay_level: i32) -> ClientResult<()> {
+    async fn send_back_to_broker(
+        &self,
+        message: &MessageExt,
+        delay_level: i32,
+    ) -> ClientResult<()> {
         let addr = self.instance.require_master_addr(&message.broker_name)?;
         let request = Request::new(request_code::CONSUMER_SEND_MSG_BACK)
             .ext("offset", message.commit_log_offset)
@@ -554,7 +568,11 @@ async fn lock_loop(inner: Arc<PushInner>) {
     }
 }
 
-async fn pull_loop(inner: Arc<PushInner>, process_queue: Arc<ProcessQueueHandle>, mut next_offset: i64) {
+async fn pull_loop(
+    inner: Arc<PushInner>,
+    process_queue: Arc<ProcessQueueHandle>,
+    mut next_offset: i64,
+) {
     let queue = process_queue.queue.clone();
     let Some(subscription) = inner.subscriptions.get(&queue.topic).cloned() else {
         return;
@@ -683,7 +701,11 @@ async fn consume_batch(
     }
     let done: Vec<i64> = messages
         .iter()
-        .filter(|m| !retry_locally.iter().any(|r| r.queue_offset == m.queue_offset))
+        .filter(|m| {
+            !retry_locally
+                .iter()
+                .any(|r| r.queue_offset == m.queue_offset)
+        })
         .map(|m| m.queue_offset)
         .collect();
     if let Some(offset) = process_queue.state.remove(&done) {
@@ -736,7 +758,9 @@ async fn consume_orderly(inner: Arc<PushInner>, process_queue: Arc<ProcessQueueH
         let committed = match status {
             ConsumeOrderlyStatus::Success => true,
             ConsumeOrderlyStatus::SuspendCurrentQueueAMoment => {
-                inner.give_up_or_retry(&process_queue, messages, &context).await
+                inner
+                    .give_up_or_retry(&process_queue, messages, &context)
+                    .await
             }
         };
         if committed {

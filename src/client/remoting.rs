@@ -42,7 +42,6 @@ pub struct Request {
     pub code: i32,
     pub ext: Vec<(String, String)>,
     pub body: Vec<u8>,
-    pub remark: Option<String>,
 }
 
 impl Request {
@@ -64,16 +63,8 @@ impl Request {
         self
     }
 
-    pub fn remark(mut self, remark: impl Into<String>) -> Request {
-        self.remark = Some(remark.into());
-        self
-    }
-
     fn encode(&self, out: &mut Vec<u8>, opaque: i32, oneway: bool) {
         let mut frame = FrameEncoder::request(out, self.code, opaque, oneway);
-        if let Some(remark) = &self.remark {
-            frame.remark(remark);
-        }
         for (key, value) in &self.ext {
             frame.ext(key, value);
         }
@@ -170,13 +161,12 @@ impl RemotingClient {
 
     async fn open(&self, addr: &str) -> ClientResult<Connection> {
         let connect = TcpStream::connect(addr);
-        let stream = match tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
-            .await
-        {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => return Err(connect_error(addr, error.to_string())),
-            Err(_) => return Err(connect_error(addr, "timed out".to_string())),
-        };
+        let stream =
+            match tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => return Err(connect_error(addr, error.to_string())),
+                Err(_) => return Err(connect_error(addr, "timed out".to_string())),
+            };
         let _ = stream.set_nodelay(true);
         let (reader, writer) = stream.into_split();
         let (frames, frames_rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
@@ -301,7 +291,9 @@ fn check_body(request: &Request) -> ClientResult<()> {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding one of these short locks is a bug elsewhere; keep serving.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn connect_error(addr: &str, reason: String) -> ClientError {

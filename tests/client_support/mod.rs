@@ -62,7 +62,8 @@ impl Node {
     /// Starts `shardmq serve` with two shards on free ports and a fresh data directory.
     pub fn start() -> Node {
         let base = free_port_base();
-        let dir = std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut node = Node {
             child: None,
@@ -85,7 +86,10 @@ impl Node {
                     return;
                 }
                 Err(output) => {
-                    assert!(attempt < ATTEMPTS_ON_SAME_PORTS + 5, "shardmq never started: {output}");
+                    assert!(
+                        attempt < ATTEMPTS_ON_SAME_PORTS + 5,
+                        "shardmq never started: {output}"
+                    );
                     if attempt >= ATTEMPTS_ON_SAME_PORTS {
                         let base = free_port_base();
                         self.namesrv_port = base;
@@ -107,7 +111,13 @@ impl Node {
             });
         }
         let mut child = command
-            .args(["serve", "--shards", &SHARDS.to_string(), "--segment-size-mib", "16"])
+            .args([
+                "serve",
+                "--shards",
+                &SHARDS.to_string(),
+                "--segment-size-mib",
+                "16",
+            ])
             .args(["--no-pin", "--flush", "async"])
             .args(["--namesrv-port", &self.namesrv_port.to_string()])
             .args(["--broker-port", &self.broker_port.to_string()])
