@@ -137,6 +137,10 @@ pub struct ClientInstance {
     pub transaction_check: Mutex<Option<TransactionCheckHandler>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     shut_down: AtomicBool,
+    /// Bumped when a route brings a broker address not seen before.
+    brokers_version: AtomicU64,
+    /// `brokers_version` at the last heartbeat every broker accepted.
+    heartbeat_version: AtomicU64,
 }
 
 static INSTANCE_SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -175,6 +179,8 @@ impl ClientInstance {
             transaction_check: Mutex::new(None),
             tasks: Mutex::default(),
             shut_down: AtomicBool::new(false),
+            brokers_version: AtomicU64::new(0),
+            heartbeat_version: AtomicU64::new(0),
             config,
         });
         let dispatcher = tokio::spawn(dispatch_server_requests(
@@ -252,7 +258,11 @@ impl ClientInstance {
         {
             let mut brokers = write(&self.brokers);
             for broker in &route.broker_datas {
-                brokers.insert(broker.broker_name.clone(), broker.broker_addrs.clone());
+                let previous =
+                    brokers.insert(broker.broker_name.clone(), broker.broker_addrs.clone());
+                if previous.as_ref() != Some(&broker.broker_addrs) {
+                    self.brokers_version.fetch_add(1, Ordering::AcqRel);
+                }
             }
         }
         let info = Arc::new(TopicRouteInfo::new(topic, route));
@@ -359,6 +369,20 @@ impl ClientInstance {
             }
         }
         Err(last_error)
+    }
+
+    /// Heartbeats at once when routes brought brokers this client has not told about itself
+    /// yet (a consumer must be registered before the group's rebalance sees it; a
+    /// transactional producer before the broker can send it checks). Cheap when nothing changed.
+    pub async fn heartbeat_if_brokers_changed(&self) {
+        let version = self.brokers_version.load(Ordering::Acquire);
+        if version == self.heartbeat_version.load(Ordering::Acquire) {
+            return;
+        }
+        let brokers = self.master_addrs().len();
+        if self.send_heartbeat_to_all().await == brokers {
+            self.heartbeat_version.store(version, Ordering::Release);
+        }
     }
 
     /// Sends a heartbeat to every known master; returns how many accepted it.

@@ -108,7 +108,6 @@ struct LiteInner {
     auto_commit_interval: Duration,
     last_commit: Mutex<Instant>,
     rebalance_lock: tokio::sync::Mutex<()>,
-    known_brokers: Mutex<Vec<String>>,
     shutting_down: AtomicBool,
 }
 
@@ -193,13 +192,12 @@ impl LitePullConsumer {
             auto_commit_interval: self.auto_commit_interval,
             last_commit: Mutex::new(Instant::now()),
             rebalance_lock: tokio::sync::Mutex::new(()),
-            known_brokers: Mutex::default(),
             shutting_down: AtomicBool::new(false),
         });
         for topic in inner.subscriptions.keys() {
             let _ = inner.instance.update_route(topic).await;
         }
-        inner.heartbeat_if_brokers_changed().await;
+        inner.instance.heartbeat_if_brokers_changed().await;
         if !inner.subscriptions.is_empty() {
             inner
                 .instance
@@ -238,7 +236,7 @@ impl LitePullConsumer {
                 let _ = inner.instance.update_route(&queue.topic).await;
             }
         }
-        inner.heartbeat_if_brokers_changed().await;
+        inner.instance.heartbeat_if_brokers_changed().await;
         inner.apply_assignment(None, queues).await;
         Ok(())
     }
@@ -388,14 +386,6 @@ impl LiteInner {
             .ok_or_else(|| ClientError::InvalidArgument(format!("{queue:?} is not assigned")))
     }
 
-    async fn heartbeat_if_brokers_changed(&self) {
-        let brokers = self.instance.master_addrs();
-        let changed = *lock(&self.known_brokers) != brokers;
-        if changed && self.instance.send_heartbeat_to_all().await > 0 {
-            *lock(&self.known_brokers) = brokers;
-        }
-    }
-
     async fn maybe_auto_commit(&self) {
         if !self.auto_commit {
             return;
@@ -427,7 +417,7 @@ impl LiteInner {
             if self.instance.route(topic).await.ok().flatten().is_none() {
                 continue;
             }
-            self.heartbeat_if_brokers_changed().await;
+            self.instance.heartbeat_if_brokers_changed().await;
             if let Ok(assigned) = allocate(&self.instance, &self.options, topic).await {
                 self.apply_assignment(Some(topic), assigned).await;
             }

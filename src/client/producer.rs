@@ -387,6 +387,7 @@ impl ProducerInner {
                 Target::Queue(queue) => (*queue).clone(),
                 _ => {
                     let route = self.instance.route_for_publish(&message.topic).await?;
+                    self.instance.heartbeat_if_brokers_changed().await;
                     let queues = &route.publish_queues;
                     match &target {
                         Target::Selector(selector, arg) => {

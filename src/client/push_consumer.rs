@@ -111,7 +111,6 @@ struct PushInner {
     /// Resends failed messages to the retry topic when CONSUMER_SEND_MSG_BACK fails.
     fallback_producer: tokio::sync::OnceCell<Producer>,
     rebalance_lock: tokio::sync::Mutex<()>,
-    known_brokers: Mutex<Vec<String>>,
     shutting_down: AtomicBool,
 }
 
@@ -190,7 +189,7 @@ impl PushConsumer {
         for topic in inner.subscriptions.keys() {
             let _ = inner.instance.update_route(topic).await;
         }
-        inner.heartbeat_if_brokers_changed().await;
+        inner.instance.heartbeat_if_brokers_changed().await;
         let rebalance = tokio::spawn(rebalance_loop(inner.clone()));
         let persist = tokio::spawn(persist_loop(inner.clone()));
         inner.instance.add_task(rebalance);
@@ -301,22 +300,12 @@ impl PushInner {
             table: Mutex::default(),
             fallback_producer: tokio::sync::OnceCell::new(),
             rebalance_lock: tokio::sync::Mutex::new(()),
-            known_brokers: Mutex::default(),
             shutting_down: AtomicBool::new(false),
         }
     }
 
     fn is_orderly(&self) -> bool {
         matches!(self.listener, Listener::Orderly(_))
-    }
-
-    /// Heartbeats at once when routes brought brokers this client never told about itself.
-    async fn heartbeat_if_brokers_changed(&self) {
-        let brokers = self.instance.master_addrs();
-        let changed = *lock(&self.known_brokers) != brokers;
-        if changed && self.instance.send_heartbeat_to_all().await > 0 {
-            *lock(&self.known_brokers) = brokers;
-        }
     }
 
     async fn rebalance(self: &Arc<Self>) {
@@ -328,7 +317,7 @@ impl PushInner {
             if self.instance.route(topic).await.ok().flatten().is_none() {
                 continue;
             }
-            self.heartbeat_if_brokers_changed().await;
+            self.instance.heartbeat_if_brokers_changed().await;
             match allocate(&self.instance, &self.options, topic).await {
                 Ok(assigned) => self.apply_assignment(topic, assigned).await,
                 Err(_) => continue,
