@@ -187,3 +187,32 @@ async fn bad_input_is_an_error_not_a_panic() {
     assert!(producer.send_batch(mixed).await.is_err());
     producer.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sends_move_to_another_broker_when_one_dies() {
+    let node = Node::start();
+    let mut other = Node::start_broker_joining(&node, "other");
+    let topic = "ClientFailover";
+    let producer = Producer::start(node.producer_options("failover")).await.unwrap();
+    // The template route spans both processes: broker-0, broker-1 and other-0.
+    let queues = producer.fetch_publish_queues(topic).await.unwrap();
+    let brokers: BTreeSet<&str> = queues.iter().map(|q| q.broker_name.as_str()).collect();
+    assert!(brokers.contains("other-0"), "{brokers:?}");
+    let mut on_other = 0;
+    for i in 0..30 {
+        let result = producer.send(Message::new(topic, format!("before-{i}"))).await.unwrap();
+        on_other += usize::from(result.queue.broker_name == "other-0");
+    }
+    assert!(on_other > 0, "the rotation uses every broker");
+
+    other.kill();
+    // Every send still succeeds: a refused connection moves the attempt to another broker,
+    // and the dead broker is then left out of the rotation.
+    let started = std::time::Instant::now();
+    for i in 0..60 {
+        let result = producer.send(Message::new(topic, format!("after-{i}"))).await.unwrap();
+        assert_ne!(result.queue.broker_name, "other-0");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    producer.shutdown().await;
+}

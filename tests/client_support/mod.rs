@@ -20,6 +20,8 @@ pub struct Node {
     pub dir: PathBuf,
     pub namesrv_port: u16,
     pub broker_port: u16,
+    /// `Some(namesrv)` for a broker-only node registering with another node's name server.
+    joins: Option<(String, String)>,
 }
 
 impl Drop for Node {
@@ -70,9 +72,35 @@ impl Node {
             dir,
             namesrv_port: base,
             broker_port: base + 20,
+            joins: None,
         };
         node.spawn();
         node
+    }
+
+    /// A broker-only node (one shard named `<broker_name>-0`) registered with `namesrv`'s
+    /// name server, so routes span two processes.
+    pub fn start_broker_joining(namesrv: &Node, broker_name: &str) -> Node {
+        let base = free_port_base();
+        let dir = std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut node = Node {
+            child: None,
+            dir,
+            namesrv_port: namesrv.namesrv_port,
+            broker_port: base + 20,
+            joins: Some((namesrv.namesrv(), broker_name.to_string())),
+        };
+        node.spawn();
+        node
+    }
+
+    /// Kills the process at once (SIGKILL): its clients see refused connections.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Starts the process; a start refused for its ports (the previous run's sockets may
@@ -92,7 +120,9 @@ impl Node {
                     );
                     if attempt >= ATTEMPTS_ON_SAME_PORTS {
                         let base = free_port_base();
-                        self.namesrv_port = base;
+                        if self.joins.is_none() {
+                            self.namesrv_port = base;
+                        }
                         self.broker_port = base + 20;
                     }
                     std::thread::sleep(Duration::from_millis(500));
@@ -110,16 +140,16 @@ impl Node {
                 Ok(())
             });
         }
+        match &self.joins {
+            None => command
+                .args(["serve", "--shards", &SHARDS.to_string()])
+                .args(["--namesrv-port", &self.namesrv_port.to_string()]),
+            Some((namesrv, broker_name)) => command
+                .args(["broker", "--shards", "1", "--namesrv", namesrv])
+                .args(["--broker-name", broker_name]),
+        };
         let mut child = command
-            .args([
-                "serve",
-                "--shards",
-                &SHARDS.to_string(),
-                "--segment-size-mib",
-                "16",
-            ])
-            .args(["--no-pin", "--flush", "async"])
-            .args(["--namesrv-port", &self.namesrv_port.to_string()])
+            .args(["--segment-size-mib", "16", "--no-pin", "--flush", "async"])
             .args(["--broker-port", &self.broker_port.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
