@@ -659,16 +659,22 @@ async fn consume_batch(
         delay_level_when_next_consume: 0,
         ack_index: messages.len().saturating_sub(1),
     };
+    let batch = Arc::new(messages);
+    let handed = batch.clone();
     let call = tokio::task::spawn_blocking(move || {
-        let status = listener.consume_message(&messages, &mut context);
-        (messages, context, status)
+        let status = listener.consume_message(&handed, &mut context);
+        (context, status)
     });
-    let (messages, context, status) = match call.await {
-        Ok(outcome) => outcome,
-        // The listener panicked: nothing to retry with, the messages were moved into it;
-        // they stay cached and uncommitted, so a restart or rebalance delivers them again.
-        Err(_) => return Vec::new(),
-    };
+    // A listener that panicked failed the batch, as a Java listener that throws does.
+    let (context, status) = call.await.unwrap_or_else(|_| {
+        let context = ConsumeConcurrentlyContext {
+            queue: queue.clone(),
+            delay_level_when_next_consume: 0,
+            ack_index: 0,
+        };
+        (context, ConsumeConcurrentlyStatus::ReconsumeLater)
+    });
+    let messages = Arc::unwrap_or_clone(batch);
     drop(permit);
     let acked = match status {
         ConsumeConcurrentlyStatus::ConsumeSuccess => (context.ack_index + 1).min(messages.len()),
@@ -737,13 +743,21 @@ async fn consume_orderly(inner: Arc<PushInner>, process_queue: Arc<ProcessQueueH
             queue: queue.clone(),
             suspend_current_queue_time: None,
         };
+        let batch = Arc::new(messages);
+        let handed = batch.clone();
         let call = tokio::task::spawn_blocking(move || {
-            let status = listener.consume_message(&messages, &mut context);
-            (messages, context, status)
+            let status = listener.consume_message(&handed, &mut context);
+            (context, status)
         });
-        let Ok((messages, context, status)) = call.await else {
-            return;
-        };
+        // A listener that panicked suspends the queue, as a Java listener that throws does.
+        let (context, status) = call.await.unwrap_or_else(|_| {
+            let context = ConsumeOrderlyContext {
+                queue: queue.clone(),
+                suspend_current_queue_time: None,
+            };
+            (context, ConsumeOrderlyStatus::SuspendCurrentQueueAMoment)
+        });
+        let messages = Arc::unwrap_or_clone(batch);
         let committed = match status {
             ConsumeOrderlyStatus::Success => true,
             ConsumeOrderlyStatus::SuspendCurrentQueueAMoment => {
