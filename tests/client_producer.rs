@@ -193,14 +193,19 @@ async fn sends_move_to_another_broker_when_one_dies() {
     let node = Node::start();
     let mut other = Node::start_broker_joining(&node, "other");
     let topic = "ClientFailover";
-    let producer = Producer::start(node.producer_options("failover")).await.unwrap();
+    let producer = Producer::start(node.producer_options("failover"))
+        .await
+        .unwrap();
     // The template route spans both processes: broker-0, broker-1 and other-0.
     let queues = producer.fetch_publish_queues(topic).await.unwrap();
     let brokers: BTreeSet<&str> = queues.iter().map(|q| q.broker_name.as_str()).collect();
     assert!(brokers.contains("other-0"), "{brokers:?}");
     let mut on_other = 0;
     for i in 0..30 {
-        let result = producer.send(Message::new(topic, format!("before-{i}"))).await.unwrap();
+        let result = producer
+            .send(Message::new(topic, format!("before-{i}")))
+            .await
+            .unwrap();
         on_other += usize::from(result.queue.broker_name == "other-0");
     }
     assert!(on_other > 0, "the rotation uses every broker");
@@ -210,9 +215,16 @@ async fn sends_move_to_another_broker_when_one_dies() {
     // and the dead broker is then left out of the rotation.
     let started = std::time::Instant::now();
     for i in 0..60 {
-        let result = producer.send(Message::new(topic, format!("after-{i}"))).await.unwrap();
+        let result = producer
+            .send(Message::new(topic, format!("after-{i}")))
+            .await
+            .unwrap();
         assert_ne!(result.queue.broker_name, "other-0");
     }
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     producer.shutdown().await;
 }

@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::consumer::{
-    allocate, compute_pull_from_where, local_offset_file, restore_retry_topic, ConsumerOptions,
-};
+use super::consumer::{allocate, compute_pull_from_where, local_offset_file, ConsumerOptions};
 use super::error::{ClientError, ClientResult};
 use super::instance::{lock, ClientInstance};
 use super::message::{now_ms, validate_topic, MessageExt, MessageQueue};
@@ -151,7 +149,8 @@ impl LitePullConsumer {
         self.options.validate()?;
         let instance = ClientInstance::start(self.options.client.clone()).await?;
         let version = now_ms();
-        let mut subscriptions: BTreeMap<String, SubscriptionData> = self
+        // No retry topic: a lite pull consumer never sends messages back.
+        let subscriptions: BTreeMap<String, SubscriptionData> = self
             .subscriptions
             .iter()
             .map(|(topic, expression)| {
@@ -161,10 +160,6 @@ impl LitePullConsumer {
                 )
             })
             .collect();
-        if self.options.is_clustering() && !subscriptions.is_empty() {
-            let retry = self.options.retry_topic();
-            subscriptions.insert(retry.clone(), SubscriptionData::new(&retry, "*", version));
-        }
         let backend = match self.options.message_model {
             MessageModel::Clustering => OffsetBackend::Broker,
             MessageModel::Broadcasting => {
@@ -486,7 +481,6 @@ async fn rebalance_loop(inner: Arc<LiteInner>) {
 async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
     let queue = state.queue.clone();
     let subscription = inner.subscription_for(&queue.topic);
-    let retry_topic = inner.options.retry_topic();
     let suspend_ms = inner.options.broker_suspend_max_time.as_millis() as u64;
     let delay_on_error = inner.options.pull_time_delay_when_exception;
     while !state.dropped.load(Ordering::Acquire) {
@@ -497,34 +491,9 @@ async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
             tokio::time::sleep(Duration::from_millis(FLOW_CONTROL_DELAY_MS)).await;
             continue;
         }
-        let (generation, offset) = {
-            let position = lock(&state.position);
-            (position.generation, position.pull_offset)
-        };
-        let offset = match offset {
-            Some(offset) => offset,
-            None => {
-                match compute_pull_from_where(
-                    &inner.instance,
-                    &inner.options,
-                    &inner.offsets,
-                    &queue,
-                )
-                .await
-                {
-                    Ok(offset) => {
-                        let mut position = lock(&state.position);
-                        if position.generation == generation {
-                            position.pull_offset = Some(offset);
-                        }
-                        continue;
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(delay_on_error).await;
-                        continue;
-                    }
-                }
-            }
+        let Some((generation, offset)) = pull_position(&inner, &state).await else {
+            tokio::time::sleep(delay_on_error).await;
+            continue;
         };
         let spec = PullSpec {
             group: &inner.options.group,
@@ -551,10 +520,7 @@ async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
             position.pull_offset = Some(outcome.next_begin_offset);
         }
         if outcome.status == PullStatus::Found && !outcome.messages.is_empty() {
-            let mut messages = outcome.messages;
-            for message in &mut messages {
-                restore_retry_topic(message, &retry_topic);
-            }
+            let messages = outcome.messages;
             state
                 .buffered_messages
                 .fetch_add(messages.len(), Ordering::AcqRel);
@@ -568,4 +534,29 @@ async fn pull_loop(inner: Arc<LiteInner>, state: Arc<QueueState>) {
             }
         }
     }
+}
+
+/// The queue's seek generation and next offset to pull; the first call computes the offset
+/// from the committed one (`None` when that failed: try again later).
+async fn pull_position(inner: &LiteInner, state: &QueueState) -> Option<(u64, i64)> {
+    let (generation, offset) = {
+        let position = lock(&state.position);
+        (position.generation, position.pull_offset)
+    };
+    if let Some(offset) = offset {
+        return Some((generation, offset));
+    }
+    let offset = compute_pull_from_where(
+        &inner.instance,
+        &inner.options,
+        &inner.offsets,
+        &state.queue,
+    )
+    .await
+    .ok()?;
+    let mut position = lock(&state.position);
+    if position.generation == generation {
+        position.pull_offset = Some(offset);
+    }
+    Some((position.generation, position.pull_offset.unwrap_or(offset)))
 }

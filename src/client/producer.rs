@@ -356,19 +356,8 @@ impl ProducerInner {
         target: Target<'_>,
         mode: SendMode,
     ) -> ClientResult<Option<SendResult>> {
-        let is_batch = message.property(BATCH_MARKER).is_some();
-        if !is_batch {
-            message.validate()?;
-            if message.body.len() > self.options.max_message_size_bytes {
-                return Err(ClientError::InvalidArgument(format!(
-                    "message body of {} bytes exceeds {}",
-                    message.body.len(),
-                    self.options.max_message_size_bytes
-                )));
-            }
-            if message.unique_id().is_none() {
-                message.set_property(property::UNIQ_KEY, self.instance.unique_ids.next_id());
-            }
+        if message.property(BATCH_MARKER).is_none() {
+            self.prepare_single(&mut message)?;
         }
         let started = Instant::now();
         let deadline = self.options.send_timeout;
@@ -383,52 +372,77 @@ impl ProducerInner {
             if elapsed >= deadline {
                 break;
             }
-            let queue = match &target {
-                Target::Queue(queue) => (*queue).clone(),
-                _ => {
-                    let route = self.instance.route_for_publish(&message.topic).await?;
-                    self.instance.heartbeat_if_brokers_changed().await;
-                    let queues = &route.publish_queues;
-                    match &target {
-                        Target::Selector(selector, arg) => {
-                            queues[selector.select(queues, &message, arg) % queues.len()].clone()
-                        }
-                        _ => self.fault.select(
-                            queues,
-                            last_broker.as_deref(),
-                            self.options.send_latency_fault_enable,
-                        ),
-                    }
-                }
-            };
+            let queue = self
+                .pick_queue(&target, &message, last_broker.as_deref())
+                .await?;
             let begin = now_ms();
             let outcome = self
                 .send_kernel(&message, &queue, mode, deadline - elapsed)
                 .await;
             let latency = now_ms() - begin;
-            match outcome {
+            let error = match outcome {
                 Ok(result) => {
                     self.fault.update(&queue.broker_name, latency, false);
                     return Ok(result);
                 }
-                Err(error) => {
-                    self.fault
-                        .update(&queue.broker_name, latency, error.is_network());
-                    let retryable = error.is_network()
-                        || matches!(error, ClientError::NoBrokerAddress(_))
-                        || error.response_code().is_some_and(is_retryable_code);
-                    if error.response_code() == Some(response_code::TOPIC_NOT_EXIST) {
-                        let _ = self.instance.update_route(&message.topic).await;
-                    }
-                    last_broker = Some(queue.broker_name.clone());
-                    last_error = error;
-                    if !retryable {
-                        break;
-                    }
-                }
+                Err(error) => error,
+            };
+            self.fault
+                .update(&queue.broker_name, latency, error.is_network());
+            let retryable = error.is_network()
+                || matches!(error, ClientError::NoBrokerAddress(_))
+                || error.response_code().is_some_and(is_retryable_code);
+            if error.response_code() == Some(response_code::TOPIC_NOT_EXIST) {
+                let _ = self.instance.update_route(&message.topic).await;
+            }
+            last_broker = Some(queue.broker_name.clone());
+            last_error = error;
+            if !retryable {
+                break;
             }
         }
         Err(last_error)
+    }
+
+    /// Checks a single message against the limits and gives it its UNIQ_KEY (once, so every
+    /// retry carries the same id).
+    fn prepare_single(&self, message: &mut Message) -> ClientResult<()> {
+        message.validate()?;
+        if message.body.len() > self.options.max_message_size_bytes {
+            return Err(ClientError::InvalidArgument(format!(
+                "message body of {} bytes exceeds {}",
+                message.body.len(),
+                self.options.max_message_size_bytes
+            )));
+        }
+        if message.unique_id().is_none() {
+            message.set_property(property::UNIQ_KEY, self.instance.unique_ids.next_id());
+        }
+        Ok(())
+    }
+
+    /// The queue for the next attempt: the given one, the selector's, or the fault strategy's
+    /// (which avoids `last_broker` and brokers that were slow or failed lately).
+    async fn pick_queue(
+        &self,
+        target: &Target<'_>,
+        message: &Message,
+        last_broker: Option<&str>,
+    ) -> ClientResult<MessageQueue> {
+        if let Target::Queue(queue) = target {
+            return Ok((*queue).clone());
+        }
+        let route = self.instance.route_for_publish(&message.topic).await?;
+        self.instance.heartbeat_if_brokers_changed().await;
+        let queues = &route.publish_queues;
+        Ok(match target {
+            Target::Selector(selector, arg) => {
+                queues[selector.select(queues, message, arg) % queues.len()].clone()
+            }
+            _ => self
+                .fault
+                .select(queues, last_broker, self.options.send_latency_fault_enable),
+        })
     }
 
     /// One attempt: encodes and sends `message` to `queue`'s broker.
@@ -446,6 +460,29 @@ impl ProducerInner {
                 self.instance.require_master_addr(&queue.broker_name)?
             }
         };
+        let (request, msg_id) = self.send_request(message, queue);
+        if mode == SendMode::Oneway {
+            self.instance
+                .remoting
+                .invoke_oneway(&addr, &request)
+                .await?;
+            return Ok(None);
+        }
+        let response = self
+            .instance
+            .remoting
+            .invoke(&addr, &request, timeout)
+            .await?;
+        if !is_send_stored(response.code) {
+            return Err(response.into_error(&addr));
+        }
+        send_result(&response, queue, msg_id).map(Some)
+    }
+
+    /// SEND_MESSAGE_V2 (or SEND_BATCH_MESSAGE) for `message` to `queue`, and the id(s) the
+    /// result reports: compression over the threshold, the transaction-prepared flag, the
+    /// retry counters of a `%RETRY%` topic.
+    fn send_request(&self, message: &Message, queue: &MessageQueue) -> (Request, String) {
         let is_batch = message.property(BATCH_MARKER).is_some();
         let mut message = message.clone();
         let batch_ids = message.remove_property(BATCH_IDS);
@@ -491,25 +528,10 @@ impl ProducerInner {
             request = request.ext("m", "true");
         }
         let request = request.ext("n", &queue.broker_name).body(body);
-        if mode == SendMode::Oneway {
-            self.instance
-                .remoting
-                .invoke_oneway(&addr, &request)
-                .await?;
-            return Ok(None);
-        }
-        let response = self
-            .instance
-            .remoting
-            .invoke(&addr, &request, timeout)
-            .await?;
-        if !is_send_stored(response.code) {
-            return Err(response.into_error(&addr));
-        }
         let msg_id = batch_ids
             .or_else(|| message.unique_id().map(str::to_string))
             .unwrap_or_default();
-        send_result(&response, queue, msg_id).map(Some)
+        (request, msg_id)
     }
 }
 

@@ -82,7 +82,8 @@ impl Node {
     /// name server, so routes span two processes.
     pub fn start_broker_joining(namesrv: &Node, broker_name: &str) -> Node {
         let base = free_port_base();
-        let dir = std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut node = Node {
             child: None,
