@@ -111,8 +111,9 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
     let seen = log.lock().unwrap().clone();
     assert_eq!(distinct_bodies(&seen), expected, "no message lost");
     let duplicates = seen.len() - expected.len();
+    println!("clustering: {} deliveries of {} messages", seen.len(), expected.len());
     assert!(
-        duplicates < 200,
+        duplicates < 100,
         "duplicates only around the changes: {duplicates}"
     );
     let by_consumer: BTreeMap<&str, usize> = seen.iter().fold(BTreeMap::new(), |mut m, s| {

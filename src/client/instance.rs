@@ -376,13 +376,11 @@ impl ClientInstance {
     /// transactional producer before the broker can send it checks). Cheap when nothing changed.
     pub async fn heartbeat_if_brokers_changed(&self) {
         let version = self.brokers_version.load(Ordering::Acquire);
-        if version == self.heartbeat_version.load(Ordering::Acquire) {
+        if self.heartbeat_version.swap(version, Ordering::AcqRel) == version {
             return;
         }
-        let brokers = self.master_addrs().len();
-        if self.send_heartbeat_to_all().await == brokers {
-            self.heartbeat_version.store(version, Ordering::Release);
-        }
+        // Brokers that refuse it now get the periodic heartbeat, not one per send.
+        self.send_heartbeat_to_all().await;
     }
 
     /// Sends a heartbeat to every known master; returns how many accepted it.
@@ -406,12 +404,18 @@ impl ClientInstance {
         accepted
     }
 
-    /// Refreshes the route of every topic in use.
+    /// Refreshes the route of every topic in use, then forgets brokers no route names.
     pub async fn refresh_routes(&self) {
         let topics: Vec<String> = lock(&self.topics_in_use).iter().cloned().collect();
         for topic in topics {
             let _ = self.update_route(&topic).await;
         }
+        let named: std::collections::HashSet<String> = read(&self.routes)
+            .values()
+            .flat_map(|info| info.route.broker_datas.iter())
+            .map(|broker| broker.broker_name.clone())
+            .collect();
+        write(&self.brokers).retain(|name, _| named.contains(name));
     }
 
     /// Stops the timers, sends UNREGISTER_CLIENT for each group to every known master, closes
