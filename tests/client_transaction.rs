@@ -40,7 +40,13 @@ impl TransactionListener for ByArgument {
 #[ignore = "needs the broker side of transactions (half messages, END_TRANSACTION, \
             CHECK_TRANSACTION_STATE), which main does not have yet"]
 async fn commit_rollback_and_check() {
-    let node = Node::start();
+    // Undecided half messages are checked after 1 s, looked for every 300 ms.
+    let node = Node::start_with(&[
+        "--transaction-timeout-ms",
+        "1000",
+        "--transaction-check-interval-ms",
+        "300",
+    ]);
     let topic = "ClientTransactions";
     let checks = Arc::new(AtomicUsize::new(0));
     let producer = TransactionProducer::start(

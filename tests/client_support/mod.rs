@@ -22,6 +22,8 @@ pub struct Node {
     pub broker_port: u16,
     /// `Some(namesrv)` for a broker-only node registering with another node's name server.
     joins: Option<(String, String)>,
+    /// More command-line options for every start.
+    extra_args: Vec<String>,
 }
 
 impl Drop for Node {
@@ -63,6 +65,11 @@ fn free_port_base() -> u16 {
 impl Node {
     /// Starts `shardmq serve` with two shards on free ports and a fresh data directory.
     pub fn start() -> Node {
+        Node::start_with(&[])
+    }
+
+    /// Like [`Node::start`], with more command-line options.
+    pub fn start_with(extra_args: &[&str]) -> Node {
         let base = free_port_base();
         let dir =
             std::env::temp_dir().join(format!("shardmq-client-{}-{base}", std::process::id()));
@@ -73,6 +80,7 @@ impl Node {
             namesrv_port: base,
             broker_port: base + 20,
             joins: None,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         node.spawn();
         node
@@ -91,6 +99,7 @@ impl Node {
             namesrv_port: namesrv.namesrv_port,
             broker_port: base + 20,
             joins: Some((namesrv.namesrv(), broker_name.to_string())),
+            extra_args: Vec::new(),
         };
         node.spawn();
         node
@@ -152,6 +161,7 @@ impl Node {
         let mut child = command
             .args(["--segment-size-mib", "16", "--no-pin", "--flush", "async"])
             .args(["--broker-port", &self.broker_port.to_string()])
+            .args(&self.extra_args)
             .arg("--data-dir")
             .arg(&self.dir)
             .stdout(Stdio::piped())
