@@ -4,10 +4,11 @@
 mod client_support;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client_support::Node;
-use shardmq::client::{LitePullConsumer, Message, MessageExt, Producer};
+use shardmq::client::{AllocateAveragelyByCircle, LitePullConsumer, Message, MessageExt, Producer};
 
 async fn poll_until(consumer: &LitePullConsumer, count: usize) -> Vec<MessageExt> {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -122,7 +123,10 @@ async fn subscribed_consumers_share_the_topic() {
     }
     let mut consumers = Vec::new();
     for _ in 0..2 {
-        let mut consumer = LitePullConsumer::new(node.consumer_options("lite-sub"));
+        // Queues dealt round the circle rather than in ranges.
+        let mut options = node.consumer_options("lite-sub");
+        options.allocate_strategy = Arc::new(AllocateAveragelyByCircle);
+        let mut consumer = LitePullConsumer::new(options);
         consumer.subscribe(topic, "*").unwrap();
         consumer.start().await.unwrap();
         consumers.push(consumer);
@@ -133,7 +137,18 @@ async fn subscribed_consumers_share_the_topic() {
         let (a, b) = (consumers[0].assignment(), consumers[1].assignment());
         let a_topic: BTreeSet<_> = a.iter().filter(|q| q.topic == topic).collect();
         let b_topic: BTreeSet<_> = b.iter().filter(|q| q.topic == topic).collect();
-        if !a_topic.is_empty() && !b_topic.is_empty() && a_topic.is_disjoint(&b_topic) {
+        let interleaved = a_topic.len() == 4 && b_topic.len() == 4 && a_topic.is_disjoint(&b_topic);
+        if interleaved {
+            // By circle: the sorted queues alternate between the two consumers.
+            let mut all: Vec<_> = a_topic.iter().chain(b_topic.iter()).cloned().collect();
+            all.sort();
+            for pair in all.windows(2) {
+                assert_ne!(
+                    a_topic.contains(pair[0]),
+                    a_topic.contains(pair[1]),
+                    "{a_topic:?} {b_topic:?}"
+                );
+            }
             break;
         }
         assert!(Instant::now() < deadline, "never split: {a:?} {b:?}");

@@ -111,7 +111,11 @@ async fn clustering_rebalances_as_consumers_join_and_leave_without_loss() {
     let seen = log.lock().unwrap().clone();
     assert_eq!(distinct_bodies(&seen), expected, "no message lost");
     let duplicates = seen.len() - expected.len();
-    println!("clustering: {} deliveries of {} messages", seen.len(), expected.len());
+    println!(
+        "clustering: {} deliveries of {} messages",
+        seen.len(),
+        expected.len()
+    );
     assert!(
         duplicates < 100,
         "duplicates only around the changes: {duplicates}"
