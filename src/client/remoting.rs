@@ -127,6 +127,7 @@ struct Connection {
 
 /// Connections to every peer this client talks to, keyed by "ip:port".
 pub struct RemotingClient {
+    /// Held only for map lookups and inserts, never across a connect.
     connections: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     next_opaque: AtomicI32,
     server_requests: mpsc::Sender<ServerRequest>,
@@ -147,16 +148,31 @@ impl RemotingClient {
         self.next_opaque.fetch_add(1, Ordering::Relaxed) & i32::MAX
     }
 
+    /// The open connection to `addr`, opened now if needed. The pool lock is not held while
+    /// connecting, so a dead or slow peer never delays requests to the others; two callers
+    /// racing to open the same address keep the first connection that made it into the pool.
     async fn connection(&self, addr: &str) -> ClientResult<Arc<Connection>> {
+        if let Some(connection) = self.pooled(addr).await {
+            return Ok(connection);
+        }
+        let opened = Arc::new(self.open(addr).await?);
         let mut connections = self.connections.lock().await;
-        if let Some(connection) = connections.get(addr) {
-            if !connection.closed.load(Ordering::Acquire) {
-                return Ok(connection.clone());
+        if let Some(existing) = connections.get(addr) {
+            if !existing.closed.load(Ordering::Acquire) {
+                opened.closed.store(true, Ordering::Release);
+                return Ok(existing.clone());
             }
         }
-        let connection = Arc::new(self.open(addr).await?);
-        connections.insert(addr.to_string(), connection.clone());
-        Ok(connection)
+        connections.insert(addr.to_string(), opened.clone());
+        Ok(opened)
+    }
+
+    async fn pooled(&self, addr: &str) -> Option<Arc<Connection>> {
+        let connections = self.connections.lock().await;
+        connections
+            .get(addr)
+            .filter(|connection| !connection.closed.load(Ordering::Acquire))
+            .cloned()
     }
 
     async fn open(&self, addr: &str) -> ClientResult<Connection> {
