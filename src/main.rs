@@ -83,6 +83,10 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB.
     #[arg(long, default_value_t = 1024)]
     segment_size_mib: u64,
+    /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
+    /// disk would. Hidden: never for production.
+    #[arg(long, hide = true)]
+    test_only_flush_delay_ms: Option<u64>,
 }
 
 #[derive(Args)]
@@ -166,6 +170,7 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         flush_mode: FlushMode::Async,
         flush_interval_ms: 200,
         segment_size_bytes: 1 << 30,
+        test_flush_delay_ms: None,
     })
 }
 
@@ -203,6 +208,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     };
     config.flush_interval_ms = options.flush_interval_ms.clamp(1, 60_000);
     config.segment_size_bytes = options.segment_size_mib << 20;
+    config.test_flush_delay_ms = options.test_only_flush_delay_ms;
     Ok(())
 }
 

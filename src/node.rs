@@ -53,6 +53,8 @@ pub struct NodeConfig {
     pub flush_mode: FlushMode,
     pub flush_interval_ms: u64,
     pub segment_size_bytes: u64,
+    /// Test-only fault injection: every flush first waits this long (a slow disk).
+    pub test_flush_delay_ms: Option<u64>,
 }
 
 impl NodeConfig {
@@ -314,6 +316,10 @@ async fn open_broker(
     let store = Store::open(store_config)
         .await
         .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;
+    if let Some(delay_ms) = config.test_flush_delay_ms {
+        eprintln!("shardmq: shard {shard_id}: TEST ONLY: every flush waits {delay_ms} ms first");
+        store.set_test_flush_delay(Some(Duration::from_millis(delay_ms)));
+    }
     let identity = BrokerIdentity {
         cluster_name: config.cluster_name.clone(),
         broker_name: format!("{}-{shard_id}", config.broker_name),
@@ -418,6 +424,8 @@ fn start_broker_tasks(
     every(broker, broker::CLIENT_SCAN_INTERVAL_MS, |b| {
         b.expire_clients(now_ms())
     });
+    // The shard's ticking task: the long-poll wheel's clock and the overload gauge.
+    every(broker, broker::PULL_WHEEL_TICK_MS, |b| b.tick());
 }
 
 async fn expire_brokers(table: Rc<RefCell<RouteTable>>) {

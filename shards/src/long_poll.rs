@@ -132,7 +132,10 @@ impl LongPoll {
             self.by_queue.remove(topic);
         }
         for id in &ids {
-            let parked = self.wheel.cancel(*id).expect("a queue's parked id is in the wheel");
+            let parked = self
+                .wheel
+                .cancel(*id)
+                .expect("a queue's parked id is in the wheel");
             remove_from(&mut self.by_connection, &parked.connection, id);
             self.finish(*id, parked, ParkOutcome::Arrived);
         }
@@ -373,10 +376,15 @@ mod tests {
     #[test]
     fn a_closed_connection_frees_its_places_at_once() {
         let mut polls = LongPoll::new(10, 64, 3, 0);
-        let ids: Vec<_> = (0..3).map(|q| polls.park("T", q, 9, 20_000).unwrap()).collect();
+        let ids: Vec<_> = (0..3)
+            .map(|q| polls.park("T", q, 9, 20_000).unwrap())
+            .collect();
         assert!(matches!(
             polls.park("T", 0, 10, 20_000),
-            Err(ParkError::Full { parked: 3, limit: 3 })
+            Err(ParkError::Full {
+                parked: 3,
+                limit: 3
+            })
         ));
         assert_eq!(polls.connection_closed(9), 3);
         assert_eq!(polls.len(), 0);
@@ -401,7 +409,10 @@ mod tests {
         assert_eq!(wait.as_mut().poll(&mut cx), Poll::Pending);
         pulls.advance(50);
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken by expiry");
-        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(ParkOutcome::Expired));
+        assert_eq!(
+            wait.as_mut().poll(&mut cx),
+            Poll::Ready(ParkOutcome::Expired)
+        );
         let id = pulls.park("T", 0, 1, 50).unwrap();
         drop(pulls.wait(id));
         assert!(pulls.is_empty());
@@ -409,17 +420,35 @@ mod tests {
         let waiting = pulls.wait(id);
         pulls.wake_queue("T", 0);
         drop(waiting);
-        assert_eq!(pulls.inner.borrow().finished_len(), 0, "finished but never taken");
+        assert_eq!(
+            pulls.inner.borrow().finished_len(),
+            0,
+            "finished but never taken"
+        );
     }
 
     #[derive(Debug, Clone)]
     enum Op {
-        Park { queue: u32, connection: u64, timeout_ms: u64 },
-        Message { queue: u32 },
-        Close { connection: u64 },
-        Advance { by_ms: u64 },
-        Take { pick: usize },
-        Forget { pick: usize },
+        Park {
+            queue: u32,
+            connection: u64,
+            timeout_ms: u64,
+        },
+        Message {
+            queue: u32,
+        },
+        Close {
+            connection: u64,
+        },
+        Advance {
+            by_ms: u64,
+        },
+        Take {
+            pick: usize,
+        },
+        Forget {
+            pick: usize,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -436,7 +465,11 @@ mod tests {
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum ModelState {
-        Parked { queue: u32, connection: u64, due_ms: u64 },
+        Parked {
+            queue: u32,
+            connection: u64,
+            due_ms: u64,
+        },
         Finished(ParkOutcome),
     }
 

@@ -270,7 +270,10 @@ pub async fn sleep(duration: Duration) {
 /// shards' timer wheels, which never goes backwards when the wall clock is set.
 pub fn monotonic_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// Runs `future` with a deadline; `None` when it ran out.

@@ -57,7 +57,10 @@ impl<T> TimerWheel<T> {
     /// A wheel of `slot_count` slots of `tick_ms` each, whose clock starts at `now_ms`.
     /// Panics if either is zero (a configuration bug).
     pub fn new(tick_ms: u64, slot_count: usize, now_ms: u64) -> TimerWheel<T> {
-        assert!(tick_ms > 0 && slot_count > 0, "tick and slots must be positive");
+        assert!(
+            tick_ms > 0 && slot_count > 0,
+            "tick and slots must be positive"
+        );
         TimerWheel {
             tick_ms,
             slot_heads: vec![NIL; slot_count],
@@ -248,7 +251,10 @@ mod tests {
     fn a_past_deadline_fires_on_the_next_tick_and_a_jump_returns_everything() {
         let mut wheel = TimerWheel::new(10, 16, 500);
         wheel.insert(0, 'p');
-        assert!(wheel.advance(505).is_empty(), "not in the tick it was inserted in");
+        assert!(
+            wheel.advance(505).is_empty(),
+            "not in the tick it was inserted in"
+        );
         assert_eq!(wheel.advance(510).len(), 1);
         for i in 0..100u64 {
             wheel.insert(600 + i * 37, 'x');

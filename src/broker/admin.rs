@@ -291,6 +291,7 @@ impl Broker {
         );
         put("storeStats", format!("{stats:?}"));
         put("parkedPulls", self.pull_waiters.len().to_string());
+        put("sendRefusedBusy", self.load.refused_sends.get().to_string());
         put("flushDiskType", format!("{:?}", self.store.flush_mode()));
         respond_body(connection, request, &protocol::encode_kv_table(&table));
         Ok(())

@@ -9,6 +9,7 @@ mod admin;
 mod clients;
 mod locks;
 mod offsets;
+mod overload;
 mod pull;
 mod queries;
 pub mod registration;
@@ -20,8 +21,8 @@ use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use shards::long_poll::{LongPoll, ParkedPulls};
 use shards::store::Store;
-use shards::sync::WaiterSet;
 
 use crate::error::RequestError;
 use crate::protocol::TopicConfig;
@@ -30,6 +31,7 @@ use crate::server::Connection;
 
 pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
 pub use offsets::{OffsetTable, OFFSET_FLUSH_INTERVAL_MS};
+pub use pull::PULL_WHEEL_TICK_MS;
 pub use topics::TopicTable;
 
 /// A topic change one shard tells the others about (topics live on every shard of a node).
@@ -74,8 +76,11 @@ pub struct Broker {
     pub offsets: RefCell<OffsetTable>,
     pub clients: RefCell<ClientTable>,
     pub locks: RefCell<locks::QueueLocks>,
-    /// Pulls parked until a message reaches (topic, queue id).
-    pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Pulls parked until a message reaches (topic, queue id), their timeout passes or their
+    /// connection closes: the shard's long-poll wheel.
+    pub pull_waiters: Rc<ParkedPulls>,
+    /// How late this shard runs (overload.rs).
+    pub load: overload::ShardLoad,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
     /// Asks the registration task to re-register with the namesrv now.
@@ -112,7 +117,13 @@ impl Broker {
             offsets: RefCell::new(offsets),
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
-            pull_waiters: Rc::new(WaiterSet::default()),
+            pull_waiters: Rc::new(ParkedPulls::new(LongPoll::new(
+                pull::PULL_WHEEL_TICK_MS,
+                pull::PULL_WHEEL_SLOTS,
+                pull::PARKED_PULLS_MAX,
+                shards::runtime::monotonic_ms(),
+            ))),
+            load: overload::ShardLoad::default(),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
@@ -196,7 +207,7 @@ impl Broker {
             .borrow_mut()
             .remove_where(|c| c.connection.id == connection.id);
         self.notify_groups(&changed);
-        self.pull_waiters.wake_all();
+        self.pull_waiters.connection_closed(connection.id);
     }
 
     /// Drops clients silent for longer than CLIENT_EXPIRY_MS.

@@ -79,6 +79,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
         let _ = header.producer_group;
         validate_topic_name(header.topic)?;
@@ -116,8 +117,7 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + results.len() as u64);
-        self.pull_waiters
-            .wake_key(&(header.topic.to_string(), queue_id));
+        self.wake_parked_pulls(header.topic, queue_id);
         let reply = SendReply::new(self, queue_id, &messages, &results);
         if request.is_oneway() {
             return Ok(());
@@ -341,6 +341,9 @@ pub(super) fn store_error(error: StoreError) -> RequestError {
         StoreError::MessageTooLarge { .. } | StoreError::PropertiesTooLarge { .. } => {
             RequestError::MessageIllegal(error.to_string())
         }
+        StoreError::Busy { .. } => RequestError::SystemBusy(format!(
+            "[PC_SYNCHRONIZED]broker busy, start flow control for a while: {error}"
+        )),
         other => RequestError::ServiceNotAvailable(format!(
             "service not available now, the store refuses writes: {other}"
         )),
