@@ -83,6 +83,17 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB.
     #[arg(long, default_value_t = 1024)]
     segment_size_mib: u64,
+    /// Transactions: a half message this old without an end gets checked with its producer
+    /// (RocketMQ's transactionTimeOut).
+    #[arg(long, default_value_t = 6_000)]
+    transaction_timeout_ms: u64,
+    /// Transactions: how often undecided half messages are checked
+    /// (transactionCheckInterval).
+    #[arg(long, default_value_t = 30_000)]
+    transaction_check_interval_ms: u64,
+    /// Transactions: checks of one half message before it is discarded (transactionCheckMax).
+    #[arg(long, default_value_t = 15)]
+    transaction_check_max: u32,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden: never for production.
     #[arg(long, hide = true)]
@@ -171,6 +182,7 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         flush_interval_ms: 200,
         segment_size_bytes: 1 << 30,
         test_flush_delay_ms: None,
+        transaction: Default::default(),
     })
 }
 
@@ -209,6 +221,14 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     config.flush_interval_ms = options.flush_interval_ms.clamp(1, 60_000);
     config.segment_size_bytes = options.segment_size_mib << 20;
     config.test_flush_delay_ms = options.test_only_flush_delay_ms;
+    if options.transaction_check_interval_ms == 0 {
+        bail!("--transaction-check-interval-ms must be positive");
+    }
+    config.transaction = shardmq::broker::transaction::TransactionConfig {
+        timeout_ms: options.transaction_timeout_ms,
+        check_interval_ms: options.transaction_check_interval_ms,
+        check_max: options.transaction_check_max,
+    };
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod queries;
 pub mod registration;
 mod send;
 pub mod topics;
+pub mod transaction;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddrV4;
@@ -81,6 +82,8 @@ pub struct Broker {
     pub pull_waiters: Rc<ParkedPulls>,
     /// How late this shard runs (overload.rs).
     pub load: overload::ShardLoad,
+    /// Half messages waiting for their transaction's end (transaction.rs).
+    pub transactions: RefCell<transaction::Transactions>,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
     /// Asks the registration task to re-register with the namesrv now.
@@ -124,6 +127,7 @@ impl Broker {
                 shards::runtime::monotonic_ms(),
             ))),
             load: overload::ShardLoad::default(),
+            transactions: RefCell::new(transaction::Transactions::new(&config_dir)),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
@@ -168,6 +172,7 @@ impl Broker {
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
+            rc::END_TRANSACTION => self.end_transaction(request, connection),
             code => Err(RequestError::NotSupported(code)),
         }
     }

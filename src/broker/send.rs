@@ -18,7 +18,7 @@ use crate::remoting::{request_code, response_code, ExtFields, FrameEncoder, Remo
 use crate::server::Connection;
 
 use super::topics::{self, validate_topic_name};
-use super::Broker;
+use super::{transaction, Broker};
 
 /// Messages one batch may carry (a client cannot make the broker loop without bound).
 pub const BATCH_MESSAGES_MAX: usize = 10_000;
@@ -81,7 +81,6 @@ impl Broker {
     ) -> Result<(), RequestError> {
         self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
-        let _ = header.producer_group;
         validate_topic_name(header.topic)?;
         if topics::NOT_ALLOWED_SEND_TOPICS.contains(&header.topic) {
             return Err(RequestError::NoPermission(format!(
@@ -90,19 +89,32 @@ impl Broker {
             )));
         }
         let queue_id = self.resolve_queue(&header)?;
-        let messages = if header.batch {
+        let mut messages = if header.batch {
             self.prepare_batch(request.body, header.properties)?
         } else {
             vec![self.prepare_one(header.flag, request.body, header.properties)?]
+        };
+        // A transactional half message waits in the half topic (transaction.rs).
+        let first = &mut messages[0];
+        let half = !header.batch
+            && self.prepare_half(
+                &mut first.properties,
+                &first.unique_id,
+                (header.topic, queue_id),
+                header.producer_group,
+            )?;
+        let (store_topic, store_queue_id, sys_flag) = match half {
+            true => transaction::half_destination(header.sys_flag),
+            false => (header.topic, queue_id, header.sys_flag),
         };
         let born_host = to_v4(connection.peer);
         let mut results = Vec::with_capacity(messages.len());
         for message in &messages {
             let to_store = MessageToStore {
-                topic: header.topic,
-                queue_id,
+                topic: store_topic,
+                queue_id: store_queue_id,
                 flag: message.flag,
-                sys_flag: header.sys_flag,
+                sys_flag,
                 born_timestamp_ms: header.born_timestamp_ms,
                 born_host,
                 reconsume_times: header.reconsume_times,
@@ -117,7 +129,10 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + results.len() as u64);
-        self.wake_parked_pulls(header.topic, queue_id);
+        match half {
+            true => self.half_stored(&messages[0].properties, &results[0]),
+            false => self.wake_parked_pulls(header.topic, queue_id),
+        }
         let reply = SendReply::new(self, queue_id, &messages, &results);
         if request.is_oneway() {
             return Ok(());

@@ -41,6 +41,14 @@ impl Node {
         TcpStream::connect(("127.0.0.1", self.broker_port)).unwrap()
     }
 
+    /// Kills the node with SIGKILL (a crash) and keeps its data for a restart.
+    pub fn kill(mut self) -> std::path::PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.keep_dir = true;
+        self.dir.clone()
+    }
+
     /// Stops the node with SIGTERM (an orderly shutdown) and waits for it.
     pub fn stop(mut self) -> std::path::PathBuf {
         // SAFETY: kill on our own child's pid.
@@ -126,8 +134,13 @@ pub fn free_port_block() -> PortBlock {
 pub fn start_node(extra: &[&str], dir: Option<std::path::PathBuf>) -> Node {
     let ports = free_port_block();
     let base = ports.base;
+    // Named by a counter, not by the ports: a restarted node keeps its directory while its
+    // old ports go to another test.
+    static NEXT_DIR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let dir = dir.unwrap_or_else(|| {
-        let dir = std::env::temp_dir().join(format!("shardmq-it-{}-{base}", std::process::id()));
+        let number = NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("shardmq-it-{}-{number}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
         let _ = std::fs::remove_dir_all(&dir);
         dir
     });
@@ -231,14 +244,14 @@ pub fn call(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8]
     read_frame(stream, Duration::from_secs(20)).expect("a reply within 20 s")
 }
 
-/// Reads one frame; None when none came within `wait`. Panics if the connection closed.
+/// Reads one frame; None when none came within `wait` or the connection has closed.
 pub fn read_frame(stream: &mut TcpStream, wait: Duration) -> Option<Reply> {
     stream.set_read_timeout(Some(wait)).unwrap();
     let mut buffer = Vec::new();
     // Frame by frame: read exactly the 4-byte length, then the rest.
     let mut length = [0u8; 4];
     match stream.read(&mut length[..1]) {
-        Ok(0) => panic!("connection closed"),
+        Ok(0) => return None,
         Ok(_) => {}
         Err(e)
             if matches!(
