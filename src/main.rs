@@ -83,6 +83,10 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB.
     #[arg(long, default_value_t = 1024)]
     segment_size_mib: u64,
+    /// Delay of each delay level, level 1 first (RocketMQ's messageDelayLevel); units ms, s,
+    /// m, h, d.
+    #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
+    message_delay_level: String,
     /// Transactions: a half message this old without an end gets checked with its producer
     /// (RocketMQ's transactionTimeOut).
     #[arg(long, default_value_t = 6_000)]
@@ -181,6 +185,7 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         flush_mode: FlushMode::Async,
         flush_interval_ms: 200,
         segment_size_bytes: 1 << 30,
+        delay_levels: Default::default(),
         test_flush_delay_ms: None,
         transaction: Default::default(),
     })
@@ -220,6 +225,9 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     };
     config.flush_interval_ms = options.flush_interval_ms.clamp(1, 60_000);
     config.segment_size_bytes = options.segment_size_mib << 20;
+    config.delay_levels =
+        shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
+            .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
     config.test_flush_delay_ms = options.test_only_flush_delay_ms;
     if options.transaction_check_interval_ms == 0 {
         bail!("--transaction-check-interval-ms must be positive");

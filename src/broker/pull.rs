@@ -83,6 +83,7 @@ impl Broker {
             .optional_i64("suspendTimeoutMillis")?
             .unwrap_or(15_000)
             .max(0) as u64;
+        self.check_group_may_pull(group)?;
         let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
         if !expression_type.eq_ignore_ascii_case("TAG") {
             return Err(RequestError::SubscriptionParseFailed(format!(
@@ -90,6 +91,11 @@ impl Broker {
             )));
         }
         let read_queues = match self.topics.borrow().get(topic) {
+            Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
+                return Err(RequestError::NoPermission(format!(
+                    "the topic[{topic}] pulling message is forbidden"
+                )))
+            }
             Some(config) => config.read_queue_nums,
             None => {
                 return Err(RequestError::TopicNotExist(format!(
@@ -141,6 +147,29 @@ impl Broker {
         Ok(())
     }
 
+    /// The group's settings allow this pull: consumeEnable, and consumeBroadcastEnable for
+    /// a group whose consumers said BROADCASTING in their heartbeat.
+    fn check_group_may_pull(&self, group: &str) -> Result<(), RequestError> {
+        let config = self.consumer_group_config(group)?;
+        if !config.consume_enable {
+            return Err(RequestError::NoPermission(format!(
+                "subscription group no permission, {group}"
+            )));
+        }
+        let broadcasting = self
+            .clients
+            .borrow()
+            .consumers
+            .get(group)
+            .is_some_and(|g| g.message_model == crate::protocol::MessageModel::Broadcasting);
+        if broadcasting && !config.consume_broadcast_enable {
+            return Err(RequestError::NoPermission(format!(
+                "the consumer group[{group}] can not consume by broadcast way"
+            )));
+        }
+        Ok(())
+    }
+
     async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
         let mut result = self.read_queue(&pull, &connection).await;
         let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
@@ -186,11 +215,6 @@ impl Broker {
                 ))
             })?;
         Ok(self.pull_waiters.wait(id).await)
-    }
-
-    /// Wakes the pulls parked on (topic, queue id): a message has just been appended there.
-    pub(super) fn wake_parked_pulls(&self, topic: &str, queue_id: u32) {
-        self.pull_waiters.wake_queue(topic, queue_id);
     }
 
     async fn read_queue(

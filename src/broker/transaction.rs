@@ -44,6 +44,7 @@ use crate::protocol::{encode_properties, find_property, java_string_hash, parse_
 use crate::remoting::{request_code, response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
+use super::schedule::{divert_for, Divert};
 use super::send::store_error;
 use super::Broker;
 
@@ -418,9 +419,16 @@ impl Broker {
         let mut properties = Vec::with_capacity(half.properties.len());
         encode_properties(&mut properties, &kept);
         let tags_code = lookup(property::TAGS).map_or(0, |tag| i64::from(java_string_hash(tag)));
+        // A delayed or timed message waits for its time from its commit on, as in RocketMQ.
+        let divert = divert_for(&kept, &self.schedule.borrow().levels, now_ms())?;
+        let (mut topic, mut queue_id, mut tags_code) = (real_topic, real_queue, tags_code);
+        if divert != Divert::None {
+            (topic, queue_id, tags_code) =
+                self.divert(divert, real_topic, real_queue, &mut properties);
+        }
         let message = MessageToStore {
-            topic: real_topic,
-            queue_id: real_queue,
+            topic,
+            queue_id,
             flag: half.flag,
             sys_flag: (half.sys_flag & !TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT_TYPE,
             born_timestamp_ms: half.born_timestamp_ms,
@@ -435,7 +443,9 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + 1);
-        self.wake_parked_pulls(real_topic, real_queue);
+        if divert == Divert::None {
+            self.notify_message_arrived(real_topic, real_queue);
+        }
         Ok(appended.end_offset)
     }
 
@@ -831,13 +841,12 @@ pub async fn run_checks(broker: Rc<Broker>) {
     }
 }
 
-/// Where a send stores a half message, and its sysFlag there (transaction bits cleared).
-pub(super) fn half_destination(sys_flag: i32) -> (&'static str, u32, i32) {
-    (
-        RMQ_SYS_TRANS_HALF_TOPIC,
-        HALF_QUEUE_ID,
-        sys_flag & !TRANSACTION_TYPE_MASK,
-    )
+/// Where a send stores a half message: (topic, queue id).
+pub(super) const HALF_QUEUE: (&str, u32) = (RMQ_SYS_TRANS_HALF_TOPIC, HALF_QUEUE_ID);
+
+/// A half message's sysFlag: the sender's, transaction bits cleared (as RocketMQ stores it).
+pub(super) fn half_sys_flag(sys_flag: i32) -> i32 {
+    sys_flag & !TRANSACTION_TYPE_MASK
 }
 
 #[cfg(test)]
