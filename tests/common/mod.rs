@@ -102,8 +102,11 @@ pub fn free_port_block() -> PortBlock {
     for step in 0..PORT_BLOCKS_COUNT {
         let block = (start + step * 7) % PORT_BLOCKS_COUNT;
         let base = PORT_BLOCKS_FIRST + block * PORT_BLOCK_SIZE;
-        let path = std::env::temp_dir().join(format!("shardmq-test-ports-{base}.lock"));
-        let Ok(lock) = std::fs::File::create(&path) else {
+        // Empty lock files, one per block, kept in one directory (never deleted: a deleted
+        // lock file would let two processes hold "the same" lock on different files).
+        let locks = std::env::temp_dir().join("shardmq-test-ports");
+        let _ = std::fs::create_dir_all(&locks);
+        let Ok(lock) = std::fs::File::create(locks.join(format!("{base}.lock"))) else {
             continue;
         };
         // SAFETY: flock on a descriptor we own.
