@@ -192,14 +192,24 @@ async fn bad_input_is_an_error_not_a_panic() {
 async fn sends_move_to_another_broker_when_one_dies() {
     let node = Node::start();
     let mut other = Node::start_broker_joining(&node, "other");
-    let topic = "ClientFailover";
     let producer = Producer::start(node.producer_options("failover"))
         .await
         .unwrap();
-    // The template route spans both processes: broker-0, broker-1 and other-0.
-    let queues = producer.fetch_publish_queues(topic).await.unwrap();
-    let brokers: BTreeSet<&str> = queues.iter().map(|q| q.broker_name.as_str()).collect();
-    assert!(brokers.contains("other-0"), "{brokers:?}");
+    // The template route spans both processes (broker-0, broker-1, other-0) once every name
+    // server replica has the second node; each fresh topic name asks again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut attempt = 0;
+    let topic = loop {
+        let topic = format!("ClientFailover{attempt}");
+        let queues = producer.fetch_publish_queues(&topic).await.unwrap();
+        if queues.iter().any(|q| q.broker_name == "other-0") {
+            break topic;
+        }
+        assert!(std::time::Instant::now() < deadline, "{queues:?}");
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let topic = topic.as_str();
     let mut on_other = 0;
     for i in 0..30 {
         let result = producer

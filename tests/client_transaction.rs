@@ -37,9 +37,6 @@ impl TransactionListener for ByArgument {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the broker side of transactions (half messages, END_TRANSACTION, \
-            CHECK_TRANSACTION_STATE, --transaction-* options), not on main yet; passes \
-            against the branch that has it"]
 async fn commit_rollback_and_check() {
     // Undecided half messages are checked after 1 s, looked for every 300 ms.
     let node = Node::start_with(&[
