@@ -67,10 +67,6 @@ impl LatencyFaultTolerance {
         );
     }
 
-    pub fn is_available(&self, broker_name: &str) -> bool {
-        self.is_available_at(broker_name, now_ms())
-    }
-
     fn is_available_at(&self, broker_name: &str, now: i64) -> bool {
         lock(&self.items)
             .get(broker_name)

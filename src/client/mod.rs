@@ -77,8 +77,7 @@ pub use consumer::{
     ConsumeOrderlyStatus, ConsumerOptions, MessageListenerConcurrently, MessageListenerOrderly,
 };
 pub use error::{ClientError, ClientResult};
-pub use fault::LatencyFaultTolerance;
-pub use instance::{ClientConfig, TopicRouteInfo};
+pub use instance::ClientConfig;
 pub use lite_pull::LitePullConsumer;
 pub use message::{
     validate_topic, Message, MessageExt, MessageQueue, DLQ_TOPIC_PREFIX, MESSAGE_BODY_MAX_BYTES,

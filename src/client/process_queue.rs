@@ -92,7 +92,9 @@ impl ProcessQueue {
         let mut cached = lock(&self.cached);
         for offset in offsets {
             if let Some(message) = cached.messages.remove(offset) {
-                cached.size_bytes = cached.size_bytes.saturating_sub(message.body().len() as u64);
+                cached.size_bytes = cached
+                    .size_bytes
+                    .saturating_sub(message.body().len() as u64);
             }
         }
         commit_offset(&cached)
@@ -142,7 +144,9 @@ impl ProcessQueue {
         let mut cached = lock(&self.cached);
         let consumed = std::mem::take(&mut cached.consuming);
         for message in consumed.values() {
-            cached.size_bytes = cached.size_bytes.saturating_sub(message.body().len() as u64);
+            cached.size_bytes = cached
+                .size_bytes
+                .saturating_sub(message.body().len() as u64);
         }
         commit_offset(&cached)
     }
