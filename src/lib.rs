@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod error;
+pub mod filter;
 pub mod namesrv;
 pub mod node;
 pub mod persist;
