@@ -107,12 +107,12 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let body = CheckClientConfigBody::parse(request.body)?;
         if let Some(subscription) = &body.subscription {
-            if !subscription.expression_type.eq_ignore_ascii_case("TAG") {
-                return Err(RequestError::SystemError(format!(
-                    "The broker does not support consumer to filter message by {}",
-                    subscription.expression_type
-                )));
-            }
+            self.check_subscription(
+                &body.group,
+                &subscription.topic,
+                &subscription.sub_string,
+                &subscription.expression_type,
+            )?;
         }
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())

@@ -7,6 +7,7 @@
 
 mod admin;
 mod clients;
+mod filters;
 mod locks;
 mod offsets;
 mod pull;
@@ -76,6 +77,8 @@ pub struct Broker {
     pub locks: RefCell<locks::QueueLocks>,
     /// Pulls parked until a message reaches (topic, queue id).
     pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Compiled SQL92 pull filters, per (group, topic).
+    pub sql_filters: RefCell<crate::filter::SqlFilterCache>,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
     /// Asks the registration task to re-register with the namesrv now.
@@ -113,6 +116,7 @@ impl Broker {
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
             pull_waiters: Rc::new(WaiterSet::default()),
+            sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,

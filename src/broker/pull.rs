@@ -5,14 +5,17 @@
 //! PULL_NOT_FOUND when its suspend timeout runs out. It re-runs the read once after waking,
 //! without suspending, as RocketMQ does. A closed connection wakes its parked pulls, which
 //! then end without answering.
+//!
+//! The pull's filter (TAG, or SQL92 over each candidate's properties) is chosen in
+//! `filters.rs`; the store applies it in two stages (`shards::store::PullFilter`).
 
 use std::rc::Rc;
 use std::time::Duration;
 
-use shards::store::{GetMessageResult, GetStatus};
+use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
 
 use crate::error::RequestError;
-use crate::protocol::TagFilter;
+use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
@@ -43,7 +46,7 @@ struct PullRequest {
     max_bytes: u32,
     suspend_timeout_ms: u64,
     may_suspend: bool,
-    filter: TagFilter,
+    filter: MessageFilter,
 }
 
 impl Broker {
@@ -66,12 +69,6 @@ impl Broker {
             .optional_i64("suspendTimeoutMillis")?
             .unwrap_or(15_000)
             .max(0) as u64;
-        let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
-        if !expression_type.eq_ignore_ascii_case("TAG") {
-            return Err(RequestError::SubscriptionParseFailed(format!(
-                "expression type {expression_type} is not supported yet; use TAG expressions"
-            )));
-        }
         let read_queues = match self.topics.borrow().get(topic) {
             Some(config) => config.read_queue_nums,
             None => {
@@ -87,13 +84,9 @@ impl Broker {
         }
         let filter = match ext.get_non_empty("subscription") {
             Some(expression) if sys_flag & PULL_FLAG_SUBSCRIPTION != 0 => {
-                TagFilter::parse(expression)
+                self.compile_filter(group, topic, expression, ext.get("expressionType"))?
             }
-            _ => match self.clients.borrow().subscription(group, topic) {
-                Some(subscription) => TagFilter::parse(&subscription.sub_string),
-                // No expression and no heartbeat yet: deliver everything (clients re-filter).
-                None => TagFilter::All,
-            },
+            _ => self.subscribed_filter(group, topic)?,
         };
         if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
             if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
@@ -161,16 +154,22 @@ impl Broker {
     }
 
     async fn read_queue(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
-        let filter = &pull.filter;
-        let accept = |tags_code: i64| filter.matches_code(tags_code);
+        let tags_code = |tags_code: i64| pull.filter.matches_tags_code(tags_code);
+        let sql = pull.filter.sql();
+        let properties = |properties: &[u8]| sql.is_some_and(|e| e.matches_properties(properties));
+        let filter = PullFilter {
+            tags_code: &tags_code,
+            // Only SQL92 filters read records; TAG pulls stay on the consume queue.
+            properties: sql.map(|_| &properties as PropertiesFilter<'_>),
+        };
         self.store
-            .get_messages(
+            .get_messages_matching(
                 &pull.topic,
                 pull.queue_id,
                 pull.queue_offset,
                 pull.max_messages,
                 pull.max_bytes,
-                &accept,
+                &filter,
             )
             .await
             .map_err(store_error)

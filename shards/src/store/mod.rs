@@ -43,7 +43,9 @@ use std::rc::Rc;
 
 pub use error::StoreError;
 pub use flusher::InjectedFault;
-pub use pull::{GetMessageResult, GetStatus};
+pub use pull::{
+    GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
+};
 
 use consume_queue::{QueueTable, Unit};
 use error::Poison;
@@ -438,6 +440,27 @@ impl Store {
         max_messages: u32,
         max_bytes: u32,
         filter: &dyn Fn(i64) -> bool,
+    ) -> Result<GetMessageResult, StoreError> {
+        let filter = PullFilter {
+            tags_code: filter,
+            properties: None,
+        };
+        self.get_messages_matching(topic, queue_id, offset, max_messages, max_bytes, &filter)
+            .await
+    }
+
+    /// `get_messages` with both filter stages: a unit is taken when its tags code passes
+    /// `filter.tags_code` and, if `filter.properties` is given, its record's PROPERTIES pass
+    /// it too (RocketMQ's isMatchedByConsumeQueue, then isMatchedByCommitLog). Only the
+    /// second stage reads records to filter them.
+    pub async fn get_messages_matching(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u32,
+        filter: &PullFilter<'_>,
     ) -> Result<GetMessageResult, StoreError> {
         let request = pull::PullRequest {
             topic,
