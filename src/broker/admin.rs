@@ -45,10 +45,10 @@ impl Broker {
                 ));
             }
         }
-        let changed = self
-            .clients
-            .borrow_mut()
-            .heartbeat(&data, connection, now_ms());
+        let changed =
+            self.clients
+                .borrow_mut()
+                .heartbeat(&data, connection, request.language, now_ms());
         self.notify_groups(&changed);
         if request.is_oneway() {
             return Ok(());

@@ -13,6 +13,7 @@ mod offsets;
 mod pull;
 mod queries;
 pub mod registration;
+mod reset;
 mod send;
 pub mod topics;
 
@@ -77,6 +78,8 @@ pub struct Broker {
     pub locks: RefCell<locks::QueueLocks>,
     /// Pulls parked until a message reaches (topic, queue id).
     pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Queues reset by INVOKE_BROKER_TO_RESET_OFFSET that their group has not pulled since.
+    pub pending_resets: RefCell<reset::PendingResets>,
     /// Compiled SQL92 pull filters, per (group, topic).
     pub sql_filters: RefCell<crate::filter::SqlFilterCache>,
     /// Tells the other shards about a topic change.
@@ -116,6 +119,7 @@ impl Broker {
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
             pull_waiters: Rc::new(WaiterSet::default()),
+            pending_resets: RefCell::new(reset::PendingResets::default()),
             sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
@@ -148,6 +152,9 @@ impl Broker {
             rc::GET_MAX_OFFSET => self.get_max_offset(request, connection),
             rc::GET_MIN_OFFSET => self.get_min_offset(request, connection),
             rc::SEARCH_OFFSET_BY_TIMESTAMP => self.search_offset_by_timestamp(request, connection),
+            rc::INVOKE_BROKER_TO_RESET_OFFSET => {
+                self.invoke_broker_to_reset_offset(request, connection)
+            }
             rc::GET_EARLIEST_MSG_STORETIME => self.earliest_msg_store_time(request, connection),
             rc::VIEW_MESSAGE_BY_ID => self.view_message_by_id(request, connection),
             rc::HEART_BEAT => self.heart_beat(request, connection),

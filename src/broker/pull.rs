@@ -39,6 +39,7 @@ const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
 struct PullRequest {
     opaque: i32,
     oneway: bool,
+    group: String,
     topic: String,
     queue_id: u32,
     queue_offset: u64,
@@ -98,6 +99,7 @@ impl Broker {
         let pull = PullRequest {
             opaque: request.opaque,
             oneway: request.is_oneway(),
+            group: group.to_string(),
             topic: topic.to_string(),
             queue_id: queue_id as u32,
             queue_offset,
@@ -133,9 +135,13 @@ impl Broker {
             }
             let key = (pull.topic.clone(), pull.queue_id);
             let store = &self.store;
+            let pending_resets = &self.pending_resets;
             let arrived = || {
                 connection.is_closed()
                     || store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset
+                    || pending_resets
+                        .borrow()
+                        .contains(&pull.group, &pull.topic, pull.queue_id)
             };
             let wait = self.pull_waiters.wait_until(key, arrived);
             shards::runtime::timeout(Duration::from_millis(pull.suspend_timeout_ms), wait).await;
@@ -154,6 +160,10 @@ impl Broker {
     }
 
     async fn read_queue(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
+        let (group, topic, queue_id) = (&pull.group, &pull.topic, pull.queue_id);
+        if let Some(moved) = self.pending_reset_answer(group, topic, queue_id, pull.queue_offset) {
+            return Ok(moved);
+        }
         let tags_code = |tags_code: i64| pull.filter.matches_tags_code(tags_code);
         let sql = pull.filter.sql();
         let properties = |properties: &[u8]| sql.is_some_and(|e| e.matches_properties(properties));

@@ -19,6 +19,7 @@ mod heartbeat;
 mod json;
 mod lists;
 pub mod properties;
+mod reset;
 mod route;
 mod tags;
 mod topic;
@@ -35,6 +36,7 @@ pub use lists::{
 pub use properties::{
     encode_properties, find_property, parse_properties, property, PROPERTIES_SIZE_MAX_BYTES,
 };
+pub use reset::ResetOffsetBody;
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{

@@ -178,6 +178,38 @@ impl Client {
         }
         encoder.finish(body);
         self.stream.write_all(&frame).unwrap();
+        self.answer_to(code, opaque)
+    }
+
+    /// `call` with a header that names `language` ("CPP", "GO", …) instead of JAVA.
+    pub fn call_as(
+        &mut self,
+        language: &str,
+        code: i32,
+        ext: &[(&str, &str)],
+        body: &[u8],
+    ) -> Frame {
+        let opaque = self.next_opaque;
+        self.next_opaque += 1;
+        let ext: serde_json::Map<String, serde_json::Value> = ext
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        let header = serde_json::json!({
+            "code": code, "flag": 0, "language": language, "opaque": opaque,
+            "serializeTypeCurrentRPC": "JSON", "version": 317, "extFields": ext,
+        })
+        .to_string();
+        let total = 4 + header.len() + body.len();
+        let mut frame = (total as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        frame.extend_from_slice(header.as_bytes());
+        frame.extend_from_slice(body);
+        self.stream.write_all(&frame).unwrap();
+        self.answer_to(code, opaque)
+    }
+
+    fn answer_to(&mut self, code: i32, opaque: i32) -> Frame {
         let deadline = Instant::now() + REPLY_WAIT_MAX;
         loop {
             let frame = self
@@ -372,6 +404,19 @@ pub fn heartbeat(
     expression: &str,
     kind: &str,
 ) -> Frame {
+    heartbeat_as(client, "JAVA", client_id, group, topic, expression, kind)
+}
+
+/// `heartbeat` from a client of `language` (the broker remembers it per client).
+pub fn heartbeat_as(
+    client: &mut Client,
+    language: &str,
+    client_id: &str,
+    group: &str,
+    topic: &str,
+    expression: &str,
+    kind: &str,
+) -> Frame {
     let body = serde_json::json!({
         "clientID": client_id,
         "consumerDataSet": [{
@@ -388,5 +433,5 @@ pub fn heartbeat(
         }],
         "producerDataSet": [],
     });
-    client.call(rc::HEART_BEAT, &[], body.to_string().as_bytes())
+    client.call_as(language, rc::HEART_BEAT, &[], body.to_string().as_bytes())
 }
