@@ -88,7 +88,11 @@ impl ClientTable {
             };
             for subscription in &consumer.subscriptions {
                 let known = group.subscriptions.get(&subscription.topic);
-                if known.map(|s| &s.sub_string) != Some(&subscription.sub_string) {
+                let same = known.is_some_and(|s| {
+                    s.sub_string == subscription.sub_string
+                        && s.expression_type == subscription.expression_type
+                });
+                if !same {
                     group_changed = true;
                 }
                 group

@@ -96,18 +96,13 @@ pub struct PullFilter<'a> {
     pub properties: Option<PropertiesFilter<'a>>,
 }
 
-/// One unit that passed the consume-queue stage, with its queue offset.
-#[derive(Clone, Copy)]
-struct Candidate {
-    index: u64,
-    unit: Unit,
-}
-
 /// The units a pull takes (or, with a properties filter, its candidates), decided from the
 /// consume queue alone.
 struct Plan {
     result: GetMessageResult,
-    units: Vec<Candidate>,
+    units: Vec<Unit>,
+    /// Queue offset of each unit, index-aligned (filled only when every candidate is taken).
+    indexes: Vec<u64>,
     /// Whether the scan met units pointing at deleted commitlog.
     saw_null: bool,
 }
@@ -140,6 +135,7 @@ fn plan(
         Ok(Plan {
             result,
             units: Vec::new(),
+            indexes: Vec::new(),
             saw_null: false,
         })
     };
@@ -167,7 +163,7 @@ fn plan(
         }
     }
     drop(queues);
-    let (mut units, mut bytes, mut saw_null) = (Vec::new(), 0u64, false);
+    let (mut units, mut indexes, mut bytes, mut saw_null) = (Vec::new(), Vec::new(), 0u64, false);
     let mut index = offset;
     for unit in scanned {
         let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
@@ -183,7 +179,10 @@ fn plan(
             break;
         }
         if filter(unit.tags_code) {
-            units.push(Candidate { index, unit });
+            units.push(unit);
+            if take_all {
+                indexes.push(index);
+            }
             bytes += size;
         }
         index += 1;
@@ -205,6 +204,7 @@ fn plan(
     Ok(Plan {
         result,
         units,
+        indexes,
         saw_null,
     })
 }
@@ -221,7 +221,6 @@ pub(crate) async fn get_messages(
     let Plan {
         mut result, units, ..
     } = plan(inner, request, filter.tags_code, false)?;
-    let units: Vec<Unit> = units.into_iter().map(|c| c.unit).collect();
     let mut run_start = 0;
     while run_start < units.len() {
         // Records that follow each other in the commitlog are read in one go.
@@ -251,6 +250,7 @@ async fn take_matching(
     let Plan {
         mut result,
         units,
+        indexes,
         saw_null,
     } = plan;
     if units.is_empty() {
@@ -262,36 +262,38 @@ async fn take_matching(
     let mut next_begin = result.next_begin_offset;
     let mut run_start = 0;
     'runs: while run_start < units.len() {
-        let first = units[run_start].unit;
+        let first = units[run_start];
         let mut run_end = run_start + 1;
         let mut run_bytes = u64::from(first.size_bytes);
         while run_end < units.len()
-            && follows(&units[run_end - 1].unit, &units[run_end].unit)
-            && run_bytes + u64::from(units[run_end].unit.size_bytes)
-                <= PROPERTY_FILTER_RUN_MAX_BYTES
+            && follows(&units[run_end - 1], &units[run_end])
+            && run_bytes + u64::from(units[run_end].size_bytes) <= PROPERTY_FILTER_RUN_MAX_BYTES
         {
-            run_bytes += u64::from(units[run_end].unit.size_bytes);
+            run_bytes += u64::from(units[run_end].size_bytes);
             run_end += 1;
         }
         if read_bytes > 0 && read_bytes + run_bytes > PROPERTY_FILTER_READ_MAX_BYTES {
-            next_begin = units[run_start].index;
+            next_begin = indexes[run_start];
             break;
         }
         read_bytes += run_bytes;
         let bytes = read_range(inner, first.physical_offset, run_bytes as usize).await?;
         let mut at = 0usize;
-        for candidate in &units[run_start..run_end] {
-            let size = candidate.unit.size_bytes as usize;
+        let run = units[run_start..run_end]
+            .iter()
+            .zip(&indexes[run_start..run_end]);
+        for (unit, index) in run {
+            let size = unit.size_bytes as usize;
             let full = taken > 0 && (taken >= max_messages || body_bytes + size as u64 > max_bytes);
             if full {
-                next_begin = candidate.index;
+                next_begin = *index;
                 break 'runs;
             }
             let record = &bytes[at..at + size];
-            check_sizes(std::slice::from_ref(&candidate.unit), record)?;
+            check_sizes(std::slice::from_ref(unit), record)?;
             let properties =
                 record::properties_of(record).map_err(|error| StoreError::Corrupt {
-                    offset: candidate.unit.physical_offset,
+                    offset: unit.physical_offset,
                     reason: format!("record unreadable for the properties filter: {error}"),
                 })?;
             if properties_match(properties) {
