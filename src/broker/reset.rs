@@ -206,7 +206,7 @@ impl Broker {
                 offset as u64,
             );
             // Held pulls of the queue re-read now and meet the pending reset.
-            self.pull_waiters.wake_key(&(reset.topic.clone(), queue_id));
+            self.notify_message_arrived(&reset.topic, queue_id);
             let queue = MessageQueue {
                 topic: reset.topic.clone(),
                 broker_name: self.identity.broker_name.clone(),
