@@ -20,6 +20,7 @@ mod json;
 mod lists;
 pub mod properties;
 mod route;
+mod stats;
 mod tags;
 mod topic;
 
@@ -36,6 +37,10 @@ pub use properties::{
     encode_properties, find_property, parse_properties, property, PROPERTIES_SIZE_MAX_BYTES,
 };
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
+pub use stats::{
+    ClientConnection, ConsumeStats, ConsumerConnection, OffsetWrapper, ResetOffsetBody,
+    TopicOffset, TopicStatsTable,
+};
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{
     perm, DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigTable, TOPIC_FILTER_TYPE_SINGLE,
