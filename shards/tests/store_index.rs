@@ -147,7 +147,7 @@ fn hash_collisions_and_shared_slots_are_resolved_by_reading_records() {
         // One slot: every key shares one list.
         config.index.slots_per_file = 1;
         let store = Store::open(config).await.unwrap();
-        // "A#B" + "C" and "A" + "B#C" hash the same text, "A#B#C".
+        // RocketMQ would file "A#B" + "C" and "A" + "B#C" under the same text, "A#B#C".
         append_keyed(&store, "A#B", "C", "U1");
         append_keyed(&store, "A", "B#C", "U2");
         for i in 0..20 {
@@ -310,4 +310,53 @@ fn a_cut_commitlog_cuts_the_index_too() {
         assert_eq!(found(&store, &query("T", "NEW")).await, ["NEW"]);
         store.close().await.unwrap();
     });
+}
+
+/// A figure, not an assertion: what indexing costs `append` (CPU only: no flush runs while the
+/// loop appends). Run with `cargo test -p shards --release --test store_index -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn index_cost_per_append() {
+    const APPENDS: u64 = 80_000;
+    let slots: u32 = std::env::var("INDEX_SLOTS").map_or(1 << 17, |s| s.parse().unwrap());
+    for keyed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        run(|| async {
+            let mut config = config(dir.path(), FlushMode::Async, 64 << 20);
+            config.flush_interval_ms = 60_000;
+            config.consume_queue_units_per_file = APPENDS;
+            config.index.slots_per_file = slots;
+            let store = Store::open(config).await.unwrap();
+            let body = vec![b'x'; 100];
+            let started = std::time::Instant::now();
+            for i in 0..APPENDS {
+                let props = if keyed {
+                    format!("KEYS\u{1}order-{i} user-{}\u{2}UNIQ_KEY\u{1}U{i:030}\u{2}", i % 97)
+                } else {
+                    format!("TAGS\u{1}t\u{2}OTHER\u{1}U{i:030}\u{2}")
+                };
+                let msg = MessageToStore {
+                    topic: "Bench",
+                    queue_id: (i % 8) as u32,
+                    flag: 0,
+                    sys_flag: 0,
+                    born_timestamp_ms: 1,
+                    born_host: BORN_HOST.parse().unwrap(),
+                    reconsume_times: 0,
+                    prepared_transaction_offset: 0,
+                    body: &body,
+                    properties: props.as_bytes(),
+                    tags_code: 0,
+                };
+                store.append(&msg).expect("append");
+            }
+            let per_append_ns = started.elapsed().as_nanos() as f64 / APPENDS as f64;
+            println!(
+                "keyed {keyed}: {per_append_ns:.0} ns per append (3 index entries when keyed, \
+                 {slots} slots)"
+            );
+            store.close().await.unwrap();
+        });
+    }
 }
