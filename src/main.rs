@@ -86,6 +86,10 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB.
     #[arg(long, default_value_t = 1024)]
     segment_size_mib: u64,
+    /// Delay of each delay level, level 1 first (RocketMQ's messageDelayLevel); units ms, s,
+    /// m, h, d.
+    #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
+    message_delay_level: String,
 }
 
 #[derive(Args)]
@@ -169,6 +173,7 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         flush_mode: FlushMode::Async,
         flush_interval_ms: 200,
         segment_size_bytes: 1 << 30,
+        delay_levels: Default::default(),
     })
 }
 
@@ -206,6 +211,9 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     };
     config.flush_interval_ms = options.flush_interval_ms.clamp(1, 60_000);
     config.segment_size_bytes = options.segment_size_mib << 20;
+    config.delay_levels =
+        shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
+            .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
     Ok(())
 }
 

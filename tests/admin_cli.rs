@@ -58,7 +58,15 @@ fn free_port_base() -> u16 {
         let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         assert!(block < 4, "no free port block");
         let base = 20_000 + process_slot * 160 + block * 40;
-        let ports = [base, base + 18, base + 20, base + 21, base + 28, base + 30, base + 31];
+        let ports = [
+            base,
+            base + 18,
+            base + 20,
+            base + 21,
+            base + 28,
+            base + 30,
+            base + 31,
+        ];
         if ports
             .iter()
             .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
@@ -74,7 +82,14 @@ fn start_node() -> Node {
     let _ = std::fs::remove_dir_all(&dir);
     let (namesrv_port, broker_port) = (base, base + 20);
     let mut child = shardmq()
-        .args(["serve", "--shards", "2", "--no-pin", "--segment-size-mib", "16"])
+        .args([
+            "serve",
+            "--shards",
+            "2",
+            "--no-pin",
+            "--segment-size-mib",
+            "16",
+        ])
         .args(["--namesrv-port", &namesrv_port.to_string()])
         .args(["--broker-port", &broker_port.to_string()])
         .arg("--data-dir")
@@ -145,7 +160,11 @@ fn admin_ok(node: &Node, args: &[&str]) -> Value {
 /// checking the JSON error document and the stderr line agree.
 fn admin_err(node: &Node, args: &[&str]) -> String {
     let output = admin(node, args);
-    assert_eq!(output.status.code(), Some(1), "{args:?} should fail: {output:?}");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{args:?} should fail: {output:?}"
+    );
     let doc: Value = serde_json::from_slice(&output.stdout).expect("JSON error document");
     let error = doc["error"].as_str().expect("error text").to_string();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -179,7 +198,9 @@ fn call_on(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8])
         // The broker's own requests (NOTIFY_CONSUMER_IDS_CHANGED before a heartbeat's
         // answer) are skipped.
         while let Some((command, consumed)) = decode_frame(&buffer).unwrap() {
-            let reply = command.is_response().then_some(Reply { code: command.code });
+            let reply = command
+                .is_response()
+                .then_some(Reply { code: command.code });
             buffer.drain(..consumed);
             if let Some(reply) = reply {
                 return reply;
@@ -192,7 +213,9 @@ fn call_on(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8])
 }
 
 fn queues_of<'a>(doc: &'a Value, key: &str) -> &'a Vec<Value> {
-    doc[key].as_array().unwrap_or_else(|| panic!("no {key} array in {doc}"))
+    doc[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} array in {doc}"))
 }
 
 #[test]
@@ -208,7 +231,10 @@ fn cluster_topic_and_message_commands() {
     let status = admin_ok(&node, &["brokerStatus", "-b", &node.broker(0)]);
     assert_eq!(status["brokers"][0]["runtime"]["brokerActive"], "true");
 
-    let created = admin_ok(&node, &["updateTopic", "-t", "AdminT", "-r", "2", "-w", "2"]);
+    let created = admin_ok(
+        &node,
+        &["updateTopic", "-t", "AdminT", "-r", "2", "-w", "2"],
+    );
     assert_eq!(queues_of(&created, "brokers").len(), 2);
     let topics = admin_ok(&node, &["topicList"]);
     assert!(queues_of(&topics, "topics").contains(&Value::from("AdminT")));
@@ -226,7 +252,17 @@ fn cluster_topic_and_message_commands() {
         ("broker-0", "0", "d"),
     ] {
         let body = format!("body of {keys}");
-        let args = ["sendMessage", "-t", "AdminT", "-p", &body, "-k", keys, "-c", "TagA"];
+        let args = [
+            "sendMessage",
+            "-t",
+            "AdminT",
+            "-p",
+            &body,
+            "-k",
+            keys,
+            "-c",
+            "TagA",
+        ];
         let result = admin_ok(&node, &[&args[..], &["-b", broker, "-i", queue]].concat());
         assert_eq!(result["status"], "SEND_OK");
         assert_eq!(result["brokerName"], broker);
@@ -238,15 +274,26 @@ fn cluster_topic_and_message_commands() {
     let stats = admin_ok(&node, &["topicStatus", "-t", "AdminT"]);
     let queues = queues_of(&stats, "queues");
     assert_eq!(queues.len(), 4);
-    let max_offsets: Vec<i64> = queues.iter().map(|q| q["maxOffset"].as_i64().unwrap()).collect();
-    assert_eq!(max_offsets, [1, 0, 0, 3], "broker-0 q0, q1, broker-1 q0, q1");
+    let max_offsets: Vec<i64> = queues
+        .iter()
+        .map(|q| q["maxOffset"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        max_offsets,
+        [1, 0, 0, 3],
+        "broker-0 q0, q1, broker-1 q0, q1"
+    );
     assert!(queues[3]["lastUpdateTimestamp"].as_i64().unwrap() > 0);
     assert_eq!(queues[1]["lastUpdateTimestamp"], 0);
 
     let by_key = admin_ok(&node, &["queryMsgByKey", "-t", "AdminT", "-k", "order-7"]);
     let messages = queues_of(&by_key, "messages");
     let unique: Vec<&Value> = messages.iter().map(|m| &m["uniqKey"]).collect();
-    assert_eq!(unique, [&sent[2]["msgId"], &sent[0]["msgId"]], "newest first");
+    assert_eq!(
+        unique,
+        [&sent[2]["msgId"], &sent[0]["msgId"]],
+        "newest first"
+    );
     assert_eq!(messages[0]["bodyPreview"], "body of order-7 c");
     assert_eq!(messages[0]["properties"]["TAGS"], "TagA");
     assert_eq!(messages[0]["queueOffset"], 2);
@@ -262,25 +309,53 @@ fn cluster_topic_and_message_commands() {
     assert_eq!(by_unique_id["idKind"], "uniqKey");
     assert_eq!(by_unique_id["messages"][0]["keys"], "b");
     assert_eq!(by_unique_id["messages"][0]["msgId"], sent[1]["offsetMsgId"]);
-    let by_unique_key =
-        admin_ok(&node, &["queryMsgByUniqueKey", "-t", "AdminT", "-i", unique_id]);
+    let by_unique_key = admin_ok(
+        &node,
+        &["queryMsgByUniqueKey", "-t", "AdminT", "-i", unique_id],
+    );
     assert_eq!(by_unique_key["messages"].as_array().unwrap().len(), 1);
     let at = admin_ok(
         &node,
-        &["queryMsgByOffset", "-t", "AdminT", "-b", "broker-1", "-q", "1", "-o", "1"],
+        &[
+            "queryMsgByOffset",
+            "-t",
+            "AdminT",
+            "-b",
+            "broker-1",
+            "-q",
+            "1",
+            "-o",
+            "1",
+        ],
     );
     assert_eq!(at["messages"][0]["uniqKey"], sent[1]["msgId"]);
 
     // Clear errors, exit status 1.
     let error = admin_err(&node, &["topicStatus", "-t", "NoSuchTopic"]);
     assert!(error.contains("unknown topic NoSuchTopic"), "{error}");
-    let error = admin_err(&node, &["queryMsgByUniqueKey", "-t", "AdminT", "-i", "FFFF"]);
+    let error = admin_err(
+        &node,
+        &["queryMsgByUniqueKey", "-t", "AdminT", "-i", "FFFF"],
+    );
     assert!(error.contains("no message with unique key FFFF"), "{error}");
     let error = admin_err(
         &node,
-        &["queryMsgByOffset", "-t", "AdminT", "-b", "broker-1", "-q", "1", "-o", "9"],
+        &[
+            "queryMsgByOffset",
+            "-t",
+            "AdminT",
+            "-b",
+            "broker-1",
+            "-q",
+            "1",
+            "-o",
+            "9",
+        ],
     );
-    assert!(error.contains("no message at offset 9") && error.contains("max offset 3"), "{error}");
+    assert!(
+        error.contains("no message at offset 9") && error.contains("max offset 3"),
+        "{error}"
+    );
     let error = admin_err(&node, &["updateTopic", "-t", "T", "-c", "NoCluster"]);
     assert!(error.contains("unknown cluster NoCluster"), "{error}");
 
@@ -299,9 +374,16 @@ fn unreachable_namesrv_and_bad_arguments() {
     assert_eq!(output.status.code(), Some(1));
     let doc: Value = serde_json::from_slice(&output.stdout).unwrap();
     let error = doc["error"].as_str().unwrap();
-    assert!(error.contains("cannot reach the name server (127.0.0.1:1"), "{error}");
+    assert!(
+        error.contains("cannot reach the name server (127.0.0.1:1"),
+        "{error}"
+    );
     let output = shardmq().args(["admin", "topicStatus"]).output().unwrap();
-    assert_eq!(output.status.code(), Some(2), "a missing --topic is a usage error");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a missing --topic is a usage error"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("--topic"));
 }
 
@@ -330,11 +412,24 @@ fn commit(addr: &str, group: &str, topic: &str, queue: u32, offset: i64) {
         ("queueId", queue.as_str()),
         ("commitOffset", offset.as_str()),
     ];
-    assert_eq!(call(addr, rc::UPDATE_CONSUMER_OFFSET, &ext, &[]).code, response_code::SUCCESS);
+    assert_eq!(
+        call(addr, rc::UPDATE_CONSUMER_OFFSET, &ext, &[]).code,
+        response_code::SUCCESS
+    );
 }
 
 fn send_to(node: &Node, topic: &str, broker: &str, queue: &str) {
-    let args = ["sendMessage", "-t", topic, "-p", "x", "-b", broker, "-i", queue];
+    let args = [
+        "sendMessage",
+        "-t",
+        topic,
+        "-p",
+        "x",
+        "-b",
+        broker,
+        "-i",
+        queue,
+    ];
     admin_ok(node, &args);
 }
 
@@ -344,14 +439,20 @@ fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
     let (topic, group) = ("ProgressT", "ProgressG");
     admin_ok(&node, &["updateTopic", "-t", topic, "-r", "2", "-w", "2"]);
     // Produced: broker-0 q0: 5, q1: 2; broker-1 q0: 3, q1: 0.
-    for (broker, queue, count) in [("broker-0", "0", 5), ("broker-0", "1", 2), ("broker-1", "0", 3)]
-    {
+    for (broker, queue, count) in [
+        ("broker-0", "0", 5),
+        ("broker-0", "1", 2),
+        ("broker-1", "0", 3),
+    ] {
         for _ in 0..count {
             send_to(&node, topic, broker, queue);
         }
     }
     let error = admin_err(&node, &["consumerProgress", "-g", group]);
-    assert!(error.contains("unknown consumer group ProgressG"), "{error}");
+    assert!(
+        error.contains("unknown consumer group ProgressG"),
+        "{error}"
+    );
 
     let mut consumers: Vec<TcpStream> = (0..2)
         .map(|shard| TcpStream::connect(node.broker(shard)).unwrap())
@@ -394,7 +495,12 @@ fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
     assert_eq!(clients.len(), 1);
     assert_eq!(clients[0]["clientId"], "127.0.0.1@admin-test");
     assert_eq!(clients[0]["language"], "JAVA");
-    assert!(queues_of(&progress, "queues")[0]["lastTimestamp"].as_i64().unwrap() > 0);
+    assert!(
+        queues_of(&progress, "queues")[0]["lastTimestamp"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
     assert_eq!(progress["subscriptions"][0]["topic"], topic);
 
     // Without --topic the group's topics come from its offsets (and its subscriptions).
@@ -422,7 +528,10 @@ fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
 /// (INVOKE_BROKER_TO_RESET_OFFSET is another change's; until the broker serves it the CLI must
 /// fail naming the request.)
 fn reset_offsets(node: &Node, topic: &str, group: &str) {
-    let output = admin(node, &["resetOffsetByTime", "-g", group, "-t", topic, "-s", "0"]);
+    let output = admin(
+        node,
+        &["resetOffsetByTime", "-g", group, "-t", topic, "-s", "0"],
+    );
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -434,7 +543,10 @@ fn reset_offsets(node: &Node, topic: &str, group: &str) {
         return;
     }
     let reset: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert!(queues_of(&reset, "queues").iter().all(|q| q["offset"] == 0), "{reset}");
+    assert!(
+        queues_of(&reset, "queues").iter().all(|q| q["offset"] == 0),
+        "{reset}"
+    );
     let progress = admin_ok(node, &["consumerProgress", "-g", group, "-t", topic]);
     assert_eq!(progress["totalLag"], 10, "everything is to consume again");
 }
@@ -444,7 +556,10 @@ fn reset_offsets(node: &Node, topic: &str, group: &str) {
 #[test]
 fn subscription_group_commands() {
     let node = start_node();
-    let output = admin(&node, &["updateSubGroup", "-g", "SubG", "--retry-max-times", "3"]);
+    let output = admin(
+        &node,
+        &["updateSubGroup", "-g", "SubG", "--retry-max-times", "3"],
+    );
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -465,5 +580,7 @@ fn subscription_group_commands() {
     assert_eq!(group["brokers"].as_array().unwrap().len(), 2);
     admin_ok(&node, &["deleteSubGroup", "-g", "SubG"]);
     let listed = admin_ok(&node, &["subGroupList"]);
-    assert!(!queues_of(&listed, "groups").iter().any(|g| g["groupName"] == "SubG"));
+    assert!(!queues_of(&listed, "groups")
+        .iter()
+        .any(|g| g["groupName"] == "SubG"));
 }

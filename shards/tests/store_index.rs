@@ -332,7 +332,10 @@ fn index_cost_per_append() {
             let started = std::time::Instant::now();
             for i in 0..APPENDS {
                 let props = if keyed {
-                    format!("KEYS\u{1}order-{i} user-{}\u{2}UNIQ_KEY\u{1}U{i:030}\u{2}", i % 97)
+                    format!(
+                        "KEYS\u{1}order-{i} user-{}\u{2}UNIQ_KEY\u{1}U{i:030}\u{2}",
+                        i % 97
+                    )
                 } else {
                     format!("TAGS\u{1}t\u{2}OTHER\u{1}U{i:030}\u{2}")
                 };

@@ -26,9 +26,7 @@ fn runtime_info(admin: &mut Admin, broker: &BrokerRef) -> Option<BTreeMap<String
 }
 
 fn figure<'a>(runtime: Option<&'a BTreeMap<String, String>>, key: &str) -> &'a str {
-    runtime
-        .and_then(|r| r.get(key))
-        .map_or("-", String::as_str)
+    runtime.and_then(|r| r.get(key)).map_or("-", String::as_str)
 }
 
 /// JSON: `{"clusters":[{"name","brokers":[{"brokerName","brokerId","addr","reachable",
@@ -56,7 +54,10 @@ pub fn cluster_list(admin: &mut Admin, cluster: Option<&str>) -> anyhow::Result<
         let runtime = runtime_info(admin, &broker);
         let version = runtime
             .as_ref()
-            .and_then(|r| r.get("brokerVersionDesc").or_else(|| r.get("brokerVersion")))
+            .and_then(|r| {
+                r.get("brokerVersionDesc")
+                    .or_else(|| r.get("brokerVersion"))
+            })
             .cloned()
             .unwrap_or_else(|| "-".into());
         table.row(vec![
@@ -69,14 +70,17 @@ pub fn cluster_list(admin: &mut Admin, cluster: Option<&str>) -> anyhow::Result<
             figure(runtime.as_ref(), "msgGetTotalTodayNow").into(),
             figure(runtime.as_ref(), "commitLogMaxOffset").into(),
         ]);
-        clusters.entry(broker.cluster.clone()).or_default().push(json!({
-            "brokerName": broker.name,
-            "brokerId": broker.id,
-            "addr": broker.addr,
-            "reachable": runtime.is_some(),
-            "version": version,
-            "runtime": runtime.unwrap_or_default(),
-        }));
+        clusters
+            .entry(broker.cluster.clone())
+            .or_default()
+            .push(json!({
+                "brokerName": broker.name,
+                "brokerId": broker.id,
+                "addr": broker.addr,
+                "reachable": runtime.is_some(),
+                "version": version,
+                "runtime": runtime.unwrap_or_default(),
+            }));
     }
     let clusters: Vec<Value> = clusters
         .into_iter()

@@ -129,7 +129,10 @@ pub fn sub_group_list(admin: &mut Admin, target: &Target) -> anyhow::Result<Outc
     for broker in &brokers {
         let reply = admin.broker_expect(broker, rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], &[])?;
         let wrapper: Value = serde_json::from_slice(&reply.body).map_err(|e| {
-            anyhow!("broker {} sent an unreadable subscription group table: {e}", broker.name)
+            anyhow!(
+                "broker {} sent an unreadable subscription group table: {e}",
+                broker.name
+            )
         })?;
         let table = wrapper
             .get("subscriptionGroupTable")
@@ -311,9 +314,19 @@ fn progress_outcome(
                     client.version.to_string(),
                 ]);
             }
-            text.push_str(&format!("\nClients ({}):\n{}", connection.connections.len(), clients.render()));
-            json.insert("consumeType".into(), json!(connection.consume_type.name_str()));
-            json.insert("messageModel".into(), json!(connection.message_model.name_str()));
+            text.push_str(&format!(
+                "\nClients ({}):\n{}",
+                connection.connections.len(),
+                clients.render()
+            ));
+            json.insert(
+                "consumeType".into(),
+                json!(connection.consume_type.name_str()),
+            );
+            json.insert(
+                "messageModel".into(),
+                json!(connection.message_model.name_str()),
+            );
             json.insert(
                 "consumeFromWhere".into(),
                 json!(connection.consume_from_where.name_str()),
@@ -374,7 +387,8 @@ pub fn reset_offset_by_time(
             ("timestamp", timestamp_text.as_str()),
             ("isForce", force_text.as_str()),
         ];
-        let reply = admin.broker_call(&broker.addr, rc::INVOKE_BROKER_TO_RESET_OFFSET, &ext, &[])?;
+        let reply =
+            admin.broker_call(&broker.addr, rc::INVOKE_BROKER_TO_RESET_OFFSET, &ext, &[])?;
         match reply.code {
             response_code::SUCCESS => {
                 reset.extend(ResetOffsetBody::parse(&reply.body)?.offset_table);
@@ -392,7 +406,9 @@ pub fn reset_offset_by_time(
                         broker_name: broker.name.clone(),
                         queue_id,
                     };
-                    if let Some(offset) = reset_offline(admin, broker, group, &queue, timestamp_ms, force)? {
+                    if let Some(offset) =
+                        reset_offline(admin, broker, group, &queue, timestamp_ms, force)?
+                    {
                         reset.push((queue, offset));
                     }
                 }
@@ -432,7 +448,11 @@ pub fn reset_offset_by_time(
         text: format!(
             "reset group {group} on topic {topic} to {} ({timestamp_ms}){}\n{}",
             format_time_ms(timestamp_ms),
-            if offline { " while the group is offline" } else { "" },
+            if offline {
+                " while the group is offline"
+            } else {
+                ""
+            },
             table.render()
         ),
     })
@@ -455,16 +475,22 @@ fn reset_offline(
         ("timestamp", timestamp.as_str()),
     ];
     let found = admin.broker_expect(broker, rc::SEARCH_OFFSET_BY_TIMESTAMP, &search, &[])?;
-    let offset = found
-        .ext_i64("offset")
-        .ok_or_else(|| anyhow!("broker {} answered an offset search without offset", broker.name))?;
+    let offset = found.ext_i64("offset").ok_or_else(|| {
+        anyhow!(
+            "broker {} answered an offset search without offset",
+            broker.name
+        )
+    })?;
     let query = [
         ("consumerGroup", group),
         ("topic", queue.topic.as_str()),
         ("queueId", queue_id.as_str()),
     ];
     let current = admin.broker_call(&broker.addr, rc::QUERY_CONSUMER_OFFSET, &query, &[])?;
-    let current = current.is_success().then(|| current.ext_i64("offset")).flatten();
+    let current = current
+        .is_success()
+        .then(|| current.ext_i64("offset"))
+        .flatten();
     if !force && current.is_some_and(|c| offset > c) {
         return Ok(None);
     }

@@ -168,7 +168,10 @@ fn message_text(found: &Found, message: &StoredMessage<'_>) -> String {
     let mut row = |name: &str, value: String| table.row(vec![name.to_string(), value]);
     row("Topic", message.topic.to_string());
     row("Message ID", offset_msg_id(message));
-    row("Unique Key", property(message, "UNIQ_KEY").unwrap_or("-").to_string());
+    row(
+        "Unique Key",
+        property(message, "UNIQ_KEY").unwrap_or("-").to_string(),
+    );
     row("Keys", property(message, "KEYS").unwrap_or("-").to_string());
     row("Tags", property(message, "TAGS").unwrap_or("-").to_string());
     row("Broker", found.broker_name.clone());
@@ -180,7 +183,10 @@ fn message_text(found: &Found, message: &StoredMessage<'_>) -> String {
     row("Store Time", format_time_ms(message.store_timestamp_ms));
     row("Born Time", format_time_ms(message.born_timestamp_ms));
     row("Reconsume Times", message.reconsume_times.to_string());
-    row("Sys Flag / Flag", format!("{} / {}", message.sys_flag, message.flag));
+    row(
+        "Sys Flag / Flag",
+        format!("{} / {}", message.sys_flag, message.flag),
+    );
     for (key, value) in parse_properties(message.properties) {
         row(&format!("Property {key}"), value.to_string());
     }
@@ -191,7 +197,11 @@ fn message_text(found: &Found, message: &StoredMessage<'_>) -> String {
     };
     row(
         "Body",
-        format!("{} bytes{compressed}: {}", message.body.len(), body_preview(message.body)),
+        format!(
+            "{} bytes{compressed}: {}",
+            message.body.len(),
+            body_preview(message.body)
+        ),
     );
     table.render()
 }
@@ -231,11 +241,22 @@ fn query_topic(
     max_num: u32,
 ) -> anyhow::Result<Vec<Found>> {
     let masters = admin.topic_masters(topic)?;
-    let (begin, end, max) = (range.0.to_string(), range.1.to_string(), max_num.to_string());
+    let (begin, end, max) = (
+        range.0.to_string(),
+        range.1.to_string(),
+        max_num.to_string(),
+    );
     let mut ext = vec![
         ("topic", topic),
         ("key", key),
-        ("maxNum", if unique { QUERY_UNIQUE_KEY_MESSAGES } else { max.as_str() }),
+        (
+            "maxNum",
+            if unique {
+                QUERY_UNIQUE_KEY_MESSAGES
+            } else {
+                max.as_str()
+            },
+        ),
         ("beginTimestamp", begin.as_str()),
         ("endTimestamp", end.as_str()),
     ];
@@ -291,8 +312,12 @@ fn collect_matches(
 ) -> anyhow::Result<()> {
     let mut at = 0;
     while at < body.len() {
-        let message = record::decode(&body[at..])
-            .map_err(|e| anyhow!("broker {} sent an unreadable query answer: {e}", broker.name))?;
+        let message = record::decode(&body[at..]).map_err(|e| {
+            anyhow!(
+                "broker {} sent an unreadable query answer: {e}",
+                broker.name
+            )
+        })?;
         let size = message.total_size as usize;
         let uniq = property(&message, "UNIQ_KEY");
         let keyed = property(&message, "KEYS").is_some_and(|k| k.split(' ').any(|w| w == key));
@@ -320,7 +345,14 @@ pub fn query_by_key(admin: &mut Admin, args: &QueryByKeyArgs) -> anyhow::Result<
         Some(text) => parse_time_ms(text, now).map_err(|e| anyhow!(e))?,
         None => i64::MAX,
     };
-    let found = query_topic(admin, &args.topic, &args.key, false, (begin, end), args.max_num)?;
+    let found = query_topic(
+        admin,
+        &args.topic,
+        &args.key,
+        false,
+        (begin, end),
+        args.max_num,
+    )?;
     let mut extra = Map::new();
     extra.insert("topic".into(), json!(args.topic));
     extra.insert("key".into(), json!(args.key));
@@ -387,7 +419,12 @@ fn view_by_offset_id(admin: &mut Admin, id: &str) -> anyhow::Result<Option<Found
         return Ok(None);
     };
     let offset_text = offset.to_string();
-    let reply = admin.broker_call(&broker.addr, rc::VIEW_MESSAGE_BY_ID, &[("offset", &offset_text)], &[])?;
+    let reply = admin.broker_call(
+        &broker.addr,
+        rc::VIEW_MESSAGE_BY_ID,
+        &[("offset", &offset_text)],
+        &[],
+    )?;
     let valid = reply.is_success() && record::decode(&reply.body).is_ok();
     Ok(valid.then(|| Found {
         broker_name: broker.name.clone(),
@@ -400,13 +437,18 @@ fn view_by_offset_id(admin: &mut Admin, id: &str) -> anyhow::Result<Option<Found
 fn user_topics(admin: &mut Admin) -> anyhow::Result<Vec<String>> {
     let reply = admin.namesrv_call(rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[])?;
     if !reply.is_success() {
-        bail!("the name server refused the topic list: {}", reply.describe());
+        bail!(
+            "the name server refused the topic list: {}",
+            reply.describe()
+        );
     }
     let info = admin.cluster_info()?;
     let mut topics: Vec<String> = parse_topic_list(&reply.body)?
         .into_iter()
         .filter(|t| !SYSTEM_TOPIC_PREFIXES.iter().any(|p| t.starts_with(p)))
-        .filter(|t| !info.cluster_addr_table.contains_key(t) && !info.broker_addr_table.contains_key(t))
+        .filter(|t| {
+            !info.cluster_addr_table.contains_key(t) && !info.broker_addr_table.contains_key(t)
+        })
         .collect();
     topics.sort();
     if topics.len() > UNIQUE_ID_TOPIC_SCAN_MAX {
@@ -498,9 +540,11 @@ pub fn send_message(admin: &mut Admin, args: &SendArgs) -> anyhow::Result<Outcom
     };
     let masters = route_masters(&route);
     let broker = match &args.broker {
-        Some(name) => masters.iter().find(|b| &b.name == name).cloned().ok_or_else(|| {
-            anyhow!("topic {} has no broker named {name}", args.topic)
-        })?,
+        Some(name) => masters
+            .iter()
+            .find(|b| &b.name == name)
+            .cloned()
+            .ok_or_else(|| anyhow!("topic {} has no broker named {name}", args.topic))?,
         None => masters
             .get(now_ms() as usize % masters.len().max(1))
             .cloned()
@@ -511,7 +555,9 @@ pub fn send_message(admin: &mut Admin, args: &SendArgs) -> anyhow::Result<Outcom
         .iter()
         .find(|q| q.broker_name == broker.name)
         .map_or(1, |q| q.write_queue_nums.max(1));
-    let queue = args.queue.unwrap_or((now_ms() as u64 % u64::from(write_queues)) as u32);
+    let queue = args
+        .queue
+        .unwrap_or((now_ms() as u64 % u64::from(write_queues)) as u32);
     let unique_id = new_unique_id();
     let mut properties = format!("UNIQ_KEY\u{1}{unique_id}\u{2}WAIT\u{1}true\u{2}");
     if let Some(keys) = args.keys.as_deref().filter(|k| !k.is_empty()) {

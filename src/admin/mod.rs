@@ -368,7 +368,10 @@ impl Admin {
     pub fn cluster_info(&mut self) -> anyhow::Result<ClusterInfo> {
         let reply = self.namesrv_call(rc::GET_BROKER_CLUSTER_INFO, &[])?;
         if !reply.is_success() {
-            bail!("the name server refused GET_BROKER_CLUSTER_INFO: {}", reply.describe());
+            bail!(
+                "the name server refused GET_BROKER_CLUSTER_INFO: {}",
+                reply.describe()
+            );
         }
         Ok(ClusterInfo::parse(&reply.body)?)
     }
@@ -388,9 +391,8 @@ impl Admin {
 
     /// The topic's route; an unknown topic is an error naming it.
     pub fn route(&mut self, topic: &str) -> anyhow::Result<TopicRouteData> {
-        self.route_if_any(topic)?.ok_or_else(|| {
-            anyhow!("unknown topic {topic}: the name server has no route for it")
-        })
+        self.route_if_any(topic)?
+            .ok_or_else(|| anyhow!("unknown topic {topic}: the name server has no route for it"))
     }
 
     /// The masters holding a topic, by broker name.
@@ -430,7 +432,11 @@ impl Admin {
 }
 
 /// Brokers of the cluster info: masters only unless `all_ids`; of one cluster if given.
-pub(crate) fn brokers_of(info: &ClusterInfo, cluster: Option<&str>, all_ids: bool) -> Vec<BrokerRef> {
+pub(crate) fn brokers_of(
+    info: &ClusterInfo,
+    cluster: Option<&str>,
+    all_ids: bool,
+) -> Vec<BrokerRef> {
     let mut brokers = Vec::new();
     for (cluster_name, names) in &info.cluster_addr_table {
         if cluster.is_some_and(|c| c != cluster_name) {

@@ -113,7 +113,9 @@ pub fn delete_topic(
             reply.describe()
         );
     }
-    text.push_str(&format!("delete topic {topic} from the name server: success\n"));
+    text.push_str(&format!(
+        "delete topic {topic} from the name server: success\n"
+    ));
     Ok(Outcome {
         json: json!({ "topic": topic, "brokers": done, "namesrv": true }),
         text,
@@ -134,7 +136,10 @@ pub fn topic_list(admin: &mut Admin, cluster: Option<&str>) -> anyhow::Result<Ou
         None => admin.namesrv_call(rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[])?,
     };
     if !reply.is_success() {
-        bail!("the name server refused the topic list: {}", reply.describe());
+        bail!(
+            "the name server refused the topic list: {}",
+            reply.describe()
+        );
     }
     let mut topics = parse_topic_list(&reply.body)?;
     topics.sort();
@@ -202,7 +207,13 @@ pub fn topic_status(admin: &mut Admin, topic: &str) -> anyhow::Result<Outcome> {
         bail!("no broker of topic {topic} answered GET_TOPIC_STATS_INFO (see the warnings)");
     }
     queues.sort_by(|a, b| (&a.0.broker_name, a.0.queue_id).cmp(&(&b.0.broker_name, b.0.queue_id)));
-    let mut table = Table::new(&["Broker Name", "QID", "Min Offset", "Max Offset", "Last Updated"]);
+    let mut table = Table::new(&[
+        "Broker Name",
+        "QID",
+        "Min Offset",
+        "Max Offset",
+        "Last Updated",
+    ]);
     let mut entries = Vec::new();
     for (queue, offset) in &queues {
         table.row(vec![

@@ -68,7 +68,6 @@ use std::path::{Path, PathBuf};
 use memmap2::MmapMut;
 use serde::{Deserialize, Serialize};
 
-
 /// Bytes of a file's header.
 pub const INDEX_HEADER_BYTES: usize = 64;
 /// Bytes of one hash slot (a u32 entry number).
@@ -870,7 +869,11 @@ mod tests {
         assert!(!indexes_sys_flag(0xC));
         assert_ne!(key_hash("T", "a#b"), key_hash("T#a", "b"));
         assert_ne!(key_hash("T", "12345678"), key_hash("T", "123456780"));
-        assert_eq!(key_hash("T", "k"), 0xFC29_2336_F1C0_A15B, "stable: it is on disk");
+        assert_eq!(
+            key_hash("T", "k"),
+            0xFC29_2336_F1C0_A15B,
+            "stable: it is on disk"
+        );
     }
 
     #[test]
