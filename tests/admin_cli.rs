@@ -551,25 +551,15 @@ fn reset_offsets(node: &Node, topic: &str, group: &str) {
     assert_eq!(progress["totalLag"], 10, "everything is to consume again");
 }
 
-/// Subscription groups: updateSubGroup, subGroupList, deleteSubGroup. (Codes 200/201/207 are
-/// another change's; until the broker serves them the CLI must fail naming the request.)
+/// Subscription groups: updateSubGroup, subGroupList, deleteSubGroup on every master.
 #[test]
 fn subscription_group_commands() {
     let node = start_node();
-    let output = admin(
+    let created = admin_ok(
         &node,
         &["updateSubGroup", "-g", "SubG", "--retry-max-times", "3"],
     );
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200)")
-                && stderr.contains("REQUEST_CODE_NOT_SUPPORTED"),
-            "{stderr}"
-        );
-        eprintln!("subscription groups: the broker does not serve code 200 yet");
-        return;
-    }
+    assert_eq!(queues_of(&created, "brokers").len(), 2);
     let listed = admin_ok(&node, &["subGroupList"]);
     let group = queues_of(&listed, "groups")
         .iter()
@@ -577,10 +567,34 @@ fn subscription_group_commands() {
         .cloned()
         .expect("SubG listed");
     assert_eq!(group["config"]["retryMaxTimes"], 3);
+    assert_eq!(group["config"]["consumeEnable"], true);
     assert_eq!(group["brokers"].as_array().unwrap().len(), 2);
-    admin_ok(&node, &["deleteSubGroup", "-g", "SubG"]);
+    // On one broker only, by address.
+    admin_ok(
+        &node,
+        &[
+            "updateSubGroup",
+            "-g",
+            "OneG",
+            "-b",
+            &node.broker(1),
+            "--consume-enable",
+            "false",
+        ],
+    );
+    let listed = admin_ok(&node, &["subGroupList"]);
+    let one = queues_of(&listed, "groups")
+        .iter()
+        .find(|g| g["groupName"] == "OneG")
+        .cloned()
+        .expect("OneG listed");
+    assert_eq!(one["brokers"], serde_json::json!(["broker-1"]));
+    assert_eq!(one["config"]["consumeEnable"], false);
+    admin_ok(&node, &["deleteSubGroup", "-g", "SubG", "--remove-offset"]);
     let listed = admin_ok(&node, &["subGroupList"]);
     assert!(!queues_of(&listed, "groups")
         .iter()
         .any(|g| g["groupName"] == "SubG"));
+    let error = admin_err(&node, &["subGroupList", "-c", "NoCluster"]);
+    assert!(error.contains("unknown cluster NoCluster"), "{error}");
 }

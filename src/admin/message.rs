@@ -296,7 +296,7 @@ fn query_topic(
     if answered == 0 && !masters.is_empty() {
         bail!("no broker of topic {topic} answered the query (see the warnings)");
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|(time, _)| std::cmp::Reverse(*time));
     Ok(found.into_iter().map(|(_, f)| f).collect())
 }
 
