@@ -7,7 +7,9 @@ use anyhow::{anyhow, bail};
 use clap::{ArgAction, Args};
 use serde_json::{json, Map, Value};
 
-use crate::protocol::{ConsumeStats, ConsumerConnection, MessageQueue, ResetOffsetBody};
+use crate::protocol::{
+    parse_subscription_group_table, ConsumeStats, ConsumerConnection, MessageQueue, ResetOffsetBody,
+};
 use crate::remoting::{request_code as rc, response_code};
 
 use super::table::{format_time_ms, parse_time_ms, Table};
@@ -128,17 +130,12 @@ pub fn sub_group_list(admin: &mut Admin, target: &Target) -> anyhow::Result<Outc
     let mut groups: BTreeMap<String, (Vec<String>, Value)> = BTreeMap::new();
     for broker in &brokers {
         let reply = admin.broker_expect(broker, rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], &[])?;
-        let wrapper: Value = serde_json::from_slice(&reply.body).map_err(|e| {
+        let table = parse_subscription_group_table(&reply.body).map_err(|e| {
             anyhow!(
                 "broker {} sent an unreadable subscription group table: {e}",
                 broker.name
             )
         })?;
-        let table = wrapper
-            .get("subscriptionGroupTable")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
         for (name, config) in table {
             let entry = groups.entry(name).or_insert_with(|| (Vec::new(), config));
             entry.0.push(broker.name.clone());

@@ -43,8 +43,8 @@ pub use properties::{
 };
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
 pub use stats::{
-    ClientConnection, ConsumeStats, ConsumerConnection, OffsetWrapper, ResetOffsetBody,
-    TopicOffset, TopicStatsTable,
+    parse_subscription_group_table, ClientConnection, ConsumeStats, ConsumerConnection,
+    OffsetWrapper, ResetOffsetBody, TopicOffset, TopicStatsTable,
 };
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{

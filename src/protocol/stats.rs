@@ -308,6 +308,18 @@ impl ConsumerConnection {
     }
 }
 
+/// GET_ALL_SUBSCRIPTIONGROUP_CONFIG's `SubscriptionGroupWrapper`: group name → its
+/// SubscriptionGroupConfig, kept as JSON (admin prints them; brokers add fields over time).
+pub fn parse_subscription_group_table(body: &[u8]) -> Result<Map<String, Value>, BodyError> {
+    const WHAT: &str = "SubscriptionGroupWrapper";
+    let map = parse_object(WHAT, body)?;
+    let fields = Fields::new(WHAT, &map);
+    Ok(fields
+        .object("subscriptionGroupTable")?
+        .map(|table| table.map.clone())
+        .unwrap_or_default())
+}
+
 /// A SubscriptionData as Java writes it (keys sorted).
 fn subscription_json(subscription: &SubscriptionData) -> Value {
     let expression_type = if subscription.expression_type.is_empty() {
