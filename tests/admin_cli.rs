@@ -143,6 +143,18 @@ fn admin(node: &Node, args: &[&str]) -> Output {
         .expect("run shardmq admin")
 }
 
+/// Runs an admin command without `--json`; returns its text (it must succeed).
+fn admin_text(node: &Node, args: &[&str]) -> String {
+    let output = shardmq()
+        .arg("admin")
+        .args(args)
+        .args(["-n", &node.namesrv()])
+        .output()
+        .expect("run shardmq admin");
+    assert!(output.status.success(), "{args:?}: {output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
 /// Runs an admin command that must succeed; returns its JSON document.
 fn admin_ok(node: &Node, args: &[&str]) -> Value {
     let output = admin(node, args);
@@ -228,6 +240,20 @@ fn cluster_topic_and_message_commands() {
     assert_eq!(brokers[0]["brokerName"], "broker-0");
     assert_eq!(brokers[1]["addr"], node.broker(1));
     assert!(brokers.iter().all(|b| b["reachable"] == true));
+    let text = admin_text(&node, &["clusterList"]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("#Cluster Name"), "{text}");
+    let words: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(
+        words[..4],
+        ["DefaultCluster", "broker-1", "0", &node.broker(1)],
+        "{text}"
+    );
+    assert_eq!(
+        lines[1].find("broker-0"),
+        lines[0].find("#Broker Name"),
+        "aligned: {text}"
+    );
     let status = admin_ok(&node, &["brokerStatus", "-b", &node.broker(0)]);
     assert_eq!(status["brokers"][0]["runtime"]["brokerActive"], "true");
 
@@ -297,6 +323,11 @@ fn cluster_topic_and_message_commands() {
     assert_eq!(messages[0]["bodyPreview"], "body of order-7 c");
     assert_eq!(messages[0]["properties"]["TAGS"], "TagA");
     assert_eq!(messages[0]["queueOffset"], 2);
+    let text = admin_text(&node, &["queryMsgByKey", "-t", "AdminT", "-k", "order-7"]);
+    assert!(
+        text.contains("Property TAGS") && text.contains("body of order-7 c"),
+        "{text}"
+    );
     let none = admin_ok(&node, &["queryMsgByKey", "-t", "AdminT", "-k", "order-8"]);
     assert!(queues_of(&none, "messages").is_empty());
 

@@ -492,3 +492,30 @@ pub(crate) fn request_name(code: i32) -> String {
 pub(crate) fn now_ms() -> i64 {
     crate::error::now_ms()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        admin: AdminArgs,
+    }
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["x", "--json", "queryMsgByKey", "-t", "T", "-k", "K"])
+            .expect("global options before the command");
+        assert!(cli.admin.json);
+        let cli =
+            Cli::try_parse_from(["x", "resetOffsetByTime", "-g", "G", "-t", "T", "-s", "now"])
+                .expect("reset");
+        assert!(matches!(
+            cli.admin.command,
+            AdminCommand::ResetOffsetByTime { force: true, .. }
+        ));
+    }
+}
