@@ -300,64 +300,71 @@ fn progress_outcome(
     json.insert("totalLag".into(), json!(stats.total_lag()));
     json.insert("queues".into(), json!(queues));
     json.insert("online".into(), json!(connection.is_some()));
-    let (clients, subscriptions) = match connection {
-        Some(connection) => {
-            let mut clients = Table::new(&["Client Id", "Client Addr", "Language", "Version"]);
-            for client in &connection.connections {
-                clients.row(vec![
-                    client.client_id.clone(),
-                    client.client_addr.clone(),
-                    client.language.clone(),
-                    client.version.to_string(),
-                ]);
-            }
-            text.push_str(&format!(
-                "\nClients ({}):\n{}",
-                connection.connections.len(),
-                clients.render()
-            ));
-            json.insert(
-                "consumeType".into(),
-                json!(connection.consume_type.name_str()),
-            );
-            json.insert(
-                "messageModel".into(),
-                json!(connection.message_model.name_str()),
-            );
-            json.insert(
-                "consumeFromWhere".into(),
-                json!(connection.consume_from_where.name_str()),
-            );
-            let clients: Vec<Value> = connection
-                .connections
-                .iter()
-                .map(|c| {
-                    json!({
-                        "clientId": c.client_id,
-                        "clientAddr": c.client_addr,
-                        "language": c.language,
-                        "version": c.version,
-                    })
-                })
-                .collect();
-            let subscriptions: Vec<Value> = connection
-                .subscriptions
-                .iter()
-                .map(|s| json!({ "topic": s.topic, "subString": s.sub_string }))
-                .collect();
-            (clients, subscriptions)
-        }
+    match connection {
+        Some(connection) => clients_section(connection, &mut text, &mut json),
         None => {
             text.push_str("\nNo client of the group is online.\n");
-            (Vec::new(), Vec::new())
+            json.insert("clients".into(), json!([]));
+            json.insert("subscriptions".into(), json!([]));
         }
-    };
-    json.insert("clients".into(), json!(clients));
-    json.insert("subscriptions".into(), json!(subscriptions));
+    }
     Outcome {
         json: Value::Object(json),
         text,
     }
+}
+
+/// The online group's clients and subscriptions, in text and JSON.
+fn clients_section(
+    connection: &ConsumerConnection,
+    text: &mut String,
+    json: &mut Map<String, Value>,
+) {
+    let mut clients = Table::new(&["Client Id", "Client Addr", "Language", "Version"]);
+    for client in &connection.connections {
+        clients.row(vec![
+            client.client_id.clone(),
+            client.client_addr.clone(),
+            client.language.clone(),
+            client.version.to_string(),
+        ]);
+    }
+    text.push_str(&format!(
+        "\nClients ({}):\n{}",
+        connection.connections.len(),
+        clients.render()
+    ));
+    json.insert(
+        "consumeType".into(),
+        json!(connection.consume_type.name_str()),
+    );
+    json.insert(
+        "messageModel".into(),
+        json!(connection.message_model.name_str()),
+    );
+    json.insert(
+        "consumeFromWhere".into(),
+        json!(connection.consume_from_where.name_str()),
+    );
+    let clients: Vec<Value> = connection
+        .connections
+        .iter()
+        .map(|c| {
+            json!({
+                "clientId": c.client_id,
+                "clientAddr": c.client_addr,
+                "language": c.language,
+                "version": c.version,
+            })
+        })
+        .collect();
+    let subscriptions: Vec<Value> = connection
+        .subscriptions
+        .iter()
+        .map(|s| json!({ "topic": s.topic, "subString": s.sub_string }))
+        .collect();
+    json.insert("clients".into(), json!(clients));
+    json.insert("subscriptions".into(), json!(subscriptions));
 }
 
 /// JSON: `{"group","topic","timestamp","offline","queues":[{"brokerName","queueId",
@@ -371,19 +378,23 @@ pub fn reset_offset_by_time(
     timestamp: &str,
     force: bool,
 ) -> anyhow::Result<Outcome> {
-    let timestamp_ms = parse_time_ms(timestamp, now_ms()).map_err(|e| anyhow!(e))?;
+    let request = ResetRequest {
+        group,
+        topic,
+        timestamp_ms: parse_time_ms(timestamp, now_ms()).map_err(|e| anyhow!(e))?,
+        force,
+    };
     let route = admin.route(topic)?;
-    let masters = route_masters(&route);
-    let (timestamp_text, force_text) = (timestamp_ms.to_string(), force.to_string());
+    let (timestamp_text, force_text) = (request.timestamp_ms.to_string(), force.to_string());
+    let ext = [
+        ("topic", topic),
+        ("group", group),
+        ("timestamp", timestamp_text.as_str()),
+        ("isForce", force_text.as_str()),
+    ];
     let mut reset: Vec<(MessageQueue, i64)> = Vec::new();
     let mut offline = false;
-    for broker in &masters {
-        let ext = [
-            ("topic", topic),
-            ("group", group),
-            ("timestamp", timestamp_text.as_str()),
-            ("isForce", force_text.as_str()),
-        ];
+    for broker in &route_masters(&route) {
         let reply =
             admin.broker_call(&broker.addr, rc::INVOKE_BROKER_TO_RESET_OFFSET, &ext, &[])?;
         match reply.code {
@@ -403,9 +414,7 @@ pub fn reset_offset_by_time(
                         broker_name: broker.name.clone(),
                         queue_id,
                     };
-                    if let Some(offset) =
-                        reset_offline(admin, broker, group, &queue, timestamp_ms, force)?
-                    {
+                    if let Some(offset) = reset_offline(admin, broker, &request, &queue)? {
                         reset.push((queue, offset));
                     }
                 }
@@ -419,6 +428,22 @@ pub fn reset_offset_by_time(
             ),
         }
     }
+    Ok(reset_outcome(&request, offline, reset))
+}
+
+/// What `resetOffsetByTime` was asked.
+struct ResetRequest<'a> {
+    group: &'a str,
+    topic: &'a str,
+    timestamp_ms: i64,
+    force: bool,
+}
+
+fn reset_outcome(
+    request: &ResetRequest<'_>,
+    offline: bool,
+    mut reset: Vec<(MessageQueue, i64)>,
+) -> Outcome {
     reset.sort_by(|a, b| (&a.0.broker_name, a.0.queue_id).cmp(&(&b.0.broker_name, b.0.queue_id)));
     let mut table = Table::new(&["Broker Name", "QID", "Offset"]);
     let mut queues = Vec::new();
@@ -434,7 +459,13 @@ pub fn reset_offset_by_time(
             "offset": offset,
         }));
     }
-    Ok(Outcome {
+    let (group, topic, timestamp_ms) = (request.group, request.topic, request.timestamp_ms);
+    let when = if offline {
+        " while the group is offline"
+    } else {
+        ""
+    };
+    Outcome {
         json: json!({
             "group": group,
             "topic": topic,
@@ -443,29 +474,23 @@ pub fn reset_offset_by_time(
             "queues": queues,
         }),
         text: format!(
-            "reset group {group} on topic {topic} to {} ({timestamp_ms}){}\n{}",
+            "reset group {group} on topic {topic} to {} ({timestamp_ms}){when}\n{}",
             format_time_ms(timestamp_ms),
-            if offline {
-                " while the group is offline"
-            } else {
-                ""
-            },
             table.render()
         ),
-    })
+    }
 }
 
 /// One queue reset the offline way; None when the offset would move forward without force.
 fn reset_offline(
     admin: &mut Admin,
     broker: &BrokerRef,
-    group: &str,
+    request: &ResetRequest<'_>,
     queue: &MessageQueue,
-    timestamp_ms: i64,
-    force: bool,
 ) -> anyhow::Result<Option<i64>> {
+    let group = request.group;
     let queue_id = queue.queue_id.to_string();
-    let timestamp = timestamp_ms.to_string();
+    let timestamp = request.timestamp_ms.to_string();
     let search = [
         ("topic", queue.topic.as_str()),
         ("queueId", queue_id.as_str()),
@@ -488,7 +513,7 @@ fn reset_offline(
         .is_success()
         .then(|| current.ext_i64("offset"))
         .flatten();
-    if !force && current.is_some_and(|c| offset > c) {
+    if !request.force && current.is_some_and(|c| offset > c) {
         return Ok(None);
     }
     let commit = offset.to_string();

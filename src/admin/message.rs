@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 use shards::store::record::{self, StoredMessage};
 
-use crate::protocol::{parse_properties, parse_topic_list};
+use crate::protocol::{parse_properties, parse_topic_list, TopicRouteData};
 use crate::remoting::{request_code as rc, response_code};
 
 use super::table::{format_time_ms, parse_time_ms, Table};
@@ -524,21 +524,10 @@ fn new_unique_id() -> String {
     format!("{ip:08X}{pid:04X}{salt:08X}{:08X}{count:04X}", now as u32)
 }
 
-/// `sendMessage`: JSON `{"status","topic","brokerName","queueId","queueOffset","msgId",
-/// "offsetMsgId"}` (msgId is the UNIQ_KEY, as producers report it). An unknown topic is
-/// auto-created through TBW102 when the brokers allow it, as a producer's first send does.
-pub fn send_message(admin: &mut Admin, args: &SendArgs) -> anyhow::Result<Outcome> {
-    let route = match admin.route_if_any(&args.topic)? {
-        Some(route) => route,
-        None => admin.route_if_any(AUTO_CREATE_TOPIC)?.ok_or_else(|| {
-            anyhow!(
-                "unknown topic {}: the name server has no route for it, and no {AUTO_CREATE_TOPIC} \
-                 to auto-create it from",
-                args.topic
-            )
-        })?,
-    };
-    let masters = route_masters(&route);
+/// Where `sendMessage` sends: the named broker or one chosen by time, and the named queue
+/// or one of its write queues chosen by time.
+fn send_target(route: &TopicRouteData, args: &SendArgs) -> anyhow::Result<(BrokerRef, u32)> {
+    let masters = route_masters(route);
     let broker = match &args.broker {
         Some(name) => masters
             .iter()
@@ -558,6 +547,24 @@ pub fn send_message(admin: &mut Admin, args: &SendArgs) -> anyhow::Result<Outcom
     let queue = args
         .queue
         .unwrap_or((now_ms() as u64 % u64::from(write_queues)) as u32);
+    Ok((broker, queue))
+}
+
+/// `sendMessage`: JSON `{"status","topic","brokerName","queueId","queueOffset","msgId",
+/// "offsetMsgId"}` (msgId is the UNIQ_KEY, as producers report it). An unknown topic is
+/// auto-created through TBW102 when the brokers allow it, as a producer's first send does.
+pub fn send_message(admin: &mut Admin, args: &SendArgs) -> anyhow::Result<Outcome> {
+    let route = match admin.route_if_any(&args.topic)? {
+        Some(route) => route,
+        None => admin.route_if_any(AUTO_CREATE_TOPIC)?.ok_or_else(|| {
+            anyhow!(
+                "unknown topic {}: the name server has no route for it, and no {AUTO_CREATE_TOPIC} \
+                 to auto-create it from",
+                args.topic
+            )
+        })?,
+    };
+    let (broker, queue) = send_target(&route, args)?;
     let unique_id = new_unique_id();
     let mut properties = format!("UNIQ_KEY\u{1}{unique_id}\u{2}WAIT\u{1}true\u{2}");
     if let Some(keys) = args.keys.as_deref().filter(|k| !k.is_empty()) {
