@@ -597,7 +597,7 @@ impl Index {
             }
         }
         match mark {
-            Some((mark, offset)) if index.trust(mark, clean)? => index.indexed_end = offset,
+            Some((mark, offset)) if index.trust(mark, offset, clean)? => index.indexed_end = offset,
             _ => {
                 if !index.files.is_empty() {
                     eprintln!(
@@ -612,8 +612,9 @@ impl Index {
         Ok(index)
     }
 
-    /// Applies a checkpoint mark; false when the files on disk do not match it.
-    fn trust(&mut self, mark: IndexMark, clean: bool) -> io::Result<bool> {
+    /// Applies a checkpoint mark taken at commitlog offset `marked_offset`; false when the
+    /// files on disk do not match it (every entry it covers points below that offset).
+    fn trust(&mut self, mark: IndexMark, marked_offset: u64, clean: bool) -> io::Result<bool> {
         self.remove_newer_than(mark.last_file)?;
         let Some(last_start) = mark.last_file else {
             return Ok(true);
@@ -628,7 +629,7 @@ impl Index {
             last.cut_to(mark.entries);
             self.dirty.insert(last_start);
         }
-        Ok(true)
+        Ok(last.last_offset().is_none_or(|o| o < marked_offset))
     }
 
     /// Deletes the files that start after `keep_until` (all of them for None).
@@ -739,7 +740,11 @@ impl Index {
             self.remove_last()?;
         }
         if let Some(last) = self.files.back_mut() {
-            let keep = last.count_below(end);
+            let mut keep = last.count_below(end);
+            // The search relies on entries in commitlog order; damaged ones may not be.
+            while keep > 0 && last.entry(keep).physical_offset >= end {
+                keep -= 1;
+            }
             if keep < last.count {
                 last.cut_to(keep);
                 self.dirty.insert(last.start);
