@@ -386,9 +386,9 @@ fn a_damaged_index_never_panics_and_answers_only_real_records() {
     drop(file);
     run(|| async {
         let store = Store::open(index_config(dir.path())).await.unwrap();
-        let found = found(&store, &query("T", "k")).await;
+        let answered = found(&store, &query("T", "k")).await;
         let real: Vec<String> = (0..40).map(|i| format!("U{i}")).collect();
-        assert!(found.iter().all(|u| real.contains(u)), "{found:?}");
+        assert!(answered.iter().all(|u| real.contains(u)), "{answered:?}");
         append_keyed(&store, "T", "k", "NEW");
         assert_eq!(found(&store, &query("T", "NEW")).await, ["NEW"]);
         store.close().await.unwrap();
