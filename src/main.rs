@@ -90,6 +90,21 @@ struct BrokerOptions {
     /// m, h, d.
     #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
     message_delay_level: String,
+    /// Transactions: a half message this old without an end gets checked with its producer
+    /// (RocketMQ's transactionTimeOut).
+    #[arg(long, default_value_t = 6_000)]
+    transaction_timeout_ms: u64,
+    /// Transactions: how often undecided half messages are checked
+    /// (transactionCheckInterval).
+    #[arg(long, default_value_t = 30_000)]
+    transaction_check_interval_ms: u64,
+    /// Transactions: checks of one half message before it is discarded (transactionCheckMax).
+    #[arg(long, default_value_t = 15)]
+    transaction_check_max: u32,
+    /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
+    /// disk would. Hidden: never for production.
+    #[arg(long, hide = true)]
+    test_only_flush_delay_ms: Option<u64>,
 }
 
 #[derive(Args)]
@@ -174,6 +189,8 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         flush_interval_ms: 200,
         segment_size_bytes: 1 << 30,
         delay_levels: Default::default(),
+        test_flush_delay_ms: None,
+        transaction: Default::default(),
     })
 }
 
@@ -214,6 +231,15 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     config.delay_levels =
         shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
             .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
+    config.test_flush_delay_ms = options.test_only_flush_delay_ms;
+    if options.transaction_check_interval_ms == 0 {
+        bail!("--transaction-check-interval-ms must be positive");
+    }
+    config.transaction = shardmq::broker::transaction::TransactionConfig {
+        timeout_ms: options.transaction_timeout_ms,
+        check_interval_ms: options.transaction_check_interval_ms,
+        check_max: options.transaction_check_max,
+    };
     Ok(())
 }
 

@@ -305,6 +305,18 @@ impl Broker {
         );
         put("storeStats", format!("{stats:?}"));
         put("parkedPulls", self.pull_waiters.len().to_string());
+        put("sendRefusedBusy", self.load.refused_sends.get().to_string());
+        let transactions = self.transactions.borrow();
+        put(
+            "transactionHalfPending",
+            transactions.pending_len().to_string(),
+        );
+        let tx = transactions.stats;
+        put("transactionCommitted", tx.committed.to_string());
+        put("transactionRolledBack", tx.rolled_back.to_string());
+        put("transactionChecksSent", tx.checks_sent.to_string());
+        put("transactionDiscarded", tx.discarded.to_string());
+        drop(transactions);
         put("flushDiskType", format!("{:?}", self.store.flush_mode()));
         respond_body(connection, request, &protocol::encode_kv_table(&table));
         Ok(())

@@ -152,6 +152,17 @@ impl ClientTable {
             .unwrap_or_default()
     }
 
+    /// A live connection of a producer of `group` (the most recently heard from), for the
+    /// transaction check-back.
+    pub fn producer_connection(&self, group: &str) -> Option<Rc<Connection>> {
+        self.producers
+            .get(group)?
+            .values()
+            .filter(|channel| !channel.connection.is_closed())
+            .max_by_key(|channel| channel.last_update_ms)
+            .map(|channel| channel.connection.clone())
+    }
+
     pub fn subscription(&self, group: &str, topic: &str) -> Option<&SubscriptionData> {
         self.consumers.get(group)?.subscriptions.get(topic)
     }

@@ -10,6 +10,7 @@ mod clients;
 pub mod groups;
 mod locks;
 mod offsets;
+mod overload;
 mod pull;
 mod queries;
 mod query;
@@ -18,14 +19,15 @@ mod retry;
 pub mod schedule;
 mod send;
 pub mod topics;
+pub mod transaction;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use shards::long_poll::{LongPoll, ParkedPulls};
 use shards::store::Store;
-use shards::sync::WaiterSet;
 
 use crate::error::RequestError;
 use crate::protocol::TopicConfig;
@@ -34,6 +36,7 @@ use crate::server::Connection;
 
 pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
 pub use offsets::{OffsetTable, OFFSET_FLUSH_INTERVAL_MS};
+pub use pull::PULL_WHEEL_TICK_MS;
 pub use topics::TopicTable;
 
 /// A topic change one shard tells the others about (topics live on every shard of a node).
@@ -81,8 +84,13 @@ pub struct Broker {
     pub locks: RefCell<locks::QueueLocks>,
     /// Delay levels, timer messages and their delivery progress.
     pub schedule: RefCell<schedule::ScheduleState>,
-    /// Pulls parked until a message reaches (topic, queue id).
-    pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Pulls parked until a message reaches (topic, queue id), their timeout passes or their
+    /// connection closes: the shard's long-poll wheel.
+    pub pull_waiters: Rc<ParkedPulls>,
+    /// How late this shard runs (overload.rs).
+    pub load: overload::ShardLoad,
+    /// Half messages waiting for their transaction's end (transaction.rs).
+    pub transactions: RefCell<transaction::Transactions>,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
     /// Asks the registration task to re-register with the namesrv now.
@@ -138,7 +146,14 @@ impl Broker {
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
             schedule: RefCell::new(schedule),
-            pull_waiters: Rc::new(WaiterSet::default()),
+            pull_waiters: Rc::new(ParkedPulls::new(LongPoll::new(
+                pull::PULL_WHEEL_TICK_MS,
+                pull::PULL_WHEEL_SLOTS,
+                pull::PARKED_PULLS_MAX,
+                shards::runtime::monotonic_ms(),
+            ))),
+            load: overload::ShardLoad::default(),
+            transactions: RefCell::new(transaction::Transactions::new(&config_dir)),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
@@ -196,6 +211,7 @@ impl Broker {
             rc::GET_TOPIC_STATS_INFO => self.topic_stats_info(request, connection),
             rc::GET_CONSUME_STATS => self.consume_stats(request, connection),
             rc::GET_CONSUMER_CONNECTION_LIST => self.consumer_connection_list(request, connection),
+            rc::END_TRANSACTION => self.end_transaction(request, connection),
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 self.update_and_create_subscription_group(request, connection)
             }
@@ -242,7 +258,7 @@ impl Broker {
 
     /// A message reached (topic, queue id): wakes the pulls parked on it.
     pub fn notify_message_arrived(&self, topic: &str, queue_id: u32) {
-        self.pull_waiters.wake_key(&(topic.to_string(), queue_id));
+        self.pull_waiters.wake_queue(topic, queue_id);
     }
 
     /// The next retry queue index (callers take it modulo the group's retry queues).
@@ -260,7 +276,7 @@ impl Broker {
             .remove_where(|c| c.connection.id == connection.id);
         self.client_languages.borrow_mut().forget(connection.id);
         self.notify_groups(&changed);
-        self.pull_waiters.wake_all();
+        self.pull_waiters.connection_closed(connection.id);
     }
 
     /// Drops clients silent for longer than CLIENT_EXPIRY_MS.

@@ -1,14 +1,20 @@
 //! PULL_MESSAGE (11) and LITE_PULL_MESSAGE (361), with long polling.
 //!
-//! A pull that finds nothing and may suspend is parked on the shard's waiter set under its
-//! (topic, queue id); the append of a message to that queue wakes it at once, and it answers
-//! PULL_NOT_FOUND when its suspend timeout runs out. It re-runs the read once after waking,
-//! without suspending, as RocketMQ does. A closed connection wakes its parked pulls, which
-//! then end without answering.
+//! A pull that finds nothing and may suspend is parked in the shard's long-poll wheel
+//! (`shards::long_poll`) under its (topic, queue id) and its connection; the append of a
+//! message to that queue wakes it at once, and the shard's ticking task (`tick`, every
+//! `PULL_WHEEL_TICK_MS`) expires it when its suspend timeout runs out. Either way it re-runs
+//! the read once, without suspending, as RocketMQ does, and answers (PULL_NOT_FOUND if still
+//! empty). A closed connection drops its parked pulls at once, unanswered. At most
+//! `PARKED_PULLS_MAX` pulls are parked per shard; beyond it a pull gets SYSTEM_BUSY.
+//!
+//! Reading the store waits for room in the connection's output (`Connection::reserve_output`),
+//! so a consumer that never reads its answers never makes the broker buffer without bound.
 
 use std::rc::Rc;
-use std::time::Duration;
 
+use shards::long_poll::ParkOutcome;
+use shards::runtime::monotonic_ms;
 use shards::store::{GetMessageResult, GetStatus};
 
 use crate::error::RequestError;
@@ -27,6 +33,17 @@ pub const PULL_BATCH_MAX_BYTES: u32 = 256 * 1024;
 pub const PULL_SUSPEND_MAX_MS: u64 = 25_000;
 /// Pulls parked at once on one shard; beyond it a pull gets SYSTEM_BUSY (a client retries).
 pub const PARKED_PULLS_MAX: usize = 100_000;
+/// Granularity of the long-poll wheel: a parked pull expires at most this late (plus the
+/// shard's own lateness), and the shard's ticking task runs this often.
+pub const PULL_WHEEL_TICK_MS: u64 = 5;
+/// Slots of the long-poll wheel: one turn (20.48 s) covers the clients' usual suspend
+/// timeouts (15 s, 20 s), so a slot scan rarely meets an entry due in a later round.
+pub const PULL_WHEEL_SLOTS: usize = 4096;
+
+const _: () = assert!(PULL_WHEEL_TICK_MS * PULL_WHEEL_SLOTS as u64 >= 20_000);
+
+/// Room a pull answer's frame takes beyond its body (length prefixes, JSON header).
+const PULL_ANSWER_HEADER_MAX_BYTES: usize = 1024;
 
 const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
 const PULL_FLAG_SUSPEND: i32 = 0x2;
@@ -154,31 +171,15 @@ impl Broker {
     }
 
     async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
-        let mut result = self.read_queue(&pull).await;
+        let mut result = self.read_queue(&pull, &connection).await;
         let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
         if found_nothing && pull.may_suspend && pull.suspend_timeout_ms > 0 {
-            if self.pull_waiters.len() >= PARKED_PULLS_MAX {
-                respond_error(
-                    &connection,
-                    &pull,
-                    RequestError::SystemBusy(
-                        "[PULL]too many pulls are waiting on this broker, try again later".into(),
-                    ),
-                );
-                return;
+            match self.park_pull(&pull, &connection).await {
+                Ok(ParkOutcome::ConnectionClosed) => return,
+                Ok(ParkOutcome::Arrived | ParkOutcome::Expired) => {}
+                Err(error) => return respond_error(&connection, &pull, error),
             }
-            let key = (pull.topic.clone(), pull.queue_id);
-            let store = &self.store;
-            let arrived = || {
-                connection.is_closed()
-                    || store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset
-            };
-            let wait = self.pull_waiters.wait_until(key, arrived);
-            shards::runtime::timeout(Duration::from_millis(pull.suspend_timeout_ms), wait).await;
-            if connection.is_closed() {
-                return;
-            }
-            result = self.read_queue(&pull).await;
+            result = self.read_queue(&pull, &connection).await;
         }
         if pull.oneway {
             return;
@@ -189,7 +190,42 @@ impl Broker {
         }
     }
 
-    async fn read_queue(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
+    /// Parks a pull that found nothing until a message reaches its queue, its suspend
+    /// timeout passes or its connection closes.
+    async fn park_pull(
+        &self,
+        pull: &PullRequest,
+        connection: &Connection,
+    ) -> Result<ParkOutcome, RequestError> {
+        if connection.is_closed() {
+            return Ok(ParkOutcome::ConnectionClosed);
+        }
+        // The read above awaited: a message may have arrived since (nothing awaits between
+        // this check and parking, so none can slip in after it).
+        if self.store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset {
+            return Ok(ParkOutcome::Arrived);
+        }
+        let deadline_ms = monotonic_ms() + pull.suspend_timeout_ms;
+        let id = self
+            .pull_waiters
+            .park(&pull.topic, pull.queue_id, connection.id, deadline_ms)
+            .map_err(|full| {
+                RequestError::SystemBusy(format!(
+                    "[PULL]too many pulls are waiting on this broker, try again later: {full}"
+                ))
+            })?;
+        Ok(self.pull_waiters.wait(id).await)
+    }
+
+    async fn read_queue(
+        &self,
+        pull: &PullRequest,
+        connection: &Rc<Connection>,
+    ) -> Result<GetMessageResult, RequestError> {
+        // Held until this pull's answer is in the output buffer (or dropped unanswered).
+        let _room = connection
+            .reserve_output(pull.max_bytes as usize + PULL_ANSWER_HEADER_MAX_BYTES)
+            .await;
         let filter = &pull.filter;
         let accept = |tags_code: i64| filter.matches_code(tags_code);
         self.store

@@ -81,6 +81,11 @@ pub(crate) struct FlushState {
     zero_fill_next: u64,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
+    /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
+    pub(crate) test_flush_delay: Option<Duration>,
+    /// When the flush under way started (None between flushes): how long the disk has kept
+    /// the appends since it waiting, which the broker's overload check reads.
+    pub(crate) flush_started_at: Option<Instant>,
     /// The flusher has exited (after `close`); the result `close` reports.
     done: Option<Result<(), Poison>>,
 }
@@ -98,6 +103,8 @@ impl FlushState {
             zero_fill_next,
             messages_at_last_flush: 0,
             fault: None,
+            test_flush_delay: None,
+            flush_started_at: None,
             done: None,
         }
     }
@@ -320,6 +327,13 @@ fn take_fault(inner: &Inner, write: bool) -> Option<io::Error> {
 
 /// One flush of everything dirty now. Returns false when the store is (or got) poisoned.
 pub(crate) async fn flush(inner: &Inner) -> bool {
+    inner.log.borrow_mut().flush.flush_started_at = Some(Instant::now());
+    let flushed = flush_dirty(inner).await;
+    inner.log.borrow_mut().flush.flush_started_at = None;
+    flushed
+}
+
+async fn flush_dirty(inner: &Inner) -> bool {
     let (start, end, messages) = {
         let log = inner.log.borrow();
         if log.poison.is_some() {
@@ -333,6 +347,10 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
     };
     if end == inner.log.borrow().flush.durable_end {
         return true;
+    }
+    let test_delay = inner.log.borrow().flush.test_flush_delay;
+    if let Some(delay) = test_delay {
+        glommio::timer::sleep(delay).await;
     }
     if let Err(error) = ensure_segments(inner, start, end).await {
         poison(inner, "creating a commitlog segment", &store_io(error));

@@ -599,6 +599,26 @@ impl Store {
         }
     }
 
+    /// How long the flush under way has been running at `now` (zero between flushes): the
+    /// time the oldest appends still waiting for the disk have waited at least, as far as
+    /// the disk is to blame.
+    pub fn flush_running_for(&self, now: std::time::Instant) -> std::time::Duration {
+        self.inner
+            .log
+            .borrow()
+            .flush
+            .flush_started_at
+            .map_or(std::time::Duration::ZERO, |started| {
+                now.saturating_duration_since(started)
+            })
+    }
+
+    /// Test hook: every later flush of dirty data first waits `delay`, as a slow disk would
+    /// (None: back to full speed).
+    pub fn set_test_flush_delay(&self, delay: Option<std::time::Duration>) {
+        self.inner.log.borrow_mut().flush.test_flush_delay = delay;
+    }
+
     /// Test hook: makes the next commitlog write or fdatasync fail as the disk would.
     pub fn inject_fault(&self, fault: InjectedFault) {
         self.inner.log.borrow_mut().flush.fault = Some(fault);
