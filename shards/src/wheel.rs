@@ -133,6 +133,20 @@ impl<T> TimerWheel<T> {
         TimerId { index, generation }
     }
 
+    /// A time at or before which nothing can come out of `advance`: the start of the first
+    /// tick, after the processed one, whose slot holds an entry (None when empty). An owner
+    /// that sleeps until then and advances misses nothing and idles otherwise.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let slots = self.slot_heads.len() as u64;
+        (1..=slots)
+            .map(|step| self.processed_tick + step)
+            .find(|tick| self.slot_heads[self.slot_of(*tick)] != NIL)
+            .map(|tick| tick * self.tick_ms)
+    }
+
     /// Removes a waiting entry and gives its item back; None if `id` is no longer waiting.
     pub fn cancel(&mut self, id: TimerId) -> Option<T> {
         self.live(id)?;
@@ -340,6 +354,13 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(wheel.len(), model.len());
+                // next_due_ms is a lower bound of every waiting entry's due time.
+                let earliest = model.values().map(|(due, _)| due * tick_ms).min();
+                match (wheel.next_due_ms(), earliest) {
+                    (None, None) => {}
+                    (Some(next), Some(earliest)) => prop_assert!(next <= earliest),
+                    (next, earliest) => prop_assert!(false, "{:?} vs {:?}", next, earliest),
+                }
             }
         }
     }
