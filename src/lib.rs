@@ -5,6 +5,7 @@
 //! server and the command line. Everything that owns data on one core lives in the `shards`
 //! crate.
 
+pub mod admin;
 pub mod broker;
 pub mod error;
 pub mod filter;

@@ -14,6 +14,7 @@ mod offsets;
 mod overload;
 mod pull;
 mod queries;
+mod query;
 pub mod registration;
 mod reset;
 mod retry;
@@ -105,6 +106,8 @@ pub struct Broker {
     /// brokers (shards) of this node: a topic change is answered once the route shows it
     /// on every shard, as a Java broker answers after registering it with the namesrv.
     pub local_routes: Option<LocalRoutes>,
+    /// Language and version of each client connection (GET_CONSUMER_CONNECTION_LIST).
+    client_languages: RefCell<query::ClientLanguages>,
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
@@ -163,6 +166,7 @@ impl Broker {
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
             local_routes: None,
+            client_languages: RefCell::new(query::ClientLanguages::default()),
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
             next_retry_queue: Cell::new(0),
@@ -196,7 +200,14 @@ impl Broker {
             }
             rc::GET_EARLIEST_MSG_STORETIME => self.earliest_msg_store_time(request, connection),
             rc::VIEW_MESSAGE_BY_ID => self.view_message_by_id(request, connection),
-            rc::HEART_BEAT => self.heart_beat(request, connection),
+            rc::HEART_BEAT => {
+                self.client_languages.borrow_mut().note(
+                    connection.id,
+                    request.language,
+                    request.version,
+                );
+                self.heart_beat(request, connection)
+            }
             rc::UNREGISTER_CLIENT => self.unregister_client(request, connection),
             rc::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list_by_group(request, connection),
             rc::CHECK_CLIENT_CONFIG => self.check_client_config(request, connection),
@@ -207,6 +218,10 @@ impl Broker {
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
+            rc::QUERY_MESSAGE => self.query_message(request, connection),
+            rc::GET_TOPIC_STATS_INFO => self.topic_stats_info(request, connection),
+            rc::GET_CONSUME_STATS => self.consume_stats(request, connection),
+            rc::GET_CONSUMER_CONNECTION_LIST => self.consumer_connection_list(request, connection),
             rc::END_TRANSACTION => self.end_transaction(request, connection),
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 self.update_and_create_subscription_group(request, connection)
@@ -270,6 +285,7 @@ impl Broker {
             .clients
             .borrow_mut()
             .remove_where(|c| c.connection.id == connection.id);
+        self.client_languages.borrow_mut().forget(connection.id);
         self.notify_groups(&changed);
         self.pull_waiters.connection_closed(connection.id);
     }

@@ -22,6 +22,7 @@ mod lists;
 pub mod properties;
 mod reset;
 mod route;
+mod stats;
 mod tags;
 mod topic;
 
@@ -43,6 +44,10 @@ pub use properties::{
 };
 pub use reset::ResetOffsetBody;
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
+pub use stats::{
+    parse_subscription_group_table, ClientConnection, ConsumeStats, ConsumerConnection,
+    OffsetWrapper, TopicOffset, TopicStatsTable,
+};
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{
     perm, DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigTable, TOPIC_FILTER_TYPE_SINGLE,
