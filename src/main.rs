@@ -1,5 +1,6 @@
 //! The `shardmq` command: `serve` (namesrv + broker on every shard, the embedded default),
-//! `namesrv` and `broker` (the roles apart).
+//! `namesrv` and `broker` (the roles apart), and `admin` (the operator's tool, see
+//! `shardmq::admin`).
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -29,6 +30,8 @@ enum Command {
     Namesrv(NamesrvArgs),
     /// Only the broker role, registering with the given namesrv(s).
     Broker(BrokerArgs),
+    /// Administration against shardmq or any RocketMQ name server (like mqadmin).
+    Admin(shardmq::admin::AdminArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -243,6 +246,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = match cli.command {
+        Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
         Command::Serve(args) => {
             let mut config = base_config(&args.shard)?;
             apply_broker_options(&mut config, &args.broker)?;

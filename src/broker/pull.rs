@@ -10,15 +10,18 @@
 //!
 //! Reading the store waits for room in the connection's output (`Connection::reserve_output`),
 //! so a consumer that never reads its answers never makes the broker buffer without bound.
+//!
+//! The pull's filter (TAG, or SQL92 over each candidate's properties) is chosen in
+//! `filters.rs`; the store applies it in two stages (`shards::store::PullFilter`).
 
 use std::rc::Rc;
 
 use shards::long_poll::ParkOutcome;
 use shards::runtime::monotonic_ms;
-use shards::store::{GetMessageResult, GetStatus};
+use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
 
 use crate::error::RequestError;
-use crate::protocol::TagFilter;
+use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
@@ -53,6 +56,7 @@ const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
 struct PullRequest {
     opaque: i32,
     oneway: bool,
+    group: String,
     topic: String,
     queue_id: u32,
     queue_offset: u64,
@@ -60,7 +64,7 @@ struct PullRequest {
     max_bytes: u32,
     suspend_timeout_ms: u64,
     may_suspend: bool,
-    filter: TagFilter,
+    filter: MessageFilter,
 }
 
 impl Broker {
@@ -84,12 +88,6 @@ impl Broker {
             .unwrap_or(15_000)
             .max(0) as u64;
         self.check_group_may_pull(group)?;
-        let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
-        if !expression_type.eq_ignore_ascii_case("TAG") {
-            return Err(RequestError::SubscriptionParseFailed(format!(
-                "expression type {expression_type} is not supported yet; use TAG expressions"
-            )));
-        }
         let read_queues = match self.topics.borrow().get(topic) {
             Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
                 return Err(RequestError::NoPermission(format!(
@@ -110,13 +108,9 @@ impl Broker {
         }
         let filter = match ext.get_non_empty("subscription") {
             Some(expression) if sys_flag & PULL_FLAG_SUBSCRIPTION != 0 => {
-                TagFilter::parse(expression)
+                self.compile_filter(group, topic, expression, ext.get("expressionType"))?
             }
-            _ => match self.clients.borrow().subscription(group, topic) {
-                Some(subscription) => TagFilter::parse(&subscription.sub_string),
-                // No expression and no heartbeat yet: deliver everything (clients re-filter).
-                None => TagFilter::All,
-            },
+            _ => self.subscribed_filter(group, topic)?,
         };
         if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
             if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
@@ -128,6 +122,7 @@ impl Broker {
         let pull = PullRequest {
             opaque: request.opaque,
             oneway: request.is_oneway(),
+            group: group.to_string(),
             topic: topic.to_string(),
             queue_id: queue_id as u32,
             queue_offset,
@@ -202,7 +197,11 @@ impl Broker {
         }
         // The read above awaited: a message may have arrived since (nothing awaits between
         // this check and parking, so none can slip in after it).
-        if self.store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset {
+        let reset = self
+            .pending_resets
+            .borrow()
+            .contains(&pull.group, &pull.topic, pull.queue_id);
+        if reset || self.store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset {
             return Ok(ParkOutcome::Arrived);
         }
         let deadline_ms = monotonic_ms() + pull.suspend_timeout_ms;
@@ -226,16 +225,26 @@ impl Broker {
         let _room = connection
             .reserve_output(pull.max_bytes as usize + PULL_ANSWER_HEADER_MAX_BYTES)
             .await;
-        let filter = &pull.filter;
-        let accept = |tags_code: i64| filter.matches_code(tags_code);
+        let (group, topic, queue_id) = (&pull.group, &pull.topic, pull.queue_id);
+        if let Some(moved) = self.pending_reset_answer(group, topic, queue_id, pull.queue_offset) {
+            return Ok(moved);
+        }
+        let tags_code = |tags_code: i64| pull.filter.matches_tags_code(tags_code);
+        let sql = pull.filter.sql();
+        let properties = |properties: &[u8]| sql.is_some_and(|e| e.matches_properties(properties));
+        let filter = PullFilter {
+            tags_code: &tags_code,
+            // Only SQL92 filters read records; TAG pulls stay on the consume queue.
+            properties: sql.map(|_| &properties as PropertiesFilter<'_>),
+        };
         self.store
-            .get_messages(
+            .get_messages_matching(
                 &pull.topic,
                 pull.queue_id,
                 pull.queue_offset,
                 pull.max_messages,
                 pull.max_bytes,
-                &accept,
+                &filter,
             )
             .await
             .map_err(store_error)

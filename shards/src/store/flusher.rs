@@ -501,9 +501,10 @@ async fn zero_fill_step(inner: &Inner) {
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
 pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
-    let (offset, queues) = {
+    let (offset, queues, index) = {
         let log = inner.log.borrow();
-        (log.tail.end(), inner.queues.borrow().max_offsets())
+        let index = inner.index.borrow().mark();
+        (log.tail.end(), inner.queues.borrow().max_offsets(), index)
     };
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return false;
@@ -517,10 +518,14 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
             }
         }
     }
+    if !sync_index(inner).await {
+        return false;
+    }
     let record = Checkpoint {
         commitlog_offset: offset,
         clean,
         queues,
+        index: Some(index),
     };
     if let Err(error) = checkpoint::write(&inner.config.root_dir, &record).await {
         poison(inner, "checkpoint write", &error);
@@ -531,6 +536,28 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     log.flush.last_checkpoint_offset = offset;
     log.flush.checkpoint_wanted = false;
     log.stats.checkpoints += 1;
+    true
+}
+
+/// Syncs the message index files written since the last checkpoint (and their directory
+/// when files came or went). False when the store got poisoned.
+async fn sync_index(inner: &Inner) -> bool {
+    let (paths, dir) = inner.index.borrow_mut().take_dirty_paths();
+    for path in paths {
+        if let Err(error) = sync_file(&path).await {
+            // A file the retention bound deleted meanwhile needs no sync.
+            if error.kind() != io::ErrorKind::NotFound {
+                poison(inner, "message index fdatasync", &error);
+                return false;
+            }
+        }
+    }
+    if let Some(dir) = dir {
+        if let Err(error) = super::segments::sync_dir(&dir).await {
+            poison(inner, "message index directory fsync", &store_io(error));
+            return false;
+        }
+    }
     true
 }
 
