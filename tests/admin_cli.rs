@@ -2,136 +2,14 @@
 //! every command run as its own process with `--json`, its output parsed and checked against
 //! what the test did to the node (sends, a consumer's heartbeat and commits).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+use common::*;
 use serde_json::Value;
-use shardmq::remoting::{decode_frame, request_code as rc, response_code, FrameEncoder};
-
-struct Node {
-    child: Child,
-    dir: std::path::PathBuf,
-    namesrv_port: u16,
-    broker_port: u16,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Node {
-    fn namesrv(&self) -> String {
-        format!("127.0.0.1:{}", self.namesrv_port)
-    }
-
-    fn broker(&self, shard: u16) -> String {
-        format!("127.0.0.1:{}", self.broker_port + 10 * shard)
-    }
-}
-
-/// The binary, killed if this test's thread dies first.
-fn shardmq() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
-    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    command
-}
-
-/// A base port whose block (namesrv, 2 shards × 3 ports) is free now; blocks differ per test
-/// of this process (shards bind with SO_REUSEPORT: two nodes must never share a port).
-fn free_port_base() -> u16 {
-    static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let process_slot = (std::process::id() % 250) as u16;
-    loop {
-        let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        assert!(block < 4, "no free port block");
-        let base = 20_000 + process_slot * 160 + block * 40;
-        let ports = [
-            base,
-            base + 18,
-            base + 20,
-            base + 21,
-            base + 28,
-            base + 30,
-            base + 31,
-        ];
-        if ports
-            .iter()
-            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        {
-            return base;
-        }
-    }
-}
-
-fn start_node() -> Node {
-    let base = free_port_base();
-    let dir = std::env::temp_dir().join(format!("shardmq-admin-{}-{base}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (namesrv_port, broker_port) = (base, base + 20);
-    let mut child = shardmq()
-        .args([
-            "serve",
-            "--shards",
-            "2",
-            "--no-pin",
-            "--segment-size-mib",
-            "16",
-        ])
-        .args(["--namesrv-port", &namesrv_port.to_string()])
-        .args(["--broker-port", &broker_port.to_string()])
-        .arg("--data-dir")
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shardmq");
-    wait_for_line(&mut child, "shardmq: ready");
-    Node {
-        child,
-        dir,
-        namesrv_port,
-        broker_port,
-    }
-}
-
-/// Waits (at most 60 s) for a stdout line containing `needle`; the rest is drained.
-fn wait_for_line(child: &mut Child, needle: &str) {
-    use std::io::BufRead;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = lines_tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines_rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return,
-            Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            Err(_) => panic!("no line with {needle:?} within 60 s; output so far:\n{seen}"),
-        }
-    }
-}
+use shardmq::remoting::{request_code as rc, response_code};
 
 /// Runs `shardmq admin <args> --json -n <namesrv>`.
 fn admin(node: &Node, args: &[&str]) -> Output {
@@ -184,46 +62,6 @@ fn admin_err(node: &Node, args: &[&str]) -> String {
     error
 }
 
-struct Reply {
-    code: i32,
-}
-
-fn call(addr: &str, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    call_on(&mut stream, code, ext, body)
-}
-
-fn call_on(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut frame = Vec::new();
-    let mut encoder = FrameEncoder::request(&mut frame, code, 7, false);
-    for (k, v) in ext {
-        encoder.ext(k, v);
-    }
-    encoder.finish(body);
-    stream.write_all(&frame).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 65536];
-    loop {
-        // The broker's own requests (NOTIFY_CONSUMER_IDS_CHANGED before a heartbeat's
-        // answer) are skipped.
-        while let Some((command, consumed)) = decode_frame(&buffer).unwrap() {
-            let reply = command
-                .is_response()
-                .then_some(Reply { code: command.code });
-            buffer.drain(..consumed);
-            if let Some(reply) = reply {
-                return reply;
-            }
-        }
-        let n = stream.read(&mut chunk).unwrap();
-        assert!(n > 0, "connection closed");
-        buffer.extend_from_slice(&chunk[..n]);
-    }
-}
-
 fn queues_of<'a>(doc: &'a Value, key: &str) -> &'a Vec<Value> {
     doc[key]
         .as_array()
@@ -232,7 +70,7 @@ fn queues_of<'a>(doc: &'a Value, key: &str) -> &'a Vec<Value> {
 
 #[test]
 fn cluster_topic_and_message_commands() {
-    let node = start_node();
+    let node = Node::start();
     let clusters = admin_ok(&node, &["clusterList"]);
     let brokers = queues_of(&clusters["clusters"][0], "brokers");
     assert_eq!(clusters["clusters"][0]["name"], "DefaultCluster");
@@ -420,7 +258,7 @@ fn unreachable_namesrv_and_bad_arguments() {
 
 /// A consumer as the broker sees one: a heartbeat on a connection kept open (the group is
 /// online while it lasts) and offset commits.
-fn heartbeat(stream: &mut TcpStream, group: &str, topic: &str) {
+fn heartbeat(client: &mut Client, group: &str, topic: &str) {
     let body = serde_json::json!({
         "clientID": "127.0.0.1@admin-test",
         "consumerDataSet": [{
@@ -431,7 +269,7 @@ fn heartbeat(stream: &mut TcpStream, group: &str, topic: &str) {
             "subscriptionDataSet": [{"topic": topic, "subString": "*"}],
         }],
     });
-    let reply = call_on(stream, rc::HEART_BEAT, &[], body.to_string().as_bytes());
+    let reply = client.call(rc::HEART_BEAT, &[], body.to_string().as_bytes());
     assert_eq!(reply.code, response_code::SUCCESS);
 }
 
@@ -444,7 +282,9 @@ fn commit(addr: &str, group: &str, topic: &str, queue: u32, offset: i64) {
         ("commitOffset", offset.as_str()),
     ];
     assert_eq!(
-        call(addr, rc::UPDATE_CONSUMER_OFFSET, &ext, &[]).code,
+        Client::connect_to(addr)
+            .call(rc::UPDATE_CONSUMER_OFFSET, &ext, &[])
+            .code,
         response_code::SUCCESS
     );
 }
@@ -466,7 +306,7 @@ fn send_to(node: &Node, topic: &str, broker: &str, queue: &str) {
 
 #[test]
 fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
-    let node = start_node();
+    let node = Node::start();
     let (topic, group) = ("ProgressT", "ProgressG");
     admin_ok(&node, &["updateTopic", "-t", topic, "-r", "2", "-w", "2"]);
     // Produced: broker-0 q0: 5, q1: 2; broker-1 q0: 3, q1: 0.
@@ -485,11 +325,11 @@ fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
         "{error}"
     );
 
-    let mut consumers: Vec<TcpStream> = (0..2)
-        .map(|shard| TcpStream::connect(node.broker(shard)).unwrap())
+    let mut consumers: Vec<Client> = (0..2)
+        .map(|shard| Client::connect_to(&node.broker(shard)))
         .collect();
-    for stream in &mut consumers {
-        heartbeat(stream, group, topic);
+    for client in &mut consumers {
+        heartbeat(client, group, topic);
     }
     // Consumed: broker-0 q0: 4 of 5, q1: 2 of 2; broker-1 q0: 1 of 3.
     commit(&node.broker(0), group, topic, 0, 4);
@@ -585,7 +425,7 @@ fn reset_offsets(node: &Node, topic: &str, group: &str) {
 /// Subscription groups: updateSubGroup, subGroupList, deleteSubGroup on every master.
 #[test]
 fn subscription_group_commands() {
-    let node = start_node();
+    let node = Node::start();
     let created = admin_ok(
         &node,
         &["updateSubGroup", "-g", "SubG", "--retry-max-times", "3"],

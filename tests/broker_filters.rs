@@ -4,11 +4,11 @@
 //! message naming the problem, CHECK_CLIENT_CONFIG validates the same way, and a held pull
 //! never returns a message its filter refuses.
 
-mod raw_node;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use raw_node::*;
+use common::*;
 use shardmq::remoting::{request_code as rc, response_code};
 
 const TOPIC: &str = "SqlTopic";
@@ -25,7 +25,7 @@ fn send_numbered(client: &mut Client) {
         if a % 2 == 0 {
             properties.push(("b", "x"));
         }
-        let sent = send(client, TOPIC, 0, format!("m{a}").as_bytes(), &properties);
+        let sent = send_with(client, TOPIC, 0, format!("m{a}").as_bytes(), &properties);
         assert_eq!(sent.code, response_code::SUCCESS, "{:?}", sent.remark);
     }
 }
@@ -53,7 +53,7 @@ fn pulled_a(client: &mut Client, expression: &str) -> Vec<u32> {
 
 #[test]
 fn sql92_pulls_return_exactly_the_matching_messages() {
-    let node = start_node("sql");
+    let node = Node::start();
     let mut broker = Client::connect(node.broker_port);
     send_numbered(&mut broker);
     for (expression, expected) in [
@@ -106,7 +106,7 @@ fn sql92_pulls_return_exactly_the_matching_messages() {
 
 #[test]
 fn bad_expressions_get_subscription_parse_failed_naming_the_problem() {
-    let node = start_node("sqlbad");
+    let node = Node::start();
     let mut broker = Client::connect(node.broker_port);
     send_numbered(&mut broker);
     for (expression, says) in [
@@ -148,7 +148,7 @@ fn bad_expressions_get_subscription_parse_failed_naming_the_problem() {
 
 #[test]
 fn heartbeat_subscriptions_and_check_client_config() {
-    let node = start_node("sqlhb");
+    let node = Node::start();
     let mut broker = Client::connect(node.broker_port);
     send_numbered(&mut broker);
 
@@ -215,7 +215,7 @@ fn heartbeat_subscriptions_and_check_client_config() {
 
 #[test]
 fn held_sql_pull_never_returns_a_message_its_filter_refuses() {
-    let node = start_node("sqlpoll");
+    let node = Node::start();
     let mut producer = Client::connect(node.broker_port);
     send_numbered(&mut producer);
     let port = node.broker_port;
@@ -257,12 +257,12 @@ fn held_sql_pull_never_returns_a_message_its_filter_refuses() {
     });
     std::thread::sleep(Duration::from_millis(500));
     for a in ["50", "60"] {
-        let sent = send(&mut producer, TOPIC, 0, b"no", &[("a", a)]);
+        let sent = send_with(&mut producer, TOPIC, 0, b"no", &[("a", a)]);
         assert_eq!(sent.code, response_code::SUCCESS);
     }
     std::thread::sleep(Duration::from_millis(500));
     let sent_at = Instant::now();
-    let sent = send(&mut producer, TOPIC, 0, b"yes", &[("a", "200")]);
+    let sent = send_with(&mut producer, TOPIC, 0, b"yes", &[("a", "200")]);
     assert_eq!(sent.code, response_code::SUCCESS);
     let (seen, _) = consumer.join().unwrap();
     assert_eq!(seen, ["200"], "only the matching message is delivered");

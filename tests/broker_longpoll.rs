@@ -13,7 +13,7 @@ use shardmq::remoting::response_code;
 
 #[test]
 fn a_parked_pull_expires_with_pull_not_found_at_its_suspend_timeout() {
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut stream = node.connect();
     assert_eq!(send(&mut stream, "LpExpire", "0", b"m").code, 0);
     for suspend_ms in [300u64, 800] {
@@ -40,7 +40,7 @@ fn a_parked_pull_expires_with_pull_not_found_at_its_suspend_timeout() {
 
 #[test]
 fn a_message_wakes_its_parked_pull_at_once() {
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut consumer = node.connect();
     let mut producer = node.connect();
     assert_eq!(send(&mut producer, "LpWake", "0", b"first").code, 0);
@@ -67,7 +67,7 @@ fn a_message_wakes_its_parked_pull_at_once() {
 
 #[test]
 fn a_closed_connection_frees_its_parked_pulls_at_once() {
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut watcher = node.connect();
     assert_eq!(send(&mut watcher, "LpClose", "0", b"m").code, 0);
     let mut consumer = node.connect();
@@ -115,7 +115,7 @@ fn a_closed_connection_frees_its_parked_pulls_at_once() {
 #[test]
 fn a_consumer_that_never_reads_does_not_grow_the_broker() {
     const PULLS: usize = 3_000;
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut producer = node.connect();
     // 8 MiB in the queue, so that its first messages are read from disk, not from the
     // in-memory tail: such pulls take a while, and many would be under way at once.
@@ -172,7 +172,7 @@ fn a_consumer_that_never_reads_does_not_grow_the_broker() {
 
 #[test]
 fn a_slow_disk_turns_sends_into_quick_system_busy() {
-    let node = start_node(&["--test-only-flush-delay-ms", "1500"], None);
+    let node = start_node(&["--test-only-flush-delay-ms", "1500"]);
     let mut first = node.connect();
     let mut second = node.connect();
     first
@@ -212,7 +212,7 @@ fn a_slow_disk_turns_sends_into_quick_system_busy() {
 
 #[test]
 fn a_stalled_shard_answers_the_sends_that_waited_with_system_busy() {
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut stream = node.connect();
     assert_eq!(send(&mut stream, "LpStall", "0", b"before").code, 0);
     // SAFETY: signals to our own child.

@@ -1,152 +1,17 @@
 //! The real binary on loopback, driven with raw remoting frames built by our codec: route
 //! data, send, pull, offsets, and the bad-input answers, checked field by field.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::{decode_frame, request_code as rc, response_code, FrameEncoder};
+use common::*;
+use shardmq::remoting::{request_code as rc, response_code};
 
-struct Node {
-    child: Child,
-    dir: std::path::PathBuf,
-    namesrv_port: u16,
-    broker_port: u16,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The binary, killed if this test's thread dies first (a killed test run leaves nothing).
-fn shardmq() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
-    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    command
-}
-
-/// A base port whose block (namesrv, 2 shards × 3 ports) is free right now. Tests of this
-/// process take disjoint blocks (concurrent tests must never share a port: shards bind with
-/// SO_REUSEPORT, so two nodes on one port would silently split its connections).
-fn free_port_base() -> u16 {
-    static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let process_slot = (std::process::id() % 250) as u16;
-    loop {
-        let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        assert!(block < 4, "no free port block");
-        let base = 20_000 + process_slot * 160 + block * 40;
-        let ports = [base, base + 18, base + 20, base + 28, base + 30];
-        if ports
-            .iter()
-            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        {
-            return base;
-        }
-    }
-}
-
-fn start_node() -> Node {
-    let base = free_port_base();
-    let dir = std::env::temp_dir().join(format!("shardmq-raw-{}-{base}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (namesrv_port, broker_port) = (base, base + 20);
-    let mut child = shardmq()
-        .args([
-            "serve",
-            "--shards",
-            "2",
-            "--segment-size-mib",
-            "16",
-            "--flush",
-            "sync",
-        ])
-        .args([
-            "--namesrv-port",
-            &namesrv_port.to_string(),
-            "--broker-port",
-            &broker_port.to_string(),
-        ])
-        .arg("--data-dir")
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shardmq");
-    wait_for_line(&mut child, "shardmq: ready");
-    Node {
-        child,
-        dir,
-        namesrv_port,
-        broker_port,
-    }
-}
-
-struct Reply {
-    code: i32,
-    remark: Option<String>,
-    ext: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn ext(&self, key: &str) -> &str {
-        self.ext
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_else(|| panic!("no {key}"))
-    }
-}
-
-fn call(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut frame = Vec::new();
-    let mut encoder = FrameEncoder::request(&mut frame, code, 7, false);
-    for (k, v) in ext {
-        encoder.ext(k, v);
-    }
-    encoder.finish(body);
-    stream.write_all(&frame).unwrap();
-    read_reply(stream)
-}
-
-fn read_reply(stream: &mut TcpStream) -> Reply {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 65536];
-    loop {
-        if let Some((command, _)) = decode_frame(&buffer).unwrap() {
-            return Reply {
-                code: command.code,
-                remark: command.remark.map(|r| r.into_owned()),
-                ext: command
-                    .ext_fields
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                body: command.body.to_vec(),
-            };
-        }
-        let n = stream.read(&mut chunk).unwrap();
-        assert!(n > 0, "connection closed");
-        buffer.extend_from_slice(&chunk[..n]);
-    }
-}
-
-fn send_v2(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8], tag: &str) -> Reply {
+fn send_v2(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8], tag: &str) -> Frame {
     let properties = format!("TAGS\u{1}{tag}\u{2}KEYS\u{1}k-{tag}\u{2}");
     call(
         stream,
@@ -174,7 +39,7 @@ fn pull(
     offset: &str,
     expression: Option<&str>,
     suspend_ms: &str,
-) -> Reply {
+) -> Frame {
     let mut ext = vec![
         ("consumerGroup", group),
         ("topic", topic),
@@ -194,7 +59,7 @@ fn pull(
 
 #[test]
 fn route_send_pull_and_offsets_on_the_real_binary() {
-    let node = start_node();
+    let node = start_node(&[]);
     let mut namesrv = TcpStream::connect(("127.0.0.1", node.namesrv_port)).unwrap();
     let route = call(
         &mut namesrv,
@@ -285,7 +150,7 @@ fn route_send_pull_and_offsets_on_the_real_binary() {
 
 #[test]
 fn bad_input_gets_clear_answers_and_loses_nothing() {
-    let node = start_node();
+    let node = start_node(&[]);
     let mut broker = TcpStream::connect(("127.0.0.1", node.broker_port)).unwrap();
     let unknown = call(&mut broker, 9999, &[], &[]);
     assert_eq!(unknown.code, response_code::REQUEST_CODE_NOT_SUPPORTED);
@@ -338,47 +203,11 @@ fn bad_input_gets_clear_answers_and_loses_nothing() {
     assert_eq!(records[0].body, b"kept");
 }
 
-/// Waits (at most 60 s) for a line of the child's stdout containing `needle`; the rest of
-/// its output keeps being drained in the background.
-fn wait_for_line(child: &mut Child, needle: &str) {
-    use std::io::BufRead;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            // A send fails once nobody listens; keep draining so the child never blocks.
-            let _ = lines_tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines_rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return,
-            Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            Err(_) => panic!("no line with {needle:?} within 60 s; output so far:\n{seen}"),
-        }
-    }
-}
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn broker_registers_with_a_separate_namesrv_process() {
-    let base = free_port_base();
-    let dir = std::env::temp_dir().join(format!("shardmq-split-{}-{base}", std::process::id()));
-    let (namesrv_port, broker_port) = (base, base + 20);
+    let ports = free_port_block();
+    let dir = DataDir::fresh();
+    let (namesrv_port, broker_port) = (ports.base, ports.base + 20);
     let mut namesrv = shardmq()
         .args([
             "namesrv",
@@ -393,7 +222,7 @@ fn broker_registers_with_a_separate_namesrv_process() {
         .spawn()
         .unwrap();
     wait_for_line(&mut namesrv, "listening");
-    let _namesrv = Killed(namesrv);
+    let _namesrv = KillOnDrop(namesrv);
     let mut broker = shardmq()
         .args(["broker", "--shards", "2", "--segment-size-mib", "16"])
         .args(["--namesrv", &format!("127.0.0.1:{namesrv_port}")])
@@ -409,7 +238,7 @@ fn broker_registers_with_a_separate_namesrv_process() {
         .spawn()
         .unwrap();
     wait_for_line(&mut broker, "ready");
-    let _broker = Killed(broker);
+    let _broker = KillOnDrop(broker);
     // Every namesrv shard's replica knows both brokers: ask on several connections.
     // Registrations reach the replica that took them at once and the others over the mesh
     // within milliseconds: each connection (landing on any replica) sees both soon.
@@ -436,17 +265,17 @@ fn broker_registers_with_a_separate_namesrv_process() {
         );
         assert_eq!(route.code, response_code::SUCCESS);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn serve_accepts_a_relative_data_dir() {
     // `cargo run --release -- serve` uses the relative default `shardmq-data`.
-    let base = free_port_base();
-    let dir = std::env::temp_dir().join(format!("shardmq-relative-{}-{base}", std::process::id()));
+    let ports = free_port_block();
+    let base = ports.base;
+    let dir = DataDir::fresh();
     std::fs::create_dir_all(&dir).unwrap();
     let mut child = shardmq()
-        .current_dir(&dir)
+        .current_dir(dir.path())
         .args(["serve", "--shards", "2", "--segment-size-mib", "16"])
         .args([
             "--namesrv-port",
@@ -459,7 +288,6 @@ fn serve_accepts_a_relative_data_dir() {
         .spawn()
         .unwrap();
     wait_for_line(&mut child, "shardmq: ready");
-    let _child = Killed(child);
+    let _child = KillOnDrop(child);
     assert!(dir.join("shardmq-data/shard-1/commitlog").is_dir());
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,11 +4,11 @@
 //! its RESET_CONSUMER_CLIENT_OFFSET push (fastjson form, to non-C++ consumers) and the pull
 //! path that moves every consumer, C++ ones included.
 
-mod raw_node;
+mod common;
 
 use std::time::Duration;
 
-use raw_node::*;
+use common::*;
 use shardmq::protocol::ResetOffsetBody;
 use shardmq::remoting::{request_code as rc, response_code};
 
@@ -22,7 +22,7 @@ fn now_ms() -> i64 {
 fn send_batch(client: &mut Client, topic: &str, queues: &[u32], count: usize) {
     for queue in queues {
         for _ in 0..count {
-            let sent = send(client, topic, *queue, b"m", &[("k", "v")]);
+            let sent = send_with(client, topic, *queue, b"m", &[("k", "v")]);
             assert_eq!(sent.code, response_code::SUCCESS, "{:?}", sent.remark);
         }
     }
@@ -63,7 +63,7 @@ fn search(client: &mut Client, topic: &str, timestamp: i64, boundary: &str) -> S
 
 #[test]
 fn consume_from_where_gets_what_each_mode_needs() {
-    let node = start_node("fromwhere");
+    let node = Node::start();
     let mut broker = Client::connect(node.broker_port);
     let topic = "FromWhere";
     let (before, between) = two_batches(&mut broker, topic, &[0]);
@@ -156,7 +156,7 @@ fn committed(client: &mut Client, group: &str, topic: &str, queue: &str) -> Stri
 
 #[test]
 fn reset_offset_moves_the_group_and_tells_its_consumers() {
-    let node = start_node("reset");
+    let node = Node::start();
     let topic = "ResetTopic";
     let mut admin = Client::connect(node.broker_port);
     let (before, between) = two_batches(&mut admin, topic, &[0, 1]);

@@ -100,13 +100,13 @@ fn end_transaction(
     stream.write_all(&frame).unwrap();
 }
 
-fn ended(stream: &mut TcpStream, half: &Half, commit_or_rollback: &str, from_check: bool) -> Reply {
+fn ended(stream: &mut TcpStream, half: &Half, commit_or_rollback: &str, from_check: bool) -> Frame {
     end_transaction(stream, half, commit_or_rollback, from_check);
     next_response(stream)
 }
 
 /// The next response on a producer connection (requests from the broker are skipped).
-fn next_response(stream: &mut TcpStream) -> Reply {
+fn next_response(stream: &mut TcpStream) -> Frame {
     loop {
         let frame = read_frame(stream, Duration::from_secs(20)).expect("a response");
         if frame.is_response() {
@@ -116,7 +116,7 @@ fn next_response(stream: &mut TcpStream) -> Reply {
 }
 
 /// CHECK_TRANSACTION_STATE requests the producer receives within `within`.
-fn checks_within(stream: &mut TcpStream, within: Duration) -> Vec<Reply> {
+fn checks_within(stream: &mut TcpStream, within: Duration) -> Vec<Frame> {
     let deadline = Instant::now() + within;
     let mut checks = Vec::new();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -132,7 +132,7 @@ fn checks_within(stream: &mut TcpStream, within: Duration) -> Vec<Reply> {
 }
 
 /// The first check within `within`.
-fn next_check(stream: &mut TcpStream, within: Duration) -> Reply {
+fn next_check(stream: &mut TcpStream, within: Duration) -> Frame {
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -164,7 +164,7 @@ fn visible(node: &Node, topic: &str, queue: &str) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_commit_is_visible_once_even_when_it_arrives_twice() {
-    let node = start_node(&[], None);
+    let node = start_node(&[]);
     let mut stream = producer(&node, "tx-commit");
     let half = send_half(&mut stream, ("TxCommit", "1"), b"order-1", "UNIQ-COMMIT-1");
     assert!(
@@ -250,7 +250,7 @@ fn a_commit_is_visible_once_even_when_it_arrives_twice() {
 
 #[test]
 fn a_rollback_is_never_visible_nor_checked() {
-    let node = start_node(&FAST_CHECKS, None);
+    let node = start_node(&FAST_CHECKS);
     let mut stream = producer(&node, "tx-rollback");
     let half = send_half(
         &mut stream,
@@ -273,7 +273,7 @@ fn a_rollback_is_never_visible_nor_checked() {
 
 #[test]
 fn an_unknown_transaction_is_checked_back_and_committed() {
-    let node = start_node(&FAST_CHECKS, None);
+    let node = start_node(&FAST_CHECKS);
     let mut stream = producer(&node, "tx-unknown");
     let half = send_half(
         &mut stream,
@@ -321,14 +321,14 @@ fn an_unknown_transaction_is_checked_back_and_committed() {
 
 #[test]
 fn a_restarted_broker_checks_its_undecided_half_and_only_it() {
-    let node = start_node(&FAST_CHECKS, None);
+    let mut node = start_node(&FAST_CHECKS);
     let mut stream = producer(&node, "tx-restart");
     let committed = send_half(&mut stream, ("TxRestart", "0"), b"committed", "UNIQ-R-1");
     assert_eq!(ended(&mut stream, &committed, "8", false).code, 0);
     let undecided = send_half(&mut stream, ("TxRestart", "0"), b"undecided", "UNIQ-R-2");
     // Killed at once (SIGKILL): no check round has run for the undecided half yet.
-    let dir = node.kill();
-    let node = start_node(&FAST_CHECKS, Some(dir));
+    node.kill();
+    node.start_again();
     let mut stream = producer(&node, "tx-restart-2");
     let check = next_check(&mut stream, Duration::from_secs(5));
     assert_eq!(check.ext("tranStateTableOffset"), undecided.queue_offset);
@@ -347,16 +347,16 @@ fn a_restarted_broker_checks_its_undecided_half_and_only_it() {
 fn a_half_never_answered_is_discarded_after_check_max_checks_for_good() {
     let mut args = FAST_CHECKS.to_vec();
     args.extend(["--transaction-check-max", "2"]);
-    let node = start_node(&args, None);
+    let mut node = start_node(&args);
     let mut stream = producer(&node, "tx-silent");
     let half = send_half(&mut stream, ("TxSilent", "0"), b"silent", "UNIQ-S-1");
     let first = next_check(&mut stream, Duration::from_secs(5));
     assert_eq!(first.ext("tranStateTableOffset"), half.queue_offset);
     // Stopped after the first check (a second one may go out while it stops): the count
     // survives the restart, so the checks before and after add up to transactionCheckMax.
-    let dir = node.stop();
+    node.stop();
     let before = 1 + checks_within(&mut stream, Duration::from_millis(200)).len();
-    let node = start_node(&args, Some(dir));
+    node.start_again();
     let mut stream = producer(&node, "tx-silent-2");
     let after = checks_within(&mut stream, Duration::from_millis(2_500));
     assert_eq!(
@@ -376,8 +376,7 @@ fn a_half_never_answered_is_discarded_after_check_max_checks_for_good() {
     assert!(visible(&node, "TxSilent", "0").is_empty());
     drop(watcher);
     // Discarded for good: another restart does not bring it back.
-    let dir = node.stop();
-    let node = start_node(&args, Some(dir));
+    node.restart();
     let mut stream = producer(&node, "tx-silent-3");
     assert!(checks_within(&mut stream, Duration::from_millis(1_000)).is_empty());
     assert_eq!(runtime_info(&mut stream, "transactionHalfPending"), "0");

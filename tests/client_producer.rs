@@ -1,13 +1,14 @@
 //! The producer against the real binary: every send mode, both selectors, compression, and a
 //! push consumer reading back exactly what was sent.
 
-mod client_support;
+mod common;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use client_support::{distinct_bodies, record, wait_until, Log, Node};
+use common::client::{distinct_bodies, record, wait_until, Log};
+use common::Node;
 use shardmq::client::{
     ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer, SelectByHash,
     SelectByRoundRobin, SendStatus,

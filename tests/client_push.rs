@@ -2,13 +2,14 @@
 //! (no loss), broadcasting, orderly order per queue, send-back of failed messages, and offsets
 //! resumed after a node restart.
 
-mod client_support;
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_support::{distinct_bodies, record, wait_until, Log, Node};
+use common::client::{distinct_bodies, record, wait_until, Log};
+use common::Node;
 use shardmq::client::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, Message, MessageExt, MessageModel, Producer,

@@ -2,14 +2,15 @@
 //! consumers, a rolled-back one never does, and an unknown one is settled by the broker's
 //! CHECK_TRANSACTION_STATE through the check listener.
 
-mod client_support;
+mod common;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_support::{distinct_bodies, record, wait_until, Log, Node};
+use common::client::{distinct_bodies, record, wait_until, Log};
+use common::Node;
 use shardmq::client::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, LocalTransactionState, Message,
     MessageExt, PushConsumer, TransactionListener, TransactionProducer,

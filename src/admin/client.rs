@@ -6,16 +6,13 @@
 //! construction (connect, write and each read), and every frame by the codec's 16 MiB limit.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use crate::remoting::{decode_frame, response_code, response_code_name, FrameEncoder};
-
-/// Bytes read from the socket per read call.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+use crate::remoting::{read_frame, response_code, response_code_name, FrameEncoder};
 
 /// A decoded answer, owned.
 #[derive(Debug, Clone)]
@@ -46,7 +43,7 @@ impl Reply {
     }
 }
 
-/// One connection to one server.
+/// One connection to one server, with the buffer its frames are read into.
 struct Link {
     stream: TcpStream,
     buffer: Vec<u8>,
@@ -133,32 +130,21 @@ fn exchange(
     encoder.finish(body);
     link.stream.write_all(&frame)?;
     let deadline = Instant::now() + timeout;
-    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     loop {
-        while let Some((command, consumed)) = decode_frame(&link.buffer)? {
-            let reply = (command.is_response() && command.opaque == opaque).then(|| Reply {
+        let Some(command) = read_frame(&mut link.stream, &mut link.buffer)? else {
+            bail!("the server closed the connection");
+        };
+        // Anything else (a server-to-client request, a late answer) is skipped.
+        if command.is_response() && command.opaque == opaque {
+            return Ok(Reply {
                 code: command.code,
                 remark: command.remark.map(|r| r.into_owned()),
-                ext: command
-                    .ext_fields
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
+                ext: command.ext_fields.collect_owned(),
                 body: command.body.to_vec(),
             });
-            // Anything else (a server-to-client request, a late answer) is skipped.
-            link.buffer.drain(..consumed);
-            if let Some(reply) = reply {
-                return Ok(reply);
-            }
         }
         if Instant::now() >= deadline {
             bail!("no answer within {} ms", timeout.as_millis());
         }
-        let read = link.stream.read(&mut chunk)?;
-        if read == 0 {
-            bail!("the server closed the connection");
-        }
-        link.buffer.extend_from_slice(&chunk[..read]);
     }
 }

@@ -386,11 +386,7 @@ async fn read_loop(
                         opaque: command.opaque,
                         oneway: command.is_oneway(),
                         remark: command.remark.map(|r| r.into_owned()),
-                        ext: command
-                            .ext_fields
-                            .iter()
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                            .collect(),
+                        ext: command.ext_fields.collect_owned(),
                         body: command.body.to_vec(),
                     };
                     consumed_total += consumed;

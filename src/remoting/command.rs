@@ -239,6 +239,14 @@ impl<'a> ExtFields<'a> {
             .map(|(key, value)| (key.as_ref(), value.as_ref()))
     }
 
+    /// Every entry copied out of the frame into `C` (a `Vec` of pairs in wire order, or a map,
+    /// where a repeated key keeps its last value as [`ExtFields::get`] does).
+    pub fn collect_owned<C: FromIterator<(String, String)>>(&self) -> C {
+        self.iter()
+            .map(|(key, value)| (key.to_owned(), value.to_owned()))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -316,6 +324,10 @@ mod tests {
         assert_eq!(fields.bool_lenient("nope"), None);
         assert_eq!(fields.len(), 9);
         assert_eq!(fields.iter().next(), Some(("queueId", "3")));
+        let pairs: Vec<(String, String)> = fields.collect_owned();
+        assert_eq!(pairs.len(), 9);
+        let map: std::collections::BTreeMap<String, String> = fields.collect_owned();
+        assert_eq!(map["queueId"], "4", "a map keeps the last repeated value");
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! The RocketMQ remoting codec (REMOTING.md §1–§2): bytes in, typed frames out, and frames
-//! written into caller-owned buffers. Pure: no I/O, no clock, no shared state, so every shard
-//! uses it on its own connections and tests drive it with plain byte slices.
+//! written into caller-owned buffers. Pure apart from [`read_frame`]: no I/O of its own, no clock,
+//! no shared state, so every shard uses it on its own connections and tests drive it with plain
+//! byte slices.
 //!
 //! - [`decode_frame`] splits one frame off a read buffer and decodes its JSON
 //!   ([`json_header`]) or binary ([`binary_header`]) header into a [`RemotingCommand`] that
 //!   borrows from the buffer. `Ok(None)` means "need more bytes".
 //! - [`FrameEncoder`] writes a frame with a JSON header, the only form the broker sends.
 //! - [`request_code`] / [`response_code`] name every code of §2.
+//! - [`read_frame`] reads one whole frame from a blocking `std::io::Read` (the admin client,
+//!   tests); the only I/O here, and it only reads what it is handed.
 //!
 //! Invariants: every length read from the wire is checked against its limit before it is
 //! used ([`FRAME_SIZE_MAX_BYTES`], the 24-bit header length, [`EXT_FIELDS_COUNT_MAX`],
@@ -14,6 +17,7 @@
 //! codes, languages and header keys are kept or ignored, not rejected.
 
 pub mod binary_header;
+mod blocking;
 mod codes;
 mod command;
 mod encode;
@@ -23,6 +27,7 @@ pub mod json_header;
 #[cfg(test)]
 mod tests;
 
+pub use blocking::{read_frame, ReadFrameError};
 pub use codes::{request_code, request_code_name, response_code, response_code_name};
 pub use command::{
     ExtFields, FieldError, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE,

@@ -322,6 +322,55 @@ fn binary_header_frame_decodes() {
     assert_eq!(command.body, b"{}");
 }
 
+#[test]
+fn read_frame_takes_exactly_one_frame_from_a_reader() {
+    let mut wire = Vec::new();
+    let mut first = FrameEncoder::response(&mut wire, response_code::SUCCESS, 5);
+    first.ext("queueId", "1");
+    first.finish(b"one");
+    FrameEncoder::request(&mut wire, request_code::HEART_BEAT, 6, true).finish(b"two");
+    let mut reader = std::io::Cursor::new(wire);
+    let mut buffer = Vec::new();
+    let command = read_frame(&mut reader, &mut buffer).unwrap().unwrap();
+    assert_eq!((command.code, command.opaque), (response_code::SUCCESS, 5));
+    assert_eq!(command.ext_fields.get("queueId"), Some("1"));
+    assert_eq!(command.body, b"one");
+    let command = read_frame(&mut reader, &mut buffer).unwrap().unwrap();
+    assert_eq!((command.opaque, command.is_oneway()), (6, true));
+    assert_eq!(command.body, b"two");
+    assert!(
+        read_frame(&mut reader, &mut buffer).unwrap().is_none(),
+        "clean end"
+    );
+}
+
+#[test]
+fn read_frame_rejects_hostile_and_truncated_frames() {
+    let mut buffer = Vec::new();
+    let hostile = [0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 2, b'{', b'}'];
+    assert!(matches!(
+        read_frame(&mut &hostile[..], &mut buffer),
+        Err(ReadFrameError::Decode(DecodeError::FrameTooLarge { .. }))
+    ));
+    assert!(
+        buffer.len() <= LENGTH_PREFIX_BYTES,
+        "nothing allocated for it"
+    );
+    let mut whole = Vec::new();
+    FrameEncoder::response(&mut whole, 0, 1).finish(b"body");
+    for cut in [2, 9, whole.len() - 1] {
+        match read_frame(&mut &whole[..cut], &mut buffer) {
+            Err(ReadFrameError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof),
+            other => panic!("cut at {cut}: {other:?}"),
+        }
+    }
+    let garbage = [0, 0, 0, 9, 0, 0, 0, 5, b'{', b'x', b'x', b'x', b'x'];
+    assert!(matches!(
+        read_frame(&mut &garbage[..], &mut buffer),
+        Err(ReadFrameError::Decode(_))
+    ));
+}
+
 // ---------------------------------------------------------------------------------------
 // Property tests
 

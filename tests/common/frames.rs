@@ -1,167 +1,140 @@
-//! Shared by the raw-frame tests of filters and offset resets: a node of the real binary on
-//! free loopback ports, and a client connection that matches answers to requests by opaque
-//! and keeps the requests the broker pushes (NOTIFY_CONSUMER_IDS_CHANGED,
-//! RESET_CONSUMER_CLIENT_OFFSET) for the test to look at.
-#![allow(dead_code)]
+//! Raw remoting frames over a blocking `TcpStream`, built by our codec and read with
+//! [`shardmq::remoting::read_frame`]: plain request/next-frame calls on a stream, and a
+//! [`Client`] that matches answers to requests by opaque and keeps the requests the broker
+//! pushes (NOTIFY_CONSUMER_IDS_CHANGED, RESET_CONSUMER_CLIENT_OFFSET,
+//! CHECK_TRANSACTION_STATE) for the test to look at.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::{decode_frame, request_code as rc, FrameEncoder};
+use shardmq::remoting::{read_frame as read_one_frame, RemotingCommand};
+use shardmq::remoting::{request_code as rc, FrameEncoder};
 
-/// Longest a test waits for one answer (held pulls answer within their suspend time).
-const REPLY_WAIT_MAX: Duration = Duration::from_secs(20);
+/// Longest a test waits for one answer (held pulls answer within their suspend time), and
+/// for the rest of a frame once its first byte is in.
+pub const REPLY_WAIT_MAX: Duration = Duration::from_secs(20);
 
-pub struct Node {
-    child: Child,
-    dir: std::path::PathBuf,
-    pub namesrv_port: u16,
-    pub broker_port: u16,
-}
-
-impl Node {
-    /// Shard `shard`'s broker port.
-    pub fn shard_port(&self, shard: u16) -> u16 {
-        self.broker_port + 10 * shard
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The binary, killed if this test's thread dies first.
-fn shardmq() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
-    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    command
-}
-
-/// A base port whose block (namesrv, 2 shards × 3 ports) is free now; blocks of one process
-/// never overlap (shards bind with SO_REUSEPORT, so two nodes must not share a port).
-fn free_port_base() -> u16 {
-    static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let process_slot = (std::process::id() % 250) as u16;
-    loop {
-        let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        assert!(block < 4, "no free port block");
-        let base = 20_000 + process_slot * 160 + block * 40;
-        let ports = [base, base + 18, base + 20, base + 28, base + 30];
-        if ports
-            .iter()
-            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        {
-            return base;
-        }
-    }
-}
-
-/// A two-shard node (`serve`), ready for clients.
-pub fn start_node(name: &str) -> Node {
-    let base = free_port_base();
-    let dir = std::env::temp_dir().join(format!("shardmq-{name}-{}-{base}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (namesrv_port, broker_port) = (base, base + 20);
-    let mut child = shardmq()
-        .args(["serve", "--shards", "2", "--segment-size-mib", "16"])
-        .args(["--namesrv-port", &namesrv_port.to_string()])
-        .args(["--broker-port", &broker_port.to_string()])
-        .arg("--data-dir")
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shardmq");
-    wait_for_line(&mut child, "shardmq: ready");
-    Node {
-        child,
-        dir,
-        namesrv_port,
-        broker_port,
-    }
-}
-
-/// Waits (at most 60 s) for a stdout line containing `needle`; the rest is drained.
-fn wait_for_line(child: &mut Child, needle: &str) {
-    use std::io::BufRead;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let _ = lines_tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines_rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return,
-            Ok(_) => {}
-            Err(_) => panic!("no line with {needle:?} within 60 s"),
-        }
-    }
-}
-
-/// One decoded frame.
+/// One decoded frame, owned.
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub code: i32,
     pub opaque: i32,
-    pub is_response: bool,
+    pub flag: i32,
     pub remark: Option<String>,
     pub ext: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Frame {
+    /// The ext field `key`; panics naming the fields there are when it is missing.
     pub fn ext(&self, key: &str) -> &str {
-        self.try_ext(key)
-            .unwrap_or_else(|| panic!("no {key} in {self:?}"))
+        self.get(key)
+            .unwrap_or_else(|| panic!("no {key} in {:?}", self.ext))
     }
 
-    pub fn try_ext(&self, key: &str) -> Option<&str> {
+    pub fn get(&self, key: &str) -> Option<&str> {
         self.ext
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
 
+    pub fn is_response(&self) -> bool {
+        self.flag & 1 != 0
+    }
+
+    /// The remark, `""` when there is none.
     pub fn remark(&self) -> &str {
         self.remark.as_deref().unwrap_or("")
     }
 }
 
-/// A connection to one broker (or namesrv) endpoint.
+impl From<RemotingCommand<'_>> for Frame {
+    fn from(command: RemotingCommand<'_>) -> Frame {
+        Frame {
+            code: command.code,
+            opaque: command.opaque,
+            flag: command.flag,
+            remark: command.remark.map(|r| r.into_owned()),
+            ext: command.ext_fields.collect_owned(),
+            body: command.body.to_vec(),
+        }
+    }
+}
+
+/// Encodes one request frame.
+pub fn request_frame(code: i32, opaque: i32, ext: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::new();
+    let mut encoder = FrameEncoder::request(&mut frame, code, opaque, false);
+    for (k, v) in ext {
+        encoder.ext(k, v);
+    }
+    encoder.finish(body);
+    frame
+}
+
+/// Sends one request (opaque 7) and reads the next frame, whatever it is.
+pub fn call(stream: &mut TcpStream, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Frame {
+    stream
+        .write_all(&request_frame(code, 7, ext, body))
+        .unwrap();
+    read_frame(stream, REPLY_WAIT_MAX).expect("a reply within 20 s")
+}
+
+/// Why no frame came.
+enum NoFrame {
+    TimedOut,
+    Closed,
+}
+
+/// Reads one frame; None when none came within `wait` or the connection has closed.
+pub fn read_frame(stream: &mut TcpStream, wait: Duration) -> Option<Frame> {
+    next_frame(stream, wait).ok()
+}
+
+fn next_frame(stream: &mut TcpStream, wait: Duration) -> Result<Frame, NoFrame> {
+    // Wait for the first byte without taking it, then read the whole frame under the longer
+    // limit: a wait that runs out never leaves half a frame read.
+    stream.set_read_timeout(Some(wait)).unwrap();
+    match stream.peek(&mut [0u8; 1]) {
+        Ok(0) => return Err(NoFrame::Closed),
+        Ok(_) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(NoFrame::TimedOut)
+        }
+        Err(e) => panic!("read failed: {e}"),
+    }
+    stream.set_read_timeout(Some(REPLY_WAIT_MAX)).unwrap();
+    let mut buffer = Vec::new();
+    match read_one_frame(stream, &mut buffer) {
+        Ok(Some(command)) => Ok(Frame::from(command)),
+        Ok(None) => Err(NoFrame::Closed),
+        Err(e) => panic!("read failed: {e}"),
+    }
+}
+
+/// A connection to one broker (or namesrv) endpoint that matches answers to requests.
 pub struct Client {
     stream: TcpStream,
-    buffer: Vec<u8>,
     next_opaque: i32,
     /// Requests the server sent, oldest first.
     pub pushed: VecDeque<Frame>,
 }
 
 impl Client {
+    /// Connects to `port` on loopback.
     pub fn connect(port: u16) -> Client {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        Client::connect_to(&format!("127.0.0.1:{port}"))
+    }
+
+    /// Connects to `addr` (`host:port`).
+    pub fn connect_to(addr: &str) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).unwrap();
         Client {
             stream,
-            buffer: Vec::new(),
             next_opaque: 1,
             pushed: VecDeque::new(),
         }
@@ -171,13 +144,9 @@ impl Client {
     pub fn call(&mut self, code: i32, ext: &[(&str, &str)], body: &[u8]) -> Frame {
         let opaque = self.next_opaque;
         self.next_opaque += 1;
-        let mut frame = Vec::new();
-        let mut encoder = FrameEncoder::request(&mut frame, code, opaque, false);
-        for (key, value) in ext {
-            encoder.ext(key, value);
-        }
-        encoder.finish(body);
-        self.stream.write_all(&frame).unwrap();
+        self.stream
+            .write_all(&request_frame(code, opaque, ext, body))
+            .unwrap();
         self.answer_to(code, opaque)
     }
 
@@ -215,10 +184,10 @@ impl Client {
             let frame = self
                 .read_frame(deadline)
                 .unwrap_or_else(|| panic!("no answer to request {code} within 20 s"));
-            if frame.is_response && frame.opaque == opaque {
+            if frame.is_response() && frame.opaque == opaque {
                 return frame;
             }
-            if !frame.is_response {
+            if !frame.is_response() {
                 self.pushed.push_back(frame);
             }
         }
@@ -232,7 +201,7 @@ impl Client {
                 return self.pushed.remove(at);
             }
             let frame = self.read_frame(deadline)?;
-            if !frame.is_response {
+            if !frame.is_response() {
                 self.pushed.push_back(frame);
             }
         }
@@ -245,49 +214,99 @@ impl Client {
         self.stream.write_all(&frame).unwrap();
     }
 
+    /// The next frame if one arrives by `deadline` (one already waiting is taken even when
+    /// the deadline has passed); panics when the connection closes.
     fn read_frame(&mut self, deadline: Instant) -> Option<Frame> {
-        let mut chunk = [0u8; 65536];
-        loop {
-            if let Some((command, used)) = decode_frame(&self.buffer).unwrap() {
-                let frame = Frame {
-                    code: command.code,
-                    opaque: command.opaque,
-                    is_response: command.is_response(),
-                    remark: command.remark.map(|r| r.into_owned()),
-                    ext: command
-                        .ext_fields
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                    body: command.body.to_vec(),
-                };
-                self.buffer.drain(..used);
-                return Some(frame);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            self.stream.set_read_timeout(Some(left)).unwrap();
-            match self.stream.read(&mut chunk) {
-                Ok(0) => panic!("connection closed"),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return None
-                }
-                Err(e) => panic!("read: {e}"),
-            }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match next_frame(&mut self.stream, left.max(Duration::from_millis(1))) {
+            Ok(frame) => Some(frame),
+            Err(NoFrame::TimedOut) => None,
+            Err(NoFrame::Closed) => panic!("connection closed"),
         }
     }
 }
 
+/// SEND_MESSAGE_V2 of one message to `queue` of `topic` with extra properties.
+pub fn send_v2_frame(
+    opaque: i32,
+    (topic, queue): (&str, &str),
+    body: &[u8],
+    properties: &str,
+    sys_flag: &str,
+    group: &str,
+) -> Vec<u8> {
+    request_frame(
+        rc::SEND_MESSAGE_V2,
+        opaque,
+        &[
+            ("a", group),
+            ("b", topic),
+            ("c", "TBW102"),
+            ("d", "4"),
+            ("e", queue),
+            ("f", sys_flag),
+            ("g", "1700000000000"),
+            ("h", "0"),
+            ("i", properties),
+        ],
+        body,
+    )
+}
+
+/// Sends one plain message and reads the reply.
+pub fn send(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8]) -> Frame {
+    stream
+        .write_all(&send_v2_frame(
+            7,
+            (topic, queue),
+            body,
+            "TAGS\u{1}T\u{2}",
+            "0",
+            "pg",
+        ))
+        .unwrap();
+    read_frame(stream, REPLY_WAIT_MAX).expect("a send reply within 20 s")
+}
+
+/// A PULL_MESSAGE frame; with `suspend_ms` the pull may be held (sysFlag SUSPEND |
+/// SUBSCRIPTION, expression "*"), without it it answers at once.
+pub fn pull_frame(
+    opaque: i32,
+    (group, topic, queue): (&str, &str, &str),
+    offset: u64,
+    suspend_ms: Option<u64>,
+) -> Vec<u8> {
+    let offset = offset.to_string();
+    let suspend = suspend_ms.unwrap_or(0).to_string();
+    let mut ext = vec![
+        ("consumerGroup", group),
+        ("topic", topic),
+        ("queueId", queue),
+        ("queueOffset", offset.as_str()),
+        ("maxMsgNums", "32"),
+        ("sysFlag", if suspend_ms.is_some() { "6" } else { "0" }),
+        ("commitOffset", "0"),
+        ("suspendTimeoutMillis", suspend.as_str()),
+        ("subVersion", "0"),
+    ];
+    if suspend_ms.is_some() {
+        ext.push(("subscription", "*"));
+    }
+    request_frame(rc::PULL_MESSAGE, opaque, &ext, &[])
+}
+
+/// One GET_BROKER_RUNTIME_INFO value of the shard `stream` is connected to.
+pub fn runtime_info(stream: &mut TcpStream, key: &str) -> String {
+    let reply = call(stream, rc::GET_BROKER_RUNTIME_INFO, &[], &[]);
+    let value: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    value["table"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in {value}"))
+        .to_string()
+}
+
 /// SEND_MESSAGE_V2 of `body` to `queue` of `topic` with these user properties (and TAGS).
-pub fn send(
+pub fn send_with(
     client: &mut Client,
     topic: &str,
     queue: u32,
