@@ -57,6 +57,28 @@ pub fn write_json_file(path: &Path, value: &serde_json::Value) -> io::Result<()>
     write_file_durably(path, &bytes)
 }
 
+/// [`write_file_durably`] for a table that stays in memory and is written again on its next
+/// change: a failure is logged (`shardmq: cannot persist <path>: <error>`), not returned.
+/// True when written.
+pub fn write_or_log(path: &Path, bytes: &[u8]) -> bool {
+    logged(path, write_file_durably(path, bytes))
+}
+
+/// [`write_json_file`], a failure logged as [`write_or_log`] logs it.
+pub fn write_json_or_log(path: &Path, value: &serde_json::Value) -> bool {
+    logged(path, write_json_file(path, value))
+}
+
+fn logged(path: &Path, result: io::Result<()>) -> bool {
+    match result {
+        Ok(()) => true,
+        Err(error) => {
+            eprintln!("shardmq: cannot persist {}: {error}", path.display());
+            false
+        }
+    }
+}
+
 /// Reads `path`, or `path.bak` when `path` is missing or `parse` rejects it.
 pub fn read_with_fallback<T>(path: &Path, parse: impl Fn(&[u8]) -> Option<T>) -> Option<T> {
     for candidate in [path.to_path_buf(), with_suffix(path, ".bak")] {

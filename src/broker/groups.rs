@@ -14,13 +14,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use crate::error::{now_ms, RequestError};
+use crate::error::RequestError;
 use crate::namesrv::respond_body;
-use crate::persist;
-use crate::protocol::{DataVersion, SubscriptionGroupConfig, SubscriptionGroupTable};
+use crate::protocol::{SubscriptionGroupConfig, SubscriptionGroupTable};
 use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
 
+use super::topics::validate_name;
+use super::versioned::VersionedFile;
 use super::Broker;
 
 /// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
@@ -32,53 +33,22 @@ const BUILTIN_GROUPS: [&str; 3] = ["TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF
 
 /// Checks a group name: RocketMQ's character set and length limit.
 pub fn validate_group_name(group: &str) -> Result<(), RequestError> {
-    if group.is_empty() {
-        return Err(RequestError::InvalidParameter(
-            "the specified group is blank".into(),
-        ));
-    }
-    if group.len() > GROUP_NAME_MAX_CHARS {
-        return Err(RequestError::InvalidParameter(format!(
-            "the specified group is longer than group max length {GROUP_NAME_MAX_CHARS}."
-        )));
-    }
-    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '%' | '-' | '_' | '|');
-    if !group.chars().all(valid) {
-        return Err(RequestError::InvalidParameter(format!(
-            "the specified group[{group}] contains illegal characters, allowing only \
-             ^[%|a-zA-Z0-9_-]+$"
-        )));
-    }
-    Ok(())
+    validate_name("group", group, GROUP_NAME_MAX_CHARS)
 }
 
 pub struct GroupTable {
-    path: PathBuf,
-    data_version: DataVersion,
+    file: VersionedFile,
     groups: BTreeMap<String, SubscriptionGroupConfig>,
 }
 
 impl GroupTable {
     /// Loads `subscriptionGroup.json` (or its backup), adding the built-in groups.
     pub fn load(path: PathBuf) -> GroupTable {
-        let loaded =
-            persist::read_with_fallback(&path, |bytes| SubscriptionGroupTable::parse(bytes).ok());
-        let mut table = match loaded {
-            Some(loaded) => GroupTable {
-                path,
-                data_version: loaded.data_version,
-                groups: loaded.groups,
-            },
-            None => GroupTable {
-                path,
-                data_version: DataVersion {
-                    counter: 0,
-                    state_version: 0,
-                    timestamp: now_ms(),
-                },
-                groups: BTreeMap::new(),
-            },
-        };
+        let (file, groups) = VersionedFile::load(path, |bytes| {
+            let table = SubscriptionGroupTable::parse(bytes).ok()?;
+            Some((table.data_version, table.groups))
+        });
+        let mut table = GroupTable { file, groups };
         let mut changed = false;
         for name in BUILTIN_GROUPS {
             if !table.groups.contains_key(name) {
@@ -139,22 +109,18 @@ impl GroupTable {
 
     pub fn snapshot(&self) -> SubscriptionGroupTable {
         SubscriptionGroupTable {
-            data_version: self.data_version.clone(),
+            data_version: self.file.data_version.clone(),
             groups: self.groups.clone(),
         }
     }
 
     fn bump_and_persist(&mut self) {
-        self.data_version.counter += 1;
-        self.data_version.timestamp = now_ms();
+        self.file.bump();
         self.persist();
     }
 
     fn persist(&self) {
-        let bytes = self.snapshot().encode_pretty();
-        if let Err(error) = persist::write_file_durably(&self.path, &bytes) {
-            eprintln!("shardmq: cannot persist {}: {error}", self.path.display());
-        }
+        self.file.write(&self.snapshot().encode_pretty());
     }
 }
 

@@ -22,6 +22,7 @@ pub mod schedule;
 mod send;
 pub mod topics;
 pub mod transaction;
+mod versioned;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddrV4;

@@ -82,9 +82,8 @@ impl OffsetTable {
             offsets: self.offsets.clone(),
         }
         .encode_pretty();
-        match persist::write_file_durably(&self.path, &bytes) {
-            Ok(()) => self.dirty = false,
-            Err(error) => eprintln!("shardmq: cannot persist {}: {error}", self.path.display()),
+        if persist::write_or_log(&self.path, &bytes) {
+            self.dirty = false;
         }
     }
 }

@@ -512,9 +512,8 @@ impl Broker {
             return;
         }
         let path = self.schedule.borrow().path.clone();
-        if let Err(error) = persist::write_json_file(&path, &json) {
+        if !persist::write_json_or_log(&path, &json) {
             self.schedule.borrow_mut().dirty = true;
-            eprintln!("shardmq: cannot persist {}: {error}", path.display());
         }
     }
 

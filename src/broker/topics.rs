@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::error::{now_ms, RequestError};
-use crate::persist;
-use crate::protocol::{perm, DataVersion, TopicConfig, TopicConfigTable};
+use crate::error::RequestError;
+use crate::protocol::{perm, TopicConfig, TopicConfigTable};
+
+use super::versioned::VersionedFile;
 
 pub const AUTO_CREATE_TOPIC_KEY_TOPIC: &str = "TBW102";
 /// Queues of the template topic (RocketMQ's defaultTopicQueueNums).
@@ -28,11 +29,6 @@ pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
 
 /// Checks a topic name: RocketMQ's character set and length limit.
 pub fn validate_topic_name(topic: &str) -> Result<(), RequestError> {
-    if topic.is_empty() {
-        return Err(RequestError::InvalidParameter(
-            "the specified topic is blank".into(),
-        ));
-    }
     let limit = if topic.starts_with(RETRY_GROUP_TOPIC_PREFIX)
         || topic.starts_with(DLQ_GROUP_TOPIC_PREFIX)
     {
@@ -40,15 +36,26 @@ pub fn validate_topic_name(topic: &str) -> Result<(), RequestError> {
     } else {
         TOPIC_NAME_MAX_CHARS
     };
-    if topic.len() > limit {
+    validate_name("topic", topic, limit)
+}
+
+/// Checks the name of a `kind` of resource (topic, group): not blank, at most `limit` bytes,
+/// only `^[%|a-zA-Z0-9_-]+$` (RocketMQ's Validators).
+pub(crate) fn validate_name(kind: &str, name: &str, limit: usize) -> Result<(), RequestError> {
+    if name.is_empty() {
         return Err(RequestError::InvalidParameter(format!(
-            "the specified topic is longer than topic max length {limit}."
+            "the specified {kind} is blank"
+        )));
+    }
+    if name.len() > limit {
+        return Err(RequestError::InvalidParameter(format!(
+            "the specified {kind} is longer than {kind} max length {limit}."
         )));
     }
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '%' | '-' | '_' | '|');
-    if !topic.chars().all(valid) {
+    if !name.chars().all(valid) {
         return Err(RequestError::InvalidParameter(format!(
-            "the specified topic[{topic}] contains illegal characters, allowing only \
+            "the specified {kind}[{name}] contains illegal characters, allowing only \
              ^[%|a-zA-Z0-9_-]+$"
         )));
     }
@@ -57,32 +64,18 @@ pub fn validate_topic_name(topic: &str) -> Result<(), RequestError> {
 
 /// The topic table of one shard.
 pub struct TopicTable {
-    path: PathBuf,
-    pub data_version: DataVersion,
+    file: VersionedFile,
     pub topics: BTreeMap<String, TopicConfig>,
 }
 
 impl TopicTable {
     /// Loads `topics.json` (or its backup), adding the built-in topics when missing.
     pub fn load(path: PathBuf, cluster_name: &str, broker_name: &str) -> TopicTable {
-        let loaded =
-            persist::read_with_fallback(&path, |bytes| TopicConfigTable::parse(bytes).ok());
-        let (data_version, topics) = match loaded {
-            Some(table) => (table.data_version, table.topics),
-            None => (
-                DataVersion {
-                    counter: 0,
-                    state_version: 0,
-                    timestamp: now_ms(),
-                },
-                BTreeMap::new(),
-            ),
-        };
-        let mut table = TopicTable {
-            path,
-            data_version,
-            topics,
-        };
+        let (file, topics) = VersionedFile::load(path, |bytes| {
+            let table = TopicConfigTable::parse(bytes).ok()?;
+            Some((table.data_version, table.topics))
+        });
+        let mut table = TopicTable { file, topics };
         let builtin = [
             (
                 AUTO_CREATE_TOPIC_KEY_TOPIC,
@@ -155,22 +148,18 @@ impl TopicTable {
 
     pub fn snapshot(&self) -> TopicConfigTable {
         TopicConfigTable {
-            data_version: self.data_version.clone(),
+            data_version: self.file.data_version.clone(),
             topics: self.topics.clone(),
         }
     }
 
     fn bump_and_persist(&mut self) {
-        self.data_version.counter += 1;
-        self.data_version.timestamp = now_ms();
+        self.file.bump();
         self.persist();
     }
 
     fn persist(&self) {
-        let bytes = self.snapshot().encode_pretty();
-        if let Err(error) = persist::write_file_durably(&self.path, &bytes) {
-            eprintln!("shardmq: cannot persist {}: {error}", self.path.display());
-        }
+        self.file.write(&self.snapshot().encode_pretty());
     }
 }
 

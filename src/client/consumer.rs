@@ -303,18 +303,8 @@ pub(crate) async fn lock_queues(
     queues: &[MessageQueue],
 ) -> Vec<MessageQueue> {
     let mut locked = Vec::new();
-    for (broker_name, queues) in by_broker(queues) {
-        let Some(addr) = instance.master_addr(&broker_name) else {
-            continue;
-        };
-        let body = LockBatchRequest {
-            consumer_group: group.to_string(),
-            client_id: instance.client_id.clone(),
-            mq_set: queues,
-            only_this_broker: false,
-        }
-        .encode();
-        let request = Request::new(request_code::LOCK_BATCH_MQ).body(body);
+    for (addr, request) in lock_batch_requests(instance, group, queues, request_code::LOCK_BATCH_MQ)
+    {
         if let Ok(response) = instance.invoke_ok(&addr, &request).await {
             if let Ok(queues) = parse_lock_batch_response(&response.body) {
                 locked.extend(queues);
@@ -326,20 +316,34 @@ pub(crate) async fn lock_queues(
 
 /// UNLOCK_BATCH_MQ for `queues`, waiting for the answers.
 pub(crate) async fn unlock_queues(instance: &ClientInstance, group: &str, queues: &[MessageQueue]) {
-    for (broker_name, queues) in by_broker(queues) {
-        let Some(addr) = instance.master_addr(&broker_name) else {
-            continue;
-        };
-        let body = LockBatchRequest {
-            consumer_group: group.to_string(),
-            client_id: instance.client_id.clone(),
-            mq_set: queues,
-            only_this_broker: false,
-        }
-        .encode();
-        let request = Request::new(request_code::UNLOCK_BATCH_MQ).body(body);
+    let code = request_code::UNLOCK_BATCH_MQ;
+    for (addr, request) in lock_batch_requests(instance, group, queues, code) {
         let _ = instance.invoke_ok(&addr, &request).await;
     }
+}
+
+/// One LOCK_BATCH_MQ or UNLOCK_BATCH_MQ request (`code`) per broker of `queues` whose master
+/// address is known, with that address.
+fn lock_batch_requests(
+    instance: &ClientInstance,
+    group: &str,
+    queues: &[MessageQueue],
+    code: i32,
+) -> Vec<(String, Request)> {
+    by_broker(queues)
+        .into_iter()
+        .filter_map(|(broker_name, queues)| {
+            let addr = instance.master_addr(&broker_name)?;
+            let body = LockBatchRequest {
+                consumer_group: group.to_string(),
+                client_id: instance.client_id.clone(),
+                mq_set: queues,
+                only_this_broker: false,
+            }
+            .encode();
+            Some((addr, Request::new(code).body(body)))
+        })
+        .collect()
 }
 
 fn by_broker(queues: &[MessageQueue]) -> BTreeMap<String, Vec<MessageQueue>> {

@@ -638,6 +638,29 @@ async fn consume_concurrently(
     }
 }
 
+/// Calls a user listener (`consume`) with `messages` and `context` on the blocking pool, so a
+/// slow listener never stalls the runtime; one that panicked yields `on_panic`'s context and
+/// status instead. Gives the messages back with the context and status.
+async fn call_listener<C, S>(
+    messages: Vec<MessageExt>,
+    mut context: C,
+    consume: impl FnOnce(&[MessageExt], &mut C) -> S + Send + 'static,
+    on_panic: impl FnOnce() -> (C, S),
+) -> (Vec<MessageExt>, C, S)
+where
+    C: Send + 'static,
+    S: Send + 'static,
+{
+    let batch = Arc::new(messages);
+    let handed = batch.clone();
+    let call = tokio::task::spawn_blocking(move || {
+        let status = consume(&handed, &mut context);
+        (context, status)
+    });
+    let (context, status) = call.await.unwrap_or_else(|_| on_panic());
+    (Arc::unwrap_or_clone(batch), context, status)
+}
+
 /// One listener call; returns the messages to consume again locally.
 async fn consume_batch(
     inner: &Arc<PushInner>,
@@ -654,27 +677,24 @@ async fn consume_batch(
         return Vec::new();
     }
     let queue = process_queue.queue.clone();
-    let mut context = ConsumeConcurrentlyContext {
+    let context = ConsumeConcurrentlyContext {
         queue: queue.clone(),
         delay_level_when_next_consume: 0,
         ack_index: messages.len().saturating_sub(1),
     };
-    let batch = Arc::new(messages);
-    let handed = batch.clone();
-    let call = tokio::task::spawn_blocking(move || {
-        let status = listener.consume_message(&handed, &mut context);
-        (context, status)
-    });
+    let consume = move |batch: &[MessageExt], context: &mut ConsumeConcurrentlyContext| {
+        listener.consume_message(batch, context)
+    };
     // A listener that panicked failed the batch, as a Java listener that throws does.
-    let (context, status) = call.await.unwrap_or_else(|_| {
+    let (messages, context, status) = call_listener(messages, context, consume, || {
         let context = ConsumeConcurrentlyContext {
             queue: queue.clone(),
             delay_level_when_next_consume: 0,
             ack_index: 0,
         };
         (context, ConsumeConcurrentlyStatus::ReconsumeLater)
-    });
-    let messages = Arc::unwrap_or_clone(batch);
+    })
+    .await;
     drop(permit);
     let acked = match status {
         ConsumeConcurrentlyStatus::ConsumeSuccess => (context.ack_index + 1).min(messages.len()),
@@ -739,25 +759,22 @@ async fn consume_orderly(inner: Arc<PushInner>, process_queue: Arc<ProcessQueueH
             return;
         }
         let listener = listener.clone();
-        let mut context = ConsumeOrderlyContext {
+        let context = ConsumeOrderlyContext {
             queue: queue.clone(),
             suspend_current_queue_time: None,
         };
-        let batch = Arc::new(messages);
-        let handed = batch.clone();
-        let call = tokio::task::spawn_blocking(move || {
-            let status = listener.consume_message(&handed, &mut context);
-            (context, status)
-        });
+        let consume = move |batch: &[MessageExt], context: &mut ConsumeOrderlyContext| {
+            listener.consume_message(batch, context)
+        };
         // A listener that panicked suspends the queue, as a Java listener that throws does.
-        let (context, status) = call.await.unwrap_or_else(|_| {
+        let (messages, context, status) = call_listener(messages, context, consume, || {
             let context = ConsumeOrderlyContext {
                 queue: queue.clone(),
                 suspend_current_queue_time: None,
             };
             (context, ConsumeOrderlyStatus::SuspendCurrentQueueAMoment)
-        });
-        let messages = Arc::unwrap_or_clone(batch);
+        })
+        .await;
         let committed = match status {
             ConsumeOrderlyStatus::Success => true,
             ConsumeOrderlyStatus::SuspendCurrentQueueAMoment => {

@@ -56,9 +56,7 @@ impl NamesrvHandler {
         };
         let table = self.table.borrow();
         let json = serde_json::json!({ "configTable": table.kv_all() });
-        if let Err(error) = crate::persist::write_json_file(path, &json) {
-            eprintln!("shardmq: cannot persist {}: {error}", path.display());
-        }
+        crate::persist::write_json_or_log(path, &json);
     }
 
     pub fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {

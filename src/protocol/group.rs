@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::json::{encode_compact, encode_pretty, parse_object, value_to_string, Fields};
+use super::json::{encode_compact, encode_pretty, parse_object, string_map_value, Fields};
 use super::{BodyError, DataVersion};
 
 /// RocketMQ's defaults for a group created on first use (REMOTING.md §6.6).
@@ -62,12 +62,7 @@ impl SubscriptionGroupConfig {
     /// Java's JSON object (keys sorted).
     pub fn to_value(&self) -> Value {
         let mut map = Map::new();
-        let attributes = self
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
-        map.insert("attributes".into(), Value::Object(attributes));
+        map.insert("attributes".into(), string_map_value(&self.attributes));
         map.insert("brokerId".into(), self.broker_id.into());
         map.insert(
             "consumeBroadcastEnable".into(),
@@ -143,15 +138,7 @@ impl SubscriptionGroupConfig {
                 ))
             }
         };
-        let mut attributes = BTreeMap::new();
-        if let Some(table) = fields.object("attributes")? {
-            for (key, value) in table.map.iter().filter(|(_, value)| !value.is_null()) {
-                let value = value_to_string(value).ok_or_else(|| {
-                    BodyError::malformed(WHAT, format!("attributes.{key}: not a string"))
-                })?;
-                attributes.insert(key.clone(), value);
-            }
-        }
+        let attributes = fields.string_map("attributes")?;
         Ok(SubscriptionGroupConfig {
             group_name,
             consume_enable: fields.bool("consumeEnable")?.unwrap_or(true),
@@ -184,8 +171,7 @@ pub struct SubscriptionGroupTable {
 impl SubscriptionGroupTable {
     fn to_value(&self) -> Value {
         let mut map = Map::new();
-        let data_version = serde_json::to_value(&self.data_version).unwrap_or(Value::Null);
-        map.insert("dataVersion".into(), data_version);
+        map.insert("dataVersion".into(), self.data_version.to_value());
         map.insert("forbiddenTable".into(), Value::Object(Map::new()));
         let groups = self
             .groups
@@ -210,10 +196,7 @@ impl SubscriptionGroupTable {
         const WHAT: &str = "SubscriptionGroupWrapper";
         let map = parse_object(WHAT, body)?;
         let fields = Fields::new(WHAT, &map);
-        let data_version = match fields.object("dataVersion")? {
-            Some(version) => DataVersion::from_fields(version)?,
-            None => DataVersion::default(),
-        };
+        let data_version = DataVersion::member_of(&fields)?;
         let mut groups = BTreeMap::new();
         if let Some(table) = fields.object("subscriptionGroupTable")? {
             for (name, value) in table.map.iter().filter(|(_, value)| !value.is_null()) {

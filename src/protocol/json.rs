@@ -5,6 +5,8 @@
 //! as missing. A body that is not JSON is retried once after [`quote_bare_numeric_keys`], the
 //! fastjson/Java namesrv habit of writing `{0:"addr"}`.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -104,7 +106,7 @@ pub(crate) fn quote_bare_numeric_keys(input: &[u8]) -> Vec<u8> {
 }
 
 /// Index just past the string literal that starts at `start` (a `"`), or the input's end.
-fn string_end(input: &[u8], start: usize) -> usize {
+pub(crate) fn string_end(input: &[u8], start: usize) -> usize {
     let mut index = start + 1;
     while index < input.len() {
         match input[index] {
@@ -218,6 +220,21 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// An object member of strings (numbers and booleans taken as their text, `null` entries
+    /// skipped), as Java's `Map<String, String>` attributes; missing is empty.
+    pub fn string_map(&self, key: &str) -> Result<BTreeMap<String, String>, BodyError> {
+        let mut entries = BTreeMap::new();
+        if let Some(table) = self.object(key)? {
+            for (name, value) in table.map.iter().filter(|(_, value)| !value.is_null()) {
+                let value = value_to_string(value).ok_or_else(|| {
+                    BodyError::malformed(self.what, format!("{key}.{name}: not a string"))
+                })?;
+                entries.insert(name.clone(), value);
+            }
+        }
+        Ok(entries)
+    }
+
     /// An array of strings (numbers accepted as text); missing is empty.
     pub fn string_array(&self, key: &str) -> Result<Vec<String>, BodyError> {
         self.array(key)?
@@ -226,6 +243,14 @@ impl<'a> Fields<'a> {
             .map(|value| value_to_string(value).ok_or_else(|| self.wrong(key, "strings", value)))
             .collect()
     }
+}
+
+/// A string map as a JSON object of strings (the writing side of [`Fields::string_map`]).
+pub(crate) fn string_map_value(map: &BTreeMap<String, String>) -> Value {
+    let entries = map
+        .iter()
+        .map(|(key, value)| (key.clone(), Value::String(value.clone())));
+    Value::Object(entries.collect())
 }
 
 pub(crate) fn value_to_string(value: &Value) -> Option<String> {
@@ -304,5 +329,23 @@ mod tests {
         assert_eq!(fields.i64("e").ok().flatten(), None);
         assert!(fields.string("f").is_err());
         assert!(fields.u32("x").ok().flatten().is_none());
+    }
+
+    #[test]
+    fn string_maps_read_leniently_and_write_back() {
+        let map =
+            serde_json::json!({"attributes": {"a": "x", "n": 3, "gone": null}, "bad": {"k": []}});
+        let Value::Object(map) = map else {
+            panic!("object")
+        };
+        let fields = Fields::new("t", &map);
+        let attributes = fields.string_map("attributes").unwrap();
+        assert_eq!(attributes.len(), 2);
+        assert_eq!(attributes["n"], "3");
+        assert!(fields.string_map("missing").unwrap().is_empty());
+        let error = fields.string_map("bad").unwrap_err().to_string();
+        assert!(error.contains("bad.k: not a string"), "{error}");
+        let written = string_map_value(&attributes);
+        assert_eq!(written, serde_json::json!({"a": "x", "n": "3"}));
     }
 }

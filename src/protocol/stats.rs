@@ -11,7 +11,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::json::{encode_compact, parse_object, Fields};
+use super::json::{encode_compact, parse_object, string_end, Fields};
 use super::{BodyError, ConsumeFromWhere, ConsumeType, MessageModel, MessageQueue};
 use super::{SubscriptionData, EXPRESSION_TYPE_TAG};
 
@@ -371,19 +371,6 @@ pub(crate) fn quote_object_keys(input: &[u8]) -> Vec<u8> {
         index += 1;
     }
     out
-}
-
-/// Index just past the string literal starting at `start`, or the input's end.
-fn string_end(input: &[u8], start: usize) -> usize {
-    let mut index = start + 1;
-    while index < input.len() {
-        match input[index] {
-            b'\\' => index += 2,
-            b'"' => return index + 1,
-            _ => index += 1,
-        }
-    }
-    input.len()
 }
 
 /// Index just past the object or array starting at `start` (strings skipped), or the end.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use super::json::{encode_compact, encode_pretty, parse_object, value_to_string, Fields};
+use super::json::{encode_compact, encode_pretty, parse_object, string_map_value, Fields};
 use super::BodyError;
 
 /// Java `PermName` bits.
@@ -54,6 +54,19 @@ impl DataVersion {
             state_version: fields.i64("stateVersion")?.unwrap_or(0),
             timestamp: fields.i64("timestamp")?.unwrap_or(0),
         })
+    }
+
+    /// The `dataVersion` member of a table body; missing is all zero.
+    pub(crate) fn member_of(fields: &Fields<'_>) -> Result<DataVersion, BodyError> {
+        match fields.object("dataVersion")? {
+            Some(version) => DataVersion::from_fields(version),
+            None => Ok(DataVersion::default()),
+        }
+    }
+
+    /// As a JSON value, for the `dataVersion` member of a table body.
+    pub(crate) fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
     /// Reads a standalone DataVersion body (QUERY_DATA_VERSION).
@@ -108,12 +121,7 @@ impl TopicConfig {
     /// Java's JSON object (keys sorted).
     pub fn to_value(&self) -> Value {
         let mut map = Map::new();
-        let attributes = self
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
-        map.insert("attributes".into(), Value::Object(attributes));
+        map.insert("attributes".into(), string_map_value(&self.attributes));
         map.insert("order".into(), Value::Bool(self.order));
         map.insert("perm".into(), self.perm.into());
         map.insert("readQueueNums".into(), self.read_queue_nums.into());
@@ -143,15 +151,7 @@ impl TopicConfig {
             (None, Some(name)) => name.to_string(),
             (None, None) => return Err(BodyError::malformed("TopicConfig", "topicName: missing")),
         };
-        let mut attributes = BTreeMap::new();
-        if let Some(table) = fields.object("attributes")? {
-            for (key, value) in table.map.iter().filter(|(_, value)| !value.is_null()) {
-                let value = value_to_string(value).ok_or_else(|| {
-                    BodyError::malformed("TopicConfig", format!("attributes.{key}: not a string"))
-                })?;
-                attributes.insert(key.clone(), value);
-            }
-        }
+        let attributes = fields.string_map("attributes")?;
         Ok(TopicConfig {
             topic_name,
             read_queue_nums: fields.u32("readQueueNums")?.unwrap_or(QUEUE_NUMS_DEFAULT),
@@ -178,8 +178,7 @@ pub struct TopicConfigTable {
 impl TopicConfigTable {
     fn to_value(&self) -> Value {
         let mut map = Map::new();
-        let data_version = serde_json::to_value(&self.data_version).unwrap_or(Value::Null);
-        map.insert("dataVersion".into(), data_version);
+        map.insert("dataVersion".into(), self.data_version.to_value());
         let topics = self
             .topics
             .iter()
@@ -189,10 +188,7 @@ impl TopicConfigTable {
     }
 
     fn from_fields(fields: Fields<'_>) -> Result<TopicConfigTable, BodyError> {
-        let data_version = match fields.object("dataVersion")? {
-            Some(version) => DataVersion::from_fields(version)?,
-            None => DataVersion::default(),
-        };
+        let data_version = DataVersion::member_of(&fields)?;
         let mut topics = BTreeMap::new();
         if let Some(table) = fields.object("topicConfigTable")? {
             for (name, value) in table.map.iter().filter(|(_, value)| !value.is_null()) {

@@ -222,6 +222,19 @@ impl<'a> Reader<'a> {
     fn length(&mut self, field: &'static str) -> Result<usize, RecordError> {
         usize::try_from(self.i32(field)?).map_err(|_| RecordError::FieldOverrun(field))
     }
+    /// TOPICLEN: one byte in magic V1 records, two in V2.
+    fn topic_length(&mut self, magic: i32) -> Result<usize, RecordError> {
+        if magic == MAGIC_CODE_V1 {
+            Ok(usize::from(self.array::<1>("TOPIC")?[0]))
+        } else {
+            usize::try_from(self.i16("TOPIC")?).map_err(|_| RecordError::FieldOverrun("TOPIC"))
+        }
+    }
+    /// PROPERTIESLEN, two bytes.
+    fn properties_length(&mut self) -> Result<usize, RecordError> {
+        usize::try_from(self.i16("PROPERTIES")?)
+            .map_err(|_| RecordError::FieldOverrun("PROPERTIES"))
+    }
 }
 
 /// Reads TOTALSIZE and MAGICCODE of the record starting `buf`, without validating the rest.
@@ -231,9 +244,9 @@ pub fn peek_header(buf: &[u8]) -> Option<(i32, i32)> {
     Some((size, magic))
 }
 
-/// Decodes the record at the start of `buf`, checking TOTALSIZE, magic, field bounds and
-/// BODYCRC. Accepts magic V1 and V2 and IPv6 hosts.
-pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
+/// TOTALSIZE (as a size) and MAGICCODE of the record starting `buf`: a known magic code and a
+/// size that is not negative, or the error saying why not.
+fn checked_header(buf: &[u8]) -> Result<(usize, i32), RecordError> {
     let (size, magic) = peek_header(buf).ok_or(RecordError::Truncated {
         need_bytes: 8,
         have_bytes: buf.len(),
@@ -241,14 +254,27 @@ pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
     if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
         return Err(RecordError::BadMagic(magic));
     }
-    let total = usize::try_from(size).map_err(|_| RecordError::BadSize(size))?;
-    if total < RECORD_FIXED_BYTES {
-        return Err(RecordError::BadSize(size));
-    }
-    let record = buf.get(..total).ok_or(RecordError::Truncated {
-        need_bytes: total,
+    let size = usize::try_from(size).map_err(|_| RecordError::BadSize(size))?;
+    Ok((size, magic))
+}
+
+/// The record of `size` bytes at the start of `buf`, or `Truncated`.
+fn whole_record(buf: &[u8], size: usize) -> Result<&[u8], RecordError> {
+    buf.get(..size).ok_or(RecordError::Truncated {
+        need_bytes: size,
         have_bytes: buf.len(),
-    })?;
+    })
+}
+
+/// Decodes the record at the start of `buf`, checking TOTALSIZE, magic, field bounds and
+/// BODYCRC. Accepts magic V1 and V2 and IPv6 hosts.
+pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
+    let (total, magic) = checked_header(buf)?;
+    if total < RECORD_FIXED_BYTES {
+        // Lossless: the size was read as a non-negative i32.
+        return Err(RecordError::BadSize(total as i32));
+    }
+    let record = whole_record(buf, total)?;
     let mut r = Reader {
         buf: record,
         pos: 8,
@@ -267,15 +293,10 @@ pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
     let prepared_transaction_offset = r.i64("PREPAREDTRANSACTIONOFFSET")?;
     let body_len = r.length("BODY")?;
     let body = r.take(body_len, "BODY")?;
-    let topic_len = if magic == MAGIC_CODE_V1 {
-        usize::from(r.array::<1>("TOPIC")?[0])
-    } else {
-        usize::try_from(r.i16("TOPIC")?).map_err(|_| RecordError::FieldOverrun("TOPIC"))?
-    };
+    let topic_len = r.topic_length(magic)?;
     let topic =
         std::str::from_utf8(r.take(topic_len, "TOPIC")?).map_err(|_| RecordError::TopicNotUtf8)?;
-    let properties_len = usize::try_from(r.i16("PROPERTIES")?)
-        .map_err(|_| RecordError::FieldOverrun("PROPERTIES"))?;
+    let properties_len = r.properties_length()?;
     let properties = r.take(properties_len, "PROPERTIES")?;
     if r.pos != total {
         return Err(RecordError::SizeMismatch {
@@ -314,18 +335,8 @@ pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
 /// fields only: no BODYCRC check and no other field decoded, for filters that look at the
 /// properties of many records.
 pub fn properties_of(buf: &[u8]) -> Result<&[u8], RecordError> {
-    let (size, magic) = peek_header(buf).ok_or(RecordError::Truncated {
-        need_bytes: 8,
-        have_bytes: buf.len(),
-    })?;
-    if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
-        return Err(RecordError::BadMagic(magic));
-    }
-    let total = usize::try_from(size).map_err(|_| RecordError::BadSize(size))?;
-    let record = buf.get(..total).ok_or(RecordError::Truncated {
-        need_bytes: total,
-        have_bytes: buf.len(),
-    })?;
+    let (size, magic) = checked_header(buf)?;
+    let record = whole_record(buf, size)?;
     let mut r = Reader {
         buf: record,
         pos: 36,
@@ -337,14 +348,9 @@ pub fn properties_of(buf: &[u8]) -> Result<&[u8], RecordError> {
     r.take(skipped, "STOREHOST")?;
     let body_len = r.length("BODY")?;
     r.take(body_len, "BODY")?;
-    let topic_len = if magic == MAGIC_CODE_V1 {
-        usize::from(r.array::<1>("TOPIC")?[0])
-    } else {
-        usize::try_from(r.i16("TOPIC")?).map_err(|_| RecordError::FieldOverrun("TOPIC"))?
-    };
+    let topic_len = r.topic_length(magic)?;
     r.take(topic_len, "TOPIC")?;
-    let properties_len = usize::try_from(r.i16("PROPERTIES")?)
-        .map_err(|_| RecordError::FieldOverrun("PROPERTIES"))?;
+    let properties_len = r.properties_length()?;
     r.take(properties_len, "PROPERTIES")
 }
 
