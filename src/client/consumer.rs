@@ -232,7 +232,7 @@ pub(crate) fn local_offset_file(options: &ConsumerOptions, instance: &ClientInst
 }
 
 /// The queues of `topic` this consumer owns now (`Err` keeps the current assignment).
-pub(crate) async fn allocate(
+async fn allocate(
     instance: &ClientInstance,
     options: &ConsumerOptions,
     topic: &str,
@@ -253,6 +253,19 @@ pub(crate) async fn allocate(
     Ok(options
         .allocate_strategy
         .allocate(&instance.client_id, &queues, &consumers))
+}
+
+/// One rebalance step for `topic`: `None` while it has no route yet or when allocation fails
+/// (the current assignment stays), else the queues this consumer owns now. A heartbeat goes
+/// first when the brokers changed, so a new broker knows this consumer before it is asked.
+pub(crate) async fn rebalance_topic(
+    instance: &ClientInstance,
+    options: &ConsumerOptions,
+    topic: &str,
+) -> Option<Vec<MessageQueue>> {
+    instance.route(topic).await.ok().flatten()?;
+    instance.heartbeat_if_brokers_changed().await;
+    allocate(instance, options, topic).await.ok()
 }
 
 /// Where a newly owned queue starts: the committed offset, else per `consume_from_where`

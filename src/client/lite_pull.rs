@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::consumer::{allocate, compute_pull_from_where, local_offset_file, ConsumerOptions};
+use super::consumer::{
+    compute_pull_from_where, local_offset_file, rebalance_topic, ConsumerOptions,
+};
 use super::error::{ClientError, ClientResult};
 use super::instance::{lock, ClientInstance};
 use super::message::{now_ms, validate_topic, MessageExt, MessageQueue};
@@ -409,11 +411,7 @@ impl LiteInner {
             return;
         }
         for topic in self.subscriptions.keys() {
-            if self.instance.route(topic).await.ok().flatten().is_none() {
-                continue;
-            }
-            self.instance.heartbeat_if_brokers_changed().await;
-            if let Ok(assigned) = allocate(&self.instance, &self.options, topic).await {
+            if let Some(assigned) = rebalance_topic(&self.instance, &self.options, topic).await {
                 self.apply_assignment(Some(topic), assigned).await;
             }
         }

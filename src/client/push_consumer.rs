@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::consumer::{
-    allocate, compute_pull_from_where, local_offset_file, lock_queues, restore_retry_topic,
+    compute_pull_from_where, local_offset_file, lock_queues, rebalance_topic, restore_retry_topic,
     unlock_queues, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, MessageListenerConcurrently, MessageListenerOrderly,
 };
@@ -314,13 +314,8 @@ impl PushInner {
             return;
         }
         for topic in self.subscriptions.keys() {
-            if self.instance.route(topic).await.ok().flatten().is_none() {
-                continue;
-            }
-            self.instance.heartbeat_if_brokers_changed().await;
-            match allocate(&self.instance, &self.options, topic).await {
-                Ok(assigned) => self.apply_assignment(topic, assigned).await,
-                Err(_) => continue,
+            if let Some(assigned) = rebalance_topic(&self.instance, &self.options, topic).await {
+                self.apply_assignment(topic, assigned).await;
             }
         }
     }
