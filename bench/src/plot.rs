@@ -108,15 +108,18 @@ pub fn render_svg(title: &str, latency_name: &str, series: &[IntervalPoint]) -> 
                 .collect(),
         })
         .collect();
-    let max_us = latency
-        .iter()
-        .flat_map(|line| line.values.iter().copied())
-        .fold(1.0, f64::max);
-    let decades = max_us.log10().ceil().max(1.0);
-    let y_latency = |us: f64| bottom + PANEL_HEIGHT * (1.0 - us.max(1.0).log10() / decades);
+    let all_us = latency.iter().flat_map(|line| line.values.iter().copied());
+    let (min_us, max_us) = all_us.fold((f64::MAX, 1.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let low_decade = min_us.max(1.0).log10().floor();
+    let high_decade = max_us.log10().ceil().max(low_decade + 1.0);
+    let span = high_decade - low_decade;
+    let y_latency = |us: f64| {
+        let position = (us.max(1.0).log10() - low_decade) / span;
+        bottom + PANEL_HEIGHT * (1.0 - position)
+    };
     frame(&mut svg, bottom, &format!("{latency_name} (us, log)"));
-    for decade in 0..=decades as u32 {
-        let us = 10f64.powi(decade as i32);
+    for decade in low_decade as i32..=high_decade as i32 {
+        let us = 10f64.powi(decade);
         gridline(&mut svg, y_latency(us), &format_count(us));
     }
     for line in &latency {

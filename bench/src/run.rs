@@ -51,7 +51,7 @@ const GROUP_NAME_MAX_CHARS: usize = 120;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunLength {
     Duration(Duration),
-    /// This many messages in all (producers: rounded up to whole batches).
+    /// This many messages in all (producers: a multiple of the batch).
     Messages(u64),
     /// Consumer catch-up: until every queue is drained.
     UntilDrained,
@@ -153,7 +153,7 @@ impl CommonOptions {
 }
 
 impl ProducerOptions {
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self, run_length: RunLength) -> anyhow::Result<()> {
         check_resource_name("producer group", &self.producer_group, GROUP_NAME_MAX_CHARS)?;
         ensure!(
             (1..=MESSAGE_SIZE_MAX_BYTES).contains(&self.message_size_bytes),
@@ -163,6 +163,13 @@ impl ProducerOptions {
             (1..=BATCH_MAX_MESSAGES).contains(&self.batch),
             "--batch must be 1..={BATCH_MAX_MESSAGES}"
         );
+        if let RunLength::Messages(count) = run_length {
+            ensure!(
+                count % self.batch as u64 == 0,
+                "--messages ({count}) must be a multiple of --batch ({})",
+                self.batch
+            );
+        }
         ensure!(
             (1..=IN_FLIGHT_MAX_REQUESTS).contains(&self.in_flight),
             "--in-flight must be 1..={IN_FLIGHT_MAX_REQUESTS}"
@@ -271,7 +278,7 @@ fn check_resource_name(what: &str, name: &str, max_chars: usize) -> anyhow::Resu
 /// `producer` mode.
 pub fn run_producer(common: &CommonOptions, producer: &ProducerOptions) -> anyhow::Result<()> {
     common.validate()?;
-    producer.validate()?;
+    producer.validate(common.run_length)?;
     ensure!(
         common.run_length != RunLength::UntilDrained,
         "a producer runs for a duration or a message count"
@@ -402,7 +409,7 @@ pub fn run_end_to_end(
     consumer: &ConsumerOptions,
 ) -> anyhow::Result<()> {
     common.validate()?;
-    producer.validate()?;
+    producer.validate(common.run_length)?;
     consumer.validate()?;
     ensure!(
         !consumer.catch_up && common.run_length != RunLength::UntilDrained,
@@ -634,7 +641,7 @@ fn connect_producers(
         batch: producer.batch,
     };
     let total_requests = match common.run_length {
-        RunLength::Messages(count) => Some(count.div_ceil(producer.batch as u64)),
+        RunLength::Messages(count) => Some(count / producer.batch as u64),
         _ => None,
     };
     let interval = producer.rate.map(|rate| {
@@ -867,7 +874,8 @@ mod tests {
             threads: 1,
             rate: None,
         };
-        assert!(producer.validate().is_ok());
+        let run_length = RunLength::Messages(64);
+        assert!(producer.validate(run_length).is_ok());
         for bad in [
             ProducerOptions {
                 batch: 0,
@@ -886,7 +894,15 @@ mod tests {
                 ..producer.clone()
             },
         ] {
-            assert!(bad.validate().is_err(), "{bad:?}");
+            assert!(bad.validate(run_length).is_err(), "{bad:?}");
         }
+        let batch_of_three = ProducerOptions {
+            batch: 3,
+            ..producer
+        };
+        assert!(
+            batch_of_three.validate(run_length).is_err(),
+            "64 is no multiple of 3"
+        );
     }
 }

@@ -449,3 +449,88 @@ pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::send_frame::SendFields;
+
+    fn test_connection(
+        in_flight_max: usize,
+        pacing: Option<Pacing>,
+        quota: Option<u64>,
+    ) -> Connection {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let fields = SendFields {
+            producer_group: "g",
+            topic: "T",
+            tag: "t",
+            keys: false,
+            stamp_sent_time: true,
+            batch: 2,
+        };
+        let template = SendTemplate::new(&fields, 0, b"body").unwrap();
+        let plan = ConnectionPlan {
+            index: 0,
+            broker_addr: "test".into(),
+            stream,
+            templates: Arc::new(vec![template]),
+            quota_requests: quota,
+            pacing,
+        };
+        Connection::new(plan, in_flight_max, 1)
+    }
+
+    #[test]
+    fn open_loop_requests_keep_their_scheduled_time_when_the_window_holds_them_back() {
+        let clock = RunClock::start_now();
+        let interval = Duration::from_millis(10);
+        let pacing = Pacing {
+            next_due: clock.start,
+            interval,
+        };
+        let mut connection = test_connection(3, Some(pacing), None);
+        // 100 ms in, ten requests are due but the window lets three go: they carry the
+        // schedule's times, not the time they were sent.
+        let late = clock.start + Duration::from_millis(100);
+        connection.fill(late, &clock);
+        let mut intended: Vec<Duration> = connection
+            .in_flight
+            .values()
+            .map(|(at, messages)| {
+                assert_eq!(*messages, 2, "a batch of two per request");
+                at.duration_since(clock.start)
+            })
+            .collect();
+        intended.sort();
+        assert_eq!(intended, [Duration::ZERO, interval, interval * 2]);
+        assert_eq!(connection.next_due(), None, "the window is full");
+        // One answer frees a slot: the next request still counts from its own slot.
+        let (&opaque, _) = connection.in_flight.iter().next().unwrap();
+        connection.in_flight.remove(&opaque);
+        assert_eq!(connection.next_due(), Some(clock.start + interval * 3));
+        connection.fill(late, &clock);
+        assert!(connection
+            .in_flight
+            .values()
+            .any(|(at, _)| *at == clock.start + interval * 3));
+        // Nothing is sent ahead of its slot.
+        let mut idle = test_connection(100, Some(pacing), None);
+        idle.fill(clock.start + Duration::from_millis(25), &clock);
+        assert_eq!(idle.in_flight.len(), 3, "slots at 0, 10 and 20 ms only");
+    }
+
+    #[test]
+    fn closed_loop_fills_the_window_up_to_the_quota() {
+        let clock = RunClock::start_now();
+        let mut connection = test_connection(8, None, Some(5));
+        connection.fill(clock.start, &clock);
+        assert_eq!(connection.in_flight.len(), 5);
+        assert!(!connection.quota_left());
+        assert!(connection
+            .in_flight
+            .values()
+            .all(|(at, _)| *at == clock.start));
+    }
+}
