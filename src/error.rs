@@ -29,6 +29,8 @@ pub enum RequestError {
     #[error("{0}")]
     SubscriptionParseFailed(String),
     #[error("{0}")]
+    SubscriptionGroupNotExist(String),
+    #[error("{0}")]
     SystemError(String),
     /// A request code this server does not serve (RocketMQ's remark, leading space included).
     #[error(" request type {0} not supported")]
@@ -54,6 +56,9 @@ impl RequestError {
             RequestError::QueryNotFound(_) => response_code::QUERY_NOT_FOUND,
             RequestError::SubscriptionNotExist(_) => response_code::SUBSCRIPTION_NOT_EXIST,
             RequestError::SubscriptionParseFailed(_) => response_code::SUBSCRIPTION_PARSE_FAILED,
+            RequestError::SubscriptionGroupNotExist(_) => {
+                response_code::SUBSCRIPTION_GROUP_NOT_EXIST
+            }
             RequestError::SystemError(_) => response_code::SYSTEM_ERROR,
             RequestError::NotSupported(_) => response_code::REQUEST_CODE_NOT_SUPPORTED,
         };

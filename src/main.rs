@@ -96,6 +96,10 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB (overrides store.segment_size_mib; default 1024).
     #[arg(long)]
     segment_size_mib: Option<u64>,
+    /// Delay of each delay level, level 1 first (RocketMQ's messageDelayLevel); units ms, s,
+    /// m, h, d.
+    #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
+    message_delay_level: String,
 }
 
 #[derive(Args)]
@@ -198,6 +202,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         flush_dirty_max_bytes: tuning.flush_dirty_max_bytes,
         segment_size_bytes: tuning.segment_size_bytes,
         connection_limits: tuning.connection_limits,
+        delay_levels: Default::default(),
     })
 }
 
@@ -226,6 +231,9 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         });
     config.cluster_name = options.cluster_name.clone();
     config.broker_name = options.broker_name.clone();
+    config.delay_levels =
+        shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
+            .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
     Ok(())
 }
 

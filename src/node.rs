@@ -59,6 +59,8 @@ pub struct NodeConfig {
     pub segment_size_bytes: u64,
     /// Per-connection buffer sizes and limits of every listener.
     pub connection_limits: ConnectionLimits,
+    /// RocketMQ's messageDelayLevel table.
+    pub delay_levels: broker::schedule::DelayLevels,
 }
 
 impl NodeConfig {
@@ -332,7 +334,10 @@ async fn open_broker(
     let broadcast = Box::new(move |change: &TopicChange| {
         sender.broadcast(&ControlMessage::Topic(change.clone()));
     });
-    Ok(Rc::new(Broker::new(identity, store, broadcast)))
+    let options = broker::BrokerOptions {
+        delay_levels: config.delay_levels.clone(),
+    };
+    Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }
 
 fn start_listeners(
@@ -419,6 +424,7 @@ fn start_broker_tasks(
         });
     };
     runtime::spawn_detached(registration::run(broker.clone(), namesrv_addrs, on_ready));
+    runtime::spawn_detached(broker.clone().run_schedule());
     let every = |broker: &Rc<Broker>, period_ms: u64, work: fn(&Broker)| {
         let broker = broker.clone();
         runtime::spawn_detached(async move {
@@ -458,5 +464,8 @@ async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
             "shardmq: {}: final flush failed: {error}",
             broker.identity.broker_name
         );
+        return;
     }
+    // Last, once every re-put message is durable: a restart neither loses nor repeats.
+    broker.flush_schedule_progress().await;
 }

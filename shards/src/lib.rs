@@ -7,6 +7,7 @@ pub mod mesh;
 pub mod runtime;
 pub mod store;
 pub mod sync;
+pub mod timing_wheel;
 
 /// Index of a shard on this node: shard i is pinned to one core and is broker endpoint i.
 pub type ShardId = usize;

@@ -34,16 +34,16 @@ impl Broker {
             ));
         }
         for consumer in &data.consumers {
-            let retry_topic = format!("{RETRY_GROUP_TOPIC_PREFIX}{}", consumer.group_name);
-            if validate_topic_name(&retry_topic).is_ok()
-                && self.topics.borrow().get(&retry_topic).is_none()
-            {
-                self.upsert_topic_everywhere(TopicConfig::new(
-                    &retry_topic,
-                    1,
-                    perm::READ | perm::WRITE,
-                ));
-            }
+            // RocketMQ creates the group on first use and its retry topic with the group's
+            // retryQueueNums; an invalid group name gets neither (its pulls are refused).
+            let Some(group) = self
+                .groups
+                .borrow_mut()
+                .find_or_create(&consumer.group_name)
+            else {
+                continue;
+            };
+            self.ensure_retry_topic(&consumer.group_name, group.retry_queue_nums);
         }
         let changed = self
             .clients
@@ -61,6 +61,20 @@ impl Broker {
             frame.finish(&[]);
         });
         Ok(())
+    }
+
+    /// Creates `%RETRY%<group>` (on every shard) when missing.
+    pub(super) fn ensure_retry_topic(&self, group: &str, queues: u32) {
+        let retry_topic = format!("{RETRY_GROUP_TOPIC_PREFIX}{group}");
+        if validate_topic_name(&retry_topic).is_ok()
+            && self.topics.borrow().get(&retry_topic).is_none()
+        {
+            self.upsert_topic_everywhere(TopicConfig::new(
+                &retry_topic,
+                queues.max(1),
+                perm::READ | perm::WRITE,
+            ));
+        }
     }
 
     pub(super) fn unregister_client(

@@ -7,11 +7,14 @@
 
 mod admin;
 mod clients;
+pub mod groups;
 mod locks;
 mod offsets;
 mod pull;
 mod queries;
 pub mod registration;
+mod retry;
+pub mod schedule;
 mod send;
 pub mod topics;
 
@@ -72,8 +75,11 @@ pub struct Broker {
     pub store: Store,
     pub topics: RefCell<TopicTable>,
     pub offsets: RefCell<OffsetTable>,
+    pub groups: RefCell<groups::GroupTable>,
     pub clients: RefCell<ClientTable>,
     pub locks: RefCell<locks::QueueLocks>,
+    /// Delay levels, timer messages and their delivery progress.
+    pub schedule: RefCell<schedule::ScheduleState>,
     /// Pulls parked until a message reaches (topic, queue id).
     pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
     /// Tells the other shards about a topic change.
@@ -88,6 +94,15 @@ pub struct Broker {
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
+    /// Round-robin position among the retry queues of a group.
+    next_retry_queue: Cell<usize>,
+}
+
+/// Settings of a shard's broker that come from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// RocketMQ's messageDelayLevel table.
+    pub delay_levels: schedule::DelayLevels,
 }
 
 impl Broker {
@@ -95,6 +110,7 @@ impl Broker {
         identity: BrokerIdentity,
         store: Store,
         broadcast_topic: Box<dyn Fn(&TopicChange)>,
+        options: BrokerOptions,
     ) -> Broker {
         let config_dir = identity.shard_dir.join("config");
         let topics = TopicTable::load(
@@ -103,6 +119,11 @@ impl Broker {
             &identity.broker_name,
         );
         let offsets = OffsetTable::load(config_dir.join("consumerOffset.json"));
+        let groups = groups::GroupTable::load(config_dir.join("subscriptionGroup.json"));
+        let schedule = schedule::ScheduleState::load(
+            config_dir.join("delayOffset.json"),
+            options.delay_levels,
+        );
         let stats = BrokerStats::default();
         stats.started_at_ms.set(crate::error::now_ms());
         Broker {
@@ -110,8 +131,10 @@ impl Broker {
             store,
             topics: RefCell::new(topics),
             offsets: RefCell::new(offsets),
+            groups: RefCell::new(groups),
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
+            schedule: RefCell::new(schedule),
             pull_waiters: Rc::new(WaiterSet::default()),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
@@ -119,6 +142,7 @@ impl Broker {
             local_routes: None,
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
+            next_retry_queue: Cell::new(0),
         }
     }
 
@@ -157,6 +181,18 @@ impl Broker {
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
+            rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
+                self.update_and_create_subscription_group(request, connection)
+            }
+            rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => {
+                self.all_subscription_group_config(request, connection)
+            }
+            rc::GET_SUBSCRIPTIONGROUP_CONFIG => {
+                self.get_subscription_group_config(request, connection)
+            }
+            rc::CONSUMER_SEND_MSG_BACK => self.consumer_send_msg_back(request, connection),
+            rc::GET_ALL_DELAY_OFFSET => self.all_delay_offset(request, connection),
+            rc::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(request, connection),
             code => Err(RequestError::NotSupported(code)),
         }
     }
@@ -187,6 +223,18 @@ impl Broker {
             self.offsets.borrow_mut().remove_topic(topic);
         }
         removed
+    }
+
+    /// A message reached (topic, queue id): wakes the pulls parked on it.
+    pub fn notify_message_arrived(&self, topic: &str, queue_id: u32) {
+        self.pull_waiters.wake_key(&(topic.to_string(), queue_id));
+    }
+
+    /// The next retry queue index (callers take it modulo the group's retry queues).
+    fn next_retry_queue(&self) -> usize {
+        let next = self.next_retry_queue.get();
+        self.next_retry_queue.set(next.wrapping_add(1));
+        next
     }
 
     /// A client connection closed: drop its clients and parked pulls.

@@ -60,6 +60,14 @@ impl OffsetTable {
         self.dirty |= self.offsets.len() != before;
     }
 
+    /// Drops every offset of `group` (DELETE_SUBSCRIPTIONGROUP with cleanOffset).
+    pub fn remove_group(&mut self, group: &str) {
+        let suffix = format!("@{group}");
+        let before = self.offsets.len();
+        self.offsets.retain(|k, _| !k.ends_with(&suffix));
+        self.dirty |= self.offsets.len() != before;
+    }
+
     /// All (topic@group, queue → offset) entries, for admin.
     pub fn entries(&self) -> &BTreeMap<String, BTreeMap<u32, i64>> {
         &self.offsets

@@ -66,6 +66,7 @@ impl Broker {
             .optional_i64("suspendTimeoutMillis")?
             .unwrap_or(15_000)
             .max(0) as u64;
+        self.check_group_may_pull(group)?;
         let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
         if !expression_type.eq_ignore_ascii_case("TAG") {
             return Err(RequestError::SubscriptionParseFailed(format!(
@@ -73,6 +74,11 @@ impl Broker {
             )));
         }
         let read_queues = match self.topics.borrow().get(topic) {
+            Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
+                return Err(RequestError::NoPermission(format!(
+                    "the topic[{topic}] pulling message is forbidden"
+                )))
+            }
             Some(config) => config.read_queue_nums,
             None => {
                 return Err(RequestError::TopicNotExist(format!(
@@ -121,6 +127,29 @@ impl Broker {
             let _in_flight = in_flight;
             broker.serve_pull(pull, connection).await
         });
+        Ok(())
+    }
+
+    /// The group's settings allow this pull: consumeEnable, and consumeBroadcastEnable for
+    /// a group whose consumers said BROADCASTING in their heartbeat.
+    fn check_group_may_pull(&self, group: &str) -> Result<(), RequestError> {
+        let config = self.consumer_group_config(group)?;
+        if !config.consume_enable {
+            return Err(RequestError::NoPermission(format!(
+                "subscription group no permission, {group}"
+            )));
+        }
+        let broadcasting = self
+            .clients
+            .borrow()
+            .consumers
+            .get(group)
+            .is_some_and(|g| g.message_model == crate::protocol::MessageModel::Broadcasting);
+        if broadcasting && !config.consume_broadcast_enable {
+            return Err(RequestError::NoPermission(format!(
+                "the consumer group[{group}] can not consume by broadcast way"
+            )));
+        }
         Ok(())
     }
 

@@ -17,7 +17,12 @@ use crate::protocol::{java_string_hash, parse_properties, property};
 use crate::remoting::{request_code, response_code, ExtFields, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
+use super::schedule::{divert_for, Divert};
 use super::topics::{self, validate_topic_name};
+
+/// Transaction bits of a message's sysFlag (RocketMQ's MessageSysFlag).
+pub const TRANSACTION_TYPE_MASK: i32 = 0xC;
+pub const TRANSACTION_PREPARED: i32 = 0x4;
 use super::Broker;
 
 /// Messages one batch may carry (a client cannot make the broker loop without bound).
@@ -35,6 +40,7 @@ struct SendHeader<'a> {
     flag: i32,
     properties: &'a str,
     reconsume_times: i32,
+    max_reconsume_times: Option<i32>,
     batch: bool,
 }
 
@@ -58,6 +64,7 @@ impl<'a> SendHeader<'a> {
             flag: ext.optional_i32(name("flag", "h"))?.unwrap_or(0),
             properties: ext.get(name("properties", "i")).unwrap_or(""),
             reconsume_times: ext.optional_i32(name("reconsumeTimes", "j"))?.unwrap_or(0),
+            max_reconsume_times: ext.optional_i32(name("maxReconsumeTimes", "l"))?,
             batch: request.code == request_code::SEND_BATCH_MESSAGE
                 || ext.bool_lenient(name("batch", "m")) == Some(true),
         })
@@ -71,6 +78,8 @@ struct Prepared<'a> {
     properties: Vec<u8>,
     unique_id: String,
     tags_code: i64,
+    /// Whether (and where) the message waits before its real queue.
+    divert: Divert,
 }
 
 impl Broker {
@@ -89,17 +98,37 @@ impl Broker {
             )));
         }
         let queue_id = self.resolve_queue(&header)?;
-        let messages = if header.batch {
+        let mut messages = if header.batch {
             self.prepare_batch(request.body, header.properties)?
         } else {
             vec![self.prepare_one(header.flag, request.body, header.properties)?]
         };
+        // A retry past its group's limit goes to the dead-letter queue, undelayed.
+        let dead_letter = self.retry_or_dead_letter(
+            header.topic,
+            header.reconsume_times,
+            header.max_reconsume_times,
+        )?;
+        let (topic, queue_id) = match &dead_letter {
+            Some(dlq) => (dlq.as_str(), 0),
+            None => (header.topic, queue_id),
+        };
+        let prepared_transaction = header.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_PREPARED;
         let born_host = to_v4(connection.peer);
         let mut results = Vec::with_capacity(messages.len());
-        for message in &messages {
+        let mut arrived = false;
+        for message in &mut messages {
+            let (mut store_topic, mut store_queue, mut tags_code) =
+                (topic, queue_id, message.tags_code);
+            if message.divert != Divert::None && dead_letter.is_none() && !prepared_transaction {
+                (store_topic, store_queue, tags_code) =
+                    self.divert(message.divert, topic, queue_id, &mut message.properties);
+            } else {
+                arrived = true;
+            }
             let to_store = MessageToStore {
-                topic: header.topic,
-                queue_id,
+                topic: store_topic,
+                queue_id: store_queue,
                 flag: message.flag,
                 sys_flag: header.sys_flag,
                 born_timestamp_ms: header.born_timestamp_ms,
@@ -108,7 +137,7 @@ impl Broker {
                 prepared_transaction_offset: 0,
                 body: message.body,
                 properties: &message.properties,
-                tags_code: message.tags_code,
+                tags_code,
             };
             let appended = self.store.append(&to_store).map_err(store_error)?;
             results.push(appended);
@@ -116,8 +145,9 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + results.len() as u64);
-        self.pull_waiters
-            .wake_key(&(header.topic.to_string(), queue_id));
+        if arrived {
+            self.notify_message_arrived(topic, queue_id);
+        }
         let reply = SendReply::new(self, queue_id, &messages, &results);
         if request.is_oneway() {
             return Ok(());
@@ -202,6 +232,18 @@ impl Broker {
         let pairs = parse_properties(properties.as_bytes());
         let lookup = |key: &str| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
         let tags_code = lookup(property::TAGS).map_or(0, |tag| i64::from(java_string_hash(tag)));
+        let may_wait = pairs.iter().any(|(k, _)| {
+            *k == property::DELAY || k.starts_with("TIMER_") || *k == property::START_DELIVER_TIME
+        });
+        let divert = if may_wait {
+            divert_for(
+                &pairs,
+                &self.schedule.borrow().levels,
+                crate::error::now_ms(),
+            )?
+        } else {
+            Divert::None
+        };
         let mut completed = Vec::with_capacity(properties.len() + 64);
         completed.extend_from_slice(properties.as_bytes());
         if !completed.is_empty() && completed.last() != Some(&2) {
@@ -235,6 +277,7 @@ impl Broker {
             properties: completed,
             unique_id,
             tags_code,
+            divert,
         })
     }
 

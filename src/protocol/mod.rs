@@ -15,6 +15,7 @@
 //! Derived data is recomputed, never trusted: a subscription's tag hash codes come from its
 //! `subString` ([`TagFilter`]), because the C++ client sends garbage and Go hashes UTF-8 bytes.
 
+mod group;
 mod heartbeat;
 mod json;
 mod lists;
@@ -23,6 +24,10 @@ mod route;
 mod tags;
 mod topic;
 
+pub use group::{
+    SubscriptionGroupConfig, SubscriptionGroupTable, RETRY_MAX_TIMES_DEFAULT,
+    RETRY_QUEUE_NUMS_DEFAULT,
+};
 pub use heartbeat::{
     CheckClientConfigBody, ConsumeFromWhere, ConsumeType, ConsumerData, HeartbeatData,
     MessageModel, SubscriptionData, EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG,

@@ -17,9 +17,12 @@
 //! `fdatasync`, then sets `durable_end = end` and wakes every waiter at or below it. Because
 //! appends go on during a flush, the next flush carries all of them: that is the group commit.
 //!
-//! Zero-filling runs only when nothing is dirty, so a fresh store (or one whose load never
-//! pauses) writes its first segments over fallocated extents, at the ~30% fdatasync cost
-//! ARCHITECTURE §3 measured, until idle moments catch up. A zero-fill chunk in progress
+//! Zero-filling runs on its own when nothing is dirty. Under load that never pauses (Sync
+//! mode at depth) the flusher is never idle, so a flush whose zeroed margin ahead of the
+//! write position is below `ZERO_FILL_AHEAD_MIN_BYTES` also writes the next zero-fill chunk
+//! before its fdatasync: data keeps landing on written extents, and the extent conversion
+//! that makes fdatasync over fallocated-but-unwritten space ~30% dearer (ARCHITECTURE §3) is
+//! paid by one sync per chunk instead of by every sync. A zero-fill chunk in progress
 //! delays the next flush by one 1 MiB write + fdatasync.
 
 use std::cell::{Cell, RefCell};
@@ -47,6 +50,9 @@ pub const FLUSH_WRITE_MAX_BYTES: u64 = 8 << 20;
 pub const ZERO_FILL_CHUNK_BYTES: u64 = 1 << 20;
 /// How often consume queues are synced and the checkpoint written (bounds recovery work).
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
+/// Zeroed space a flush keeps ahead of the write position when the flusher never idles:
+/// below this margin a flush also writes one zero-fill chunk, covered by its own fdatasync.
+pub const ZERO_FILL_AHEAD_MIN_BYTES: u64 = 8 << 20;
 
 const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
@@ -353,6 +359,9 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             pos = piece_end;
         }
     }
+    let zero_fill = zero_fill_job(inner, end);
+    let zero_filled_to = zero_fill.as_ref().map(|(_, _, _, stop)| *stop);
+    jobs.extend(zero_fill.map(|(file, pos, buffer, _)| (file, pos, buffer)));
     let mut synced: Vec<Rc<glommio::io::DmaFile>> = Vec::new();
     for (file, pos, buffer) in jobs {
         let result = match take_fault(inner, true) {
@@ -378,7 +387,40 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
         }
     }
     mark_durable(inner, end, messages);
+    if let Some(stop) = zero_filled_to {
+        let mut log = inner.log.borrow_mut();
+        let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
+        log.flush.zero_fill_next = log.flush.zero_fill_next.max(stop);
+        log.stats.zero_filled_bytes += stop.saturating_sub(pos);
+    }
     true
+}
+
+/// The zero-fill chunk a flush of data ending at `end` carries along, if the zeroed margin
+/// ahead of it is short: (file, position in file, zeroed buffer, commitlog offset it ends at).
+/// The chunk stays inside the segment already created for the position (creating files is
+/// left to idle-time zero-fill and to flushes of data).
+fn zero_fill_job(
+    inner: &Inner,
+    end: u64,
+) -> Option<(Rc<glommio::io::DmaFile>, u64, glommio::io::DmaBuffer, u64)> {
+    let log = inner.log.borrow();
+    let data_end = align_up(end, BLOCK_BYTES);
+    let pos = log.flush.zero_fill_next.max(data_end);
+    if pos - data_end >= ZERO_FILL_AHEAD_MIN_BYTES {
+        return None;
+    }
+    let size = inner.config.segment_size_bytes;
+    let stop = (pos + ZERO_FILL_CHUNK_BYTES)
+        .min(align_down(pos, size) + size)
+        .min(zero_fill_target(inner, end));
+    if pos >= stop {
+        return None;
+    }
+    let (segment, file) = log.segments.file_for(pos)?;
+    let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
+    buffer.as_bytes_mut().fill(0);
+    Some((file, pos - segment, buffer, stop))
 }
 
 fn mark_durable(inner: &Inner, end: u64, messages: u64) {

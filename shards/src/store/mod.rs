@@ -468,6 +468,29 @@ impl Store {
         pull::get_messages(&self.inner, &request, filter).await
     }
 
+    /// The consume-queue unit at `offset` of (topic, queue): (commitlog offset, record size,
+    /// tags code); None when the queue does not hold that offset (below min or at/after max).
+    /// Schedule queues keep the delivery time in the tags code, so their readers decide
+    /// from the unit alone whether the record is due.
+    pub fn queue_unit(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+    ) -> Result<Option<(u64, u32, i64)>, StoreError> {
+        let mut queues = self.inner.queues.borrow_mut();
+        let Some(queue) = queues.get_mut(topic, queue_id) else {
+            return Ok(None);
+        };
+        if offset < queue.min_offset() || offset >= queue.max_offset() {
+            return Ok(None);
+        }
+        let unit = queue.read_unit(offset).map_err(StoreError::Io)?;
+        Ok(unit
+            .filter(|u| u.size_bytes > 0)
+            .map(|u| (u.physical_offset, u.size_bytes, u.tags_code)))
+    }
+
     /// The whole stored record starting at `physical_offset`; None if no valid record does.
     pub async fn read_record(&self, physical_offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
         pull::read_record(&self.inner, physical_offset).await

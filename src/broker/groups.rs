@@ -1,0 +1,264 @@
+//! Subscription groups of one shard: `config/subscriptionGroup.json` (+ `.bak`),
+//! UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200), GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201),
+//! DELETE_SUBSCRIPTIONGROUP (207) and GET_SUBSCRIPTIONGROUP_CONFIG (352).
+//!
+//! Each shard is one broker endpoint, so each keeps its own group table, as each RocketMQ
+//! broker does: `mqadmin updateSubGroup -c <cluster>` (and `shardmq admin`) send the change to
+//! every broker of the cluster. A group is created with RocketMQ's defaults the first time a
+//! consumer of it sends a heartbeat or a pull (autoCreateSubscriptionGroup). Settings that
+//! take effect: consumeEnable (pulls refused), consumeBroadcastEnable (BROADCASTING
+//! consumers refused), retryQueueNums (queues of `%RETRY%<group>`), retryMaxTimes (deliveries
+//! before the dead-letter queue).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use crate::error::{now_ms, RequestError};
+use crate::namesrv::respond_body;
+use crate::persist;
+use crate::protocol::{DataVersion, SubscriptionGroupConfig, SubscriptionGroupTable};
+use crate::remoting::{response_code, RemotingCommand};
+use crate::server::Connection;
+
+use super::Broker;
+
+/// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
+pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
+/// Longest group name (RocketMQ's CHARACTER_MAX_LENGTH).
+pub const GROUP_NAME_MAX_CHARS: usize = 255;
+/// Groups created with the broker (RocketMQ's built-in tool and self-test groups).
+const BUILTIN_GROUPS: [&str; 3] = ["TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP"];
+
+/// Checks a group name: RocketMQ's character set and length limit.
+pub fn validate_group_name(group: &str) -> Result<(), RequestError> {
+    if group.is_empty() {
+        return Err(RequestError::InvalidParameter(
+            "the specified group is blank".into(),
+        ));
+    }
+    if group.len() > GROUP_NAME_MAX_CHARS {
+        return Err(RequestError::InvalidParameter(format!(
+            "the specified group is longer than group max length {GROUP_NAME_MAX_CHARS}."
+        )));
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '%' | '-' | '_' | '|');
+    if !group.chars().all(valid) {
+        return Err(RequestError::InvalidParameter(format!(
+            "the specified group[{group}] contains illegal characters, allowing only \
+             ^[%|a-zA-Z0-9_-]+$"
+        )));
+    }
+    Ok(())
+}
+
+pub struct GroupTable {
+    path: PathBuf,
+    data_version: DataVersion,
+    groups: BTreeMap<String, SubscriptionGroupConfig>,
+}
+
+impl GroupTable {
+    /// Loads `subscriptionGroup.json` (or its backup), adding the built-in groups.
+    pub fn load(path: PathBuf) -> GroupTable {
+        let loaded =
+            persist::read_with_fallback(&path, |bytes| SubscriptionGroupTable::parse(bytes).ok());
+        let mut table = match loaded {
+            Some(loaded) => GroupTable {
+                path,
+                data_version: loaded.data_version,
+                groups: loaded.groups,
+            },
+            None => GroupTable {
+                path,
+                data_version: DataVersion {
+                    counter: 0,
+                    state_version: 0,
+                    timestamp: now_ms(),
+                },
+                groups: BTreeMap::new(),
+            },
+        };
+        let mut changed = false;
+        for name in BUILTIN_GROUPS {
+            if !table.groups.contains_key(name) {
+                table
+                    .groups
+                    .insert(name.to_string(), SubscriptionGroupConfig::new(name));
+                changed = true;
+            }
+        }
+        if changed {
+            table.persist();
+        }
+        table
+    }
+
+    pub fn get(&self, group: &str) -> Option<&SubscriptionGroupConfig> {
+        self.groups.get(group)
+    }
+
+    /// The group's config, created with the defaults when missing (None: the name is not
+    /// valid or the table is full).
+    pub fn find_or_create(&mut self, group: &str) -> Option<SubscriptionGroupConfig> {
+        if let Some(config) = self.groups.get(group) {
+            return Some(config.clone());
+        }
+        if validate_group_name(group).is_err() || self.groups.len() >= SUBSCRIPTION_GROUPS_MAX {
+            return None;
+        }
+        let config = SubscriptionGroupConfig::new(group);
+        self.groups.insert(group.to_string(), config.clone());
+        self.bump_and_persist();
+        Some(config)
+    }
+
+    pub fn upsert(&mut self, config: SubscriptionGroupConfig) -> Result<(), RequestError> {
+        validate_group_name(&config.group_name)?;
+        if !self.groups.contains_key(&config.group_name)
+            && self.groups.len() >= SUBSCRIPTION_GROUPS_MAX
+        {
+            return Err(RequestError::SystemBusy(format!(
+                "this broker already holds {SUBSCRIPTION_GROUPS_MAX} subscription groups"
+            )));
+        }
+        if self.groups.get(&config.group_name) != Some(&config) {
+            self.groups.insert(config.group_name.clone(), config);
+            self.bump_and_persist();
+        }
+        Ok(())
+    }
+
+    pub fn remove(&mut self, group: &str) -> bool {
+        let removed = self.groups.remove(group).is_some();
+        if removed {
+            self.bump_and_persist();
+        }
+        removed
+    }
+
+    pub fn snapshot(&self) -> SubscriptionGroupTable {
+        SubscriptionGroupTable {
+            data_version: self.data_version.clone(),
+            groups: self.groups.clone(),
+        }
+    }
+
+    fn bump_and_persist(&mut self) {
+        self.data_version.counter += 1;
+        self.data_version.timestamp = now_ms();
+        self.persist();
+    }
+
+    fn persist(&self) {
+        let bytes = self.snapshot().encode_pretty();
+        if let Err(error) = persist::write_file_durably(&self.path, &bytes) {
+            eprintln!("shardmq: cannot persist {}: {error}", self.path.display());
+        }
+    }
+}
+
+impl Broker {
+    /// The group's config for a consumer request, auto-created on first use.
+    pub(super) fn consumer_group_config(
+        &self,
+        group: &str,
+    ) -> Result<SubscriptionGroupConfig, RequestError> {
+        self.groups
+            .borrow_mut()
+            .find_or_create(group)
+            .ok_or_else(|| {
+                RequestError::SubscriptionGroupNotExist(format!(
+                    "subscription group [{group}] does not exist and cannot be created here"
+                ))
+            })
+    }
+
+    pub(super) fn update_and_create_subscription_group(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let config = SubscriptionGroupConfig::parse(request.body)?;
+        self.groups.borrow_mut().upsert(config)?;
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    pub(super) fn all_subscription_group_config(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let body = self.groups.borrow().snapshot().encode();
+        respond_body(connection, request, &body);
+        Ok(())
+    }
+
+    pub(super) fn get_subscription_group_config(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let group = request.ext_fields.required("group")?;
+        let body = match self.groups.borrow().get(group) {
+            Some(config) => config.encode(),
+            None => {
+                return Err(RequestError::SubscriptionGroupNotExist(format!(
+                    "subscription group [{group}] does not exist"
+                )))
+            }
+        };
+        respond_body(connection, request, &body);
+        Ok(())
+    }
+
+    /// DELETE_SUBSCRIPTIONGROUP: ext groupName, cleanOffset (drop the group's offsets too).
+    pub(super) fn delete_subscription_group(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let group = ext.required("groupName")?;
+        if !self.groups.borrow_mut().remove(group) {
+            return Err(RequestError::SubscriptionGroupNotExist(format!(
+                "subscription group [{group}] does not exist"
+            )));
+        }
+        if ext.bool_lenient("cleanOffset") == Some(true) {
+            self.offsets.borrow_mut().remove_group(group);
+        }
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_persist_and_reload() {
+        let dir = std::env::temp_dir().join(format!("shardmq-groups-{}", std::process::id()));
+        let path = dir.join("subscriptionGroup.json");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut table = GroupTable::load(path.clone());
+        assert!(table.get("TOOLS_CONSUMER").is_some());
+        let created = table.find_or_create("G1").unwrap();
+        assert_eq!(created.retry_max_times, 16);
+        let mut changed = SubscriptionGroupConfig::new("G2");
+        changed.consume_enable = false;
+        table.upsert(changed).unwrap();
+        assert!(table.find_or_create("bad group").is_none());
+        assert!(table.upsert(SubscriptionGroupConfig::new("")).is_err());
+        let reloaded = GroupTable::load(path.clone());
+        assert!(reloaded.get("G1").is_some());
+        assert!(!reloaded.get("G2").unwrap().consume_enable);
+        let mut reloaded = reloaded;
+        assert!(reloaded.remove("G1"));
+        assert!(!reloaded.remove("G1"));
+        assert!(GroupTable::load(path).get("G1").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
