@@ -203,18 +203,24 @@ fn serve_with_the_small_vm_profile_starts_or_names_the_missing_core() {
 #[test]
 fn a_profile_file_sets_cores_and_ring_depth_of_the_running_shards() {
     let dir = scratch_dir("file-profile");
+    // With a second core, it is kept from shards and runs the shard's helper thread.
+    let reserved = if online_cpus() >= 2 { "[1]" } else { "[]" };
     let profile = write_profile(
         &dir,
-        "[shards]\ncpus = [0]\npin = true\n[runtime]\nring_depth_entries = 64\n",
+        &format!(
+            "[shards]\ncpus = [0]\nreserved_cpus = {reserved}\npin = true\n\
+             [runtime]\nring_depth_entries = 64\n"
+        ),
     );
     let node = start("file", &["--profile", &profile]);
-    // One shard, its executor thread pinned to CPU 0 (glommio's helper thread of the same
-    // name is not pinned).
+    // One shard: its executor thread pinned to CPU 0, and glommio's helper thread of the
+    // same name on the reserved core.
     let affinities = shard_affinities(node.child.id());
-    assert!(
-        affinities.contains(&("shard-0".to_string(), "0".to_string())),
-        "{affinities:?}"
-    );
+    let shard = |allowed: &str| ("shard-0".to_string(), allowed.to_string());
+    assert!(affinities.contains(&shard("0")), "{affinities:?}");
+    if reserved == "[1]" {
+        assert!(affinities.contains(&shard("1")), "{affinities:?}");
+    }
     assert!(affinities.iter().all(|(thread, _)| thread == "shard-0"));
     let depths = io_uring_depths(node.child.id());
     assert!(

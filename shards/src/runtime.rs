@@ -9,7 +9,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
-use glommio::{CpuSet, LocalExecutorBuilder, Placement};
+use glommio::{CpuSet, LocalExecutorBuilder, Placement, PoolPlacement};
 
 use crate::mesh::Mesh;
 use crate::ShardId;
@@ -47,6 +47,10 @@ pub struct ShardPlacement {
     pub cpus: Vec<Option<usize>>,
     /// CPUs floating shards may run on (their thread's affinity); empty: any online CPU.
     pub float_cpus: Vec<usize>,
+    /// CPUs for each shard's helper thread (glommio's blocking pool: file opens, renames);
+    /// empty: glommio's default (unbound). Profiles give it the reserved cores, so that
+    /// helper work stays off the shard cores.
+    pub helper_cpus: Vec<usize>,
     /// io_uring ring depth of each of a shard's rings, in entries (1..=RING_DEPTH_MAX_ENTRIES).
     pub ring_depth_entries: usize,
     /// Locked memory glommio registers per shard for DMA buffers, in bytes.
@@ -74,6 +78,7 @@ impl ShardPlacement {
         ShardPlacement {
             cpus,
             float_cpus: Vec::new(),
+            helper_cpus: Vec::new(),
             ring_depth_entries: RING_DEPTH_DEFAULT_ENTRIES,
             io_memory_bytes: IO_MEMORY_DEFAULT_BYTES_PER_SHARD,
             preempt_timer_us: PREEMPT_TIMER_DEFAULT_US,
@@ -90,17 +95,36 @@ impl ShardPlacement {
         if self.float_cpus.is_empty() {
             return Ok(Placement::Unbound);
         }
-        let set = CpuSet::online()
-            .map_err(|e| io::Error::other(format!("cannot read the CPU topology: {e}")))?
-            .filter(|location| self.float_cpus.contains(&location.cpu));
-        if set.is_empty() {
-            return Err(io::Error::other(format!(
-                "none of the CPUs {:?} that shards may float on is online",
-                self.float_cpus
-            )));
-        }
-        Ok(Placement::Fenced(set))
+        Ok(Placement::Fenced(cpu_set(
+            &self.float_cpus,
+            "shards may float on",
+        )?))
     }
+
+    /// Where a shard's helper thread runs, when `helper_cpus` says.
+    fn helper_placement(&self) -> io::Result<Option<PoolPlacement>> {
+        if self.helper_cpus.is_empty() {
+            return Ok(None);
+        }
+        let set = cpu_set(&self.helper_cpus, "helper threads may run on")?;
+        Ok(Some(PoolPlacement::Fenced(HELPER_THREADS_PER_SHARD, set)))
+    }
+}
+
+/// glommio's blocking-pool threads per shard (its default).
+const HELPER_THREADS_PER_SHARD: usize = 1;
+
+/// The online CPUs among `cpus`, as glommio's set; an error when none is online.
+fn cpu_set(cpus: &[usize], what: &str) -> io::Result<CpuSet> {
+    let set = CpuSet::online()
+        .map_err(|e| io::Error::other(format!("cannot read the CPU topology: {e}")))?
+        .filter(|location| cpus.contains(&location.cpu));
+    if set.is_empty() {
+        return Err(io::Error::other(format!(
+            "none of the CPUs {cpus:?} that {what} is online"
+        )));
+    }
+    Ok(set)
 }
 
 /// The online CPU ids, in order.
@@ -190,12 +214,15 @@ where
     let mut handles = Vec::with_capacity(shard_count);
     for (shard_id, mesh) in (0..shard_count).zip(meshes) {
         assert!((1..=RING_DEPTH_MAX_ENTRIES).contains(&placement.ring_depth_entries));
-        let builder = LocalExecutorBuilder::new(placement.executor_placement(shard_id)?)
+        let mut builder = LocalExecutorBuilder::new(placement.executor_placement(shard_id)?)
             .name(&format!("shard-{shard_id}"))
             .io_memory(placement.io_memory_bytes)
             .ring_depth(placement.ring_depth_entries)
             .preempt_timer(Duration::from_micros(placement.preempt_timer_us))
             .spin_before_park(Duration::from_micros(placement.spin_before_park_us));
+        if let Some(helpers) = placement.helper_placement()? {
+            builder = builder.blocking_thread_pool_placement(helpers);
+        }
         let body = body.clone();
         let nudger = nudger.clone();
         // Our own thread, registered with the nudger before glommio runs anything on it:

@@ -457,6 +457,7 @@ impl Profile {
         let placement = ShardPlacement {
             cpus: shard_cpus,
             float_cpus,
+            helper_cpus: reserved.clone(),
             ring_depth_entries: number(RING_DEPTH_ENTRIES, raw.runtime.ring_depth_entries)?
                 as usize,
             io_memory_bytes: (number(IO_MEMORY_MIB, raw.runtime.io_memory_mib)? << 20) as usize,

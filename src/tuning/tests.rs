@@ -97,6 +97,11 @@ fn shipped_profiles_say_what_their_names_promise() {
     assert_eq!(small.placement.spin_before_park_us, 0);
     let dedicated = load("dedicated-16");
     assert_eq!(dedicated.reserved_cpus, vec![0, 1]);
+    assert_eq!(
+        dedicated.placement.helper_cpus,
+        vec![0, 1],
+        "helpers on the kept cores"
+    );
     let shard_cpus: Vec<_> = (2..16).map(Some).collect();
     assert_eq!(dedicated.placement.cpus, shard_cpus);
     let throughput = load("throughput");
