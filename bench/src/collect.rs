@@ -112,6 +112,16 @@ struct Pending {
     reported: BTreeSet<usize>,
 }
 
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            send: Tally::new(),
+            consume: ConsumeTally::new(),
+            reported: BTreeSet::new(),
+        }
+    }
+}
+
 impl Collector<'_> {
     fn is_producer(&self, source: usize) -> bool {
         source < self.producers
@@ -129,15 +139,10 @@ impl Collector<'_> {
             series: Vec::new(),
         };
         let mut live: BTreeSet<usize> = (0..self.producers + self.consumers).collect();
-        let mut producers_live = self.producers;
         let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
         let mut progress = Progress::new(self.progress);
         // What workers counted after their last full second.
-        let mut tail = Pending {
-            send: Tally::new(),
-            consume: ConsumeTally::new(),
-            reported: BTreeSet::new(),
-        };
+        let mut tail = Pending::new();
         while !live.is_empty() {
             let report = match receiver.recv_timeout(PROGRESS_REDRAW) {
                 Ok(report) => report,
@@ -153,11 +158,7 @@ impl Collector<'_> {
                     tick,
                     figures,
                 } => {
-                    let entry = pending.entry(tick).or_insert_with(|| Pending {
-                        send: Tally::new(),
-                        consume: ConsumeTally::new(),
-                        reported: BTreeSet::new(),
-                    });
+                    let entry = pending.entry(tick).or_insert_with(Pending::new);
                     merge_figures(&mut entry.send, &mut entry.consume, &figures);
                     entry.reported.insert(source);
                 }
@@ -171,21 +172,14 @@ impl Collector<'_> {
                     merge_figures(&mut tail.send, &mut tail.consume, &figures);
                     let new = merge_figures(&mut collected.send, &mut collected.consume, &figures);
                     print_first_remarks(&new, &collected, &mut progress);
-                    if self.is_producer(source) {
-                        collected.producer_connections_lost += connections_lost;
-                        collected.producers_finished_at =
-                            collected.producers_finished_at.max(Some(finished_at));
-                        producers_live -= 1;
-                        if producers_live == 0 {
-                            if let Some(done) = self.on_producers_done.take() {
-                                done(collected.send.succeeded, finished_at);
-                            }
-                        }
-                    } else {
-                        collected.consumer_connections_lost += connections_lost;
-                        collected.consumers_finished_at =
-                            collected.consumers_finished_at.max(Some(finished_at));
-                    }
+                    let producers_left = (0..self.producers).any(|p| live.contains(&p));
+                    self.note_done(
+                        source,
+                        finished_at,
+                        connections_lost,
+                        producers_left,
+                        &mut collected,
+                    );
                 }
             }
             while let Some(entry) = pending.first_entry() {
@@ -193,23 +187,7 @@ impl Collector<'_> {
                     break;
                 }
                 let tick = *entry.key();
-                let interval = entry.remove();
-                let mut new_codes: Vec<Code> = collected
-                    .send
-                    .merge(&interval.send)
-                    .into_iter()
-                    .map(Code::Send)
-                    .collect();
-                new_codes.extend(
-                    collected
-                        .consume
-                        .merge(&interval.consume)
-                        .into_iter()
-                        .map(Code::Pull),
-                );
-                print_first_remarks(&new_codes, &collected, &mut progress);
-                let point = self.print_interval(tick, &interval, &collected, &mut progress);
-                collected.series.push(point);
+                self.complete_second(tick, entry.remove(), &mut collected, &mut progress);
             }
             progress.draw(&self.progress_text(&collected));
         }
@@ -218,6 +196,58 @@ impl Collector<'_> {
             collected.series.push(point);
         }
         collected
+    }
+
+    /// Records that worker `source` stopped; the last producer to stop triggers
+    /// `on_producers_done`.
+    fn note_done(
+        &mut self,
+        source: usize,
+        finished_at: Instant,
+        connections_lost: usize,
+        producers_left: bool,
+        collected: &mut Collected,
+    ) {
+        if !self.is_producer(source) {
+            collected.consumer_connections_lost += connections_lost;
+            collected.consumers_finished_at =
+                collected.consumers_finished_at.max(Some(finished_at));
+            return;
+        }
+        collected.producer_connections_lost += connections_lost;
+        collected.producers_finished_at = collected.producers_finished_at.max(Some(finished_at));
+        if !producers_left {
+            if let Some(done) = self.on_producers_done.take() {
+                done(collected.send.succeeded, finished_at);
+            }
+        }
+    }
+
+    /// Every live worker has reported second `tick`: add it to the totals, print its lines
+    /// and add its point to the series.
+    fn complete_second(
+        &self,
+        tick: u64,
+        interval: Pending,
+        collected: &mut Collected,
+        progress: &mut Progress,
+    ) {
+        let mut new_codes: Vec<Code> = collected
+            .send
+            .merge(&interval.send)
+            .into_iter()
+            .map(Code::Send)
+            .collect();
+        new_codes.extend(
+            collected
+                .consume
+                .merge(&interval.consume)
+                .into_iter()
+                .map(Code::Pull),
+        );
+        print_first_remarks(&new_codes, collected, progress);
+        let point = self.print_interval(tick, &interval, collected, progress);
+        collected.series.push(point);
     }
 
     /// The partial last second, when workers counted anything after their last full one.
