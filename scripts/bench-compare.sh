@@ -19,7 +19,8 @@
 #   W4 W1 again with SYNC flush (shardmq restarted with --flush sync; a peer started here is
 #      restarted with flushDiskType=SYNC_FLUSH), and SYNC/ASYNC of each broker
 #   W5 end to end, open loop at --e2e-rate msg/s               (latency from intended send time)
-#   W6 consumer catch-up of --catchup-messages stored messages (msgs/s, MB/s)
+#   W6 consumer catch-up of --catchup-messages stored messages (msgs/s, MB/s); stored first by
+#      batches of 64, 16 in flight (the fill itself is not a figure)
 # Every topic is created with 4 queues per broker (shardmq: per shard). Busy broker cores are
 # read from /proc/<pid>/stat (utime + stime) around each run, for brokers started here.
 # Reports (JSON + SVG) of every run stay in --out. Compare figures taken in one run only.
@@ -190,6 +191,7 @@ run_async_workloads() {
         --message-size 100 --in-flight 64
     run "$target" W5 e2e --topic "W5_$tag" --queues 4 --duration-secs "$seconds" \
         --message-size 1024 --rate "$e2e_rate"
+    # --messages sends busy-refused batches again, so exactly that many are stored.
     run "$target" W6-fill producer --topic "W6_$tag" --queues 4 --messages "$catchup_messages" \
         --message-size "$catchup_size" --batch 64 --in-flight 16
     run "$target" W6 consumer --topic "W6_$tag" --catch-up
@@ -286,6 +288,7 @@ row(e2e, "busy broker cores", "lower", lambda t: busy(t, "W5"))
 catchup = f"W6 catch-up of {catchup_messages} x {catchup_size} B"
 row(catchup, "msgs/s", "higher", lambda t: pick(load(t, "W6"), "consumer", "messages_per_sec"))
 row(catchup, "MB/s", "higher", lambda t: pick(load(t, "W6"), "consumer", "payload_mb_per_sec"))
+row(catchup, "stored by the fill", "same", lambda t: pick(load(t, "W6-fill"), "producer", "sent"))
 row(catchup, "received", "same", lambda t: pick(load(t, "W6"), "consumer", "consumed"))
 row(catchup, "busy broker cores", "lower", lambda t: busy(t, "W6"))
 

@@ -48,6 +48,15 @@ pub const POLL_WAIT_MAX: Duration = Duration::from_millis(100);
 const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Length of one reporting interval.
 pub const TICK: Duration = Duration::from_secs(1);
+/// After a busy answer (SYSTEM_BUSY, SERVICE_NOT_AVAILABLE: the broker's flow control) a
+/// connection sends nothing new for this long, as RocketMQ clients back off.
+const BUSY_BACKOFF: Duration = Duration::from_millis(1);
+/// Answers that mean "not now": counted as Response Failed, and in `--messages` mode the
+/// request is sent again, so that the count stored is the count asked for.
+const BUSY_CODES: [i32; 2] = [
+    response_code::SYSTEM_BUSY,
+    response_code::SERVICE_NOT_AVAILABLE,
+];
 
 const _: () =
     assert!(IN_FLIGHT_MAX_REQUESTS < (i32::MAX - crate::send_frame::OPAQUE_FIRST) as usize);
@@ -102,6 +111,8 @@ struct Connection {
     in_flight_max: usize,
     quota_requests: Option<u64>,
     pacing: Option<Pacing>,
+    /// No new request before this (after a busy answer).
+    backoff_until: Option<Instant>,
     out: Vec<u8>,
     out_written: usize,
     input: Vec<u8>,
@@ -127,6 +138,7 @@ impl Connection {
             in_flight_max,
             quota_requests: plan.quota_requests,
             pacing: plan.pacing,
+            backoff_until: None,
             out: Vec::new(),
             out_written: 0,
             input: vec![0; READ_CHUNK_BYTES],
@@ -147,15 +159,27 @@ impl Connection {
         self.in_flight.len() < self.in_flight_max && self.unsent_bytes() < OUT_PENDING_MAX_BYTES
     }
 
-    /// Open loop: when the next request is due, if the window would let it go.
+    /// When the loop must wake to send: the end of a back-off, or (open loop) when the next
+    /// request is due, if the window would let it go.
     fn next_due(&self) -> Option<Instant> {
-        let pacing = self.pacing.as_ref()?;
-        (self.open && self.window_open() && self.quota_left()).then_some(pacing.next_due)
+        if !self.open || !self.window_open() || !self.quota_left() {
+            return None;
+        }
+        match (self.backoff_until, &self.pacing) {
+            (Some(until), Some(pacing)) => Some(until.max(pacing.next_due)),
+            (Some(until), None) => Some(until),
+            (None, Some(pacing)) => Some(pacing.next_due),
+            (None, None) => None,
+        }
     }
 
     /// Queues frames until the window, the output bound or the quota is reached (and, in
     /// open loop, until no request is due yet).
     fn fill(&mut self, now: Instant, clock: &RunClock) {
+        if self.backoff_until.is_some_and(|until| until > now) {
+            return;
+        }
+        self.backoff_until = None;
         let born_timestamp_ms = clock.unix_millis(now);
         while self.window_open() && self.quota_left() {
             let intended = match &mut self.pacing {
@@ -249,7 +273,13 @@ impl Connection {
             let unread = &self.input[consumed_total..self.input_filled];
             match decode_frame(unread) {
                 Ok(Some((command, consumed))) => {
-                    complete_response(&mut self.in_flight, &command, now, tally);
+                    let busy = complete_response(&mut self.in_flight, &command, now, tally);
+                    if busy {
+                        self.backoff_until = Some(now + BUSY_BACKOFF);
+                        if let Some(quota) = &mut self.quota_requests {
+                            *quota += 1;
+                        }
+                    }
                     consumed_total += consumed;
                 }
                 Ok(None) => break,
@@ -295,24 +325,26 @@ impl Connection {
     }
 }
 
+/// Counts one response; true when it was a busy answer to one of our requests.
 fn complete_response(
     in_flight: &mut HashMap<i32, (Instant, u64)>,
     response: &RemotingCommand<'_>,
     now: Instant,
     tally: &mut Tally,
-) {
+) -> bool {
     if !response.is_response() {
-        return; // A broker-initiated request; a producer that never heartbeats gets none.
+        return false; // A broker-initiated request; a producer that never heartbeats gets none.
     }
     let Some((intended, messages)) = in_flight.remove(&response.opaque) else {
         tally.late_responses += 1;
-        return;
+        return false;
     };
     if response.code == response_code::SUCCESS {
         tally.record_success(now.saturating_duration_since(intended), messages);
-    } else {
-        tally.record_response_failure(response.code, response.remark.as_deref());
+        return false;
     }
+    tally.record_response_failure(response.code, response.remark.as_deref());
+    BUSY_CODES.contains(&response.code)
 }
 
 /// Runs one worker to completion; reports go to `plan.reports`.
@@ -368,7 +400,7 @@ pub fn run_worker(plan: WorkerPlan) {
         }
         if sending {
             for due in connections.iter().filter_map(Connection::next_due) {
-                wake_at = wake_at.min(due);
+                wake_at = wake_at.min(due.max(now));
             }
         }
         wait_for_sockets(
@@ -519,6 +551,43 @@ mod tests {
         let mut idle = test_connection(100, Some(pacing), None);
         idle.fill(clock.start + Duration::from_millis(25), &clock);
         assert_eq!(idle.in_flight.len(), 3, "slots at 0, 10 and 20 ms only");
+    }
+
+    #[test]
+    fn a_busy_answer_backs_off_and_sends_the_request_again() {
+        let clock = RunClock::start_now();
+        let mut connection = test_connection(8, None, Some(2));
+        connection.fill(clock.start, &clock);
+        assert_eq!(connection.in_flight.len(), 2);
+        assert!(!connection.quota_left());
+        let mut opaques: Vec<i32> = connection.in_flight.keys().copied().collect();
+        opaques.sort();
+        let mut answers = Vec::new();
+        shardmq::remoting::FrameEncoder::response(
+            &mut answers,
+            response_code::SERVICE_NOT_AVAILABLE,
+            opaques[0],
+        )
+        .finish(&[]);
+        shardmq::remoting::FrameEncoder::response(&mut answers, response_code::SUCCESS, opaques[1])
+            .finish(&[]);
+        connection.input[..answers.len()].copy_from_slice(&answers);
+        connection.input_filled = answers.len();
+        let mut tally = Tally::new();
+        let now = clock.start + Duration::from_millis(1);
+        connection.complete_responses(now, &mut tally).unwrap();
+        assert_eq!(tally.succeeded, 2, "one request of two messages stored");
+        assert_eq!(tally.response_failed(), 1);
+        assert!(connection.quota_left(), "the busy request is owed again");
+        assert_eq!(connection.next_due(), Some(now + BUSY_BACKOFF));
+        connection.fill(now, &clock);
+        assert!(
+            connection.in_flight.is_empty(),
+            "nothing new during the back-off"
+        );
+        connection.fill(now + BUSY_BACKOFF, &clock);
+        assert_eq!(connection.in_flight.len(), 1);
+        assert!(!connection.quota_left());
     }
 
     #[test]
