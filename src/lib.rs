@@ -5,8 +5,11 @@
 //! server and the command line. Everything that owns data on one core lives in the `shards`
 //! crate.
 
+pub mod admin;
 pub mod broker;
+pub mod client;
 pub mod error;
+pub mod filter;
 pub mod namesrv;
 pub mod node;
 pub mod persist;

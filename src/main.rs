@@ -1,5 +1,6 @@
 //! The `shardmq` command: `serve` (namesrv + broker on every shard, the embedded default),
-//! `namesrv` and `broker` (the roles apart), `tune` (inspect the host for a tuning profile).
+//! `namesrv` and `broker` (the roles apart), `tune` (inspect the host for a tuning profile)
+//! and `admin` (the operator's tool, see `shardmq::admin`).
 //!
 //! Every role runs under a tuning profile (`--profile NAME|PATH`, default `default`; see
 //! `tuning/`); the flags below that a user gives explicitly override the profile's knobs.
@@ -35,6 +36,8 @@ enum Command {
     /// Inspect this host for a tuning profile and say what would change and why; change
     /// nothing unless --apply is given.
     Tune(TuneArgs),
+    /// Administration against shardmq or any RocketMQ name server (like mqadmin).
+    Admin(shardmq::admin::AdminArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -100,6 +103,21 @@ struct BrokerOptions {
     /// m, h, d.
     #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
     message_delay_level: String,
+    /// Transactions: a half message this old without an end gets checked with its producer
+    /// (RocketMQ's transactionTimeOut).
+    #[arg(long, default_value_t = 6_000)]
+    transaction_timeout_ms: u64,
+    /// Transactions: how often undecided half messages are checked
+    /// (transactionCheckInterval).
+    #[arg(long, default_value_t = 30_000)]
+    transaction_check_interval_ms: u64,
+    /// Transactions: checks of one half message before it is discarded (transactionCheckMax).
+    #[arg(long, default_value_t = 15)]
+    transaction_check_max: u32,
+    /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
+    /// disk would. Hidden: never for production.
+    #[arg(long, hide = true)]
+    test_only_flush_delay_ms: Option<u64>,
 }
 
 #[derive(Args)]
@@ -203,6 +221,8 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         segment_size_bytes: tuning.segment_size_bytes,
         connection_limits: tuning.connection_limits,
         delay_levels: Default::default(),
+        test_flush_delay_ms: None,
+        transaction: Default::default(),
     })
 }
 
@@ -234,6 +254,15 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     config.delay_levels =
         shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
             .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
+    config.test_flush_delay_ms = options.test_only_flush_delay_ms;
+    if options.transaction_check_interval_ms == 0 {
+        bail!("--transaction-check-interval-ms must be positive");
+    }
+    config.transaction = shardmq::broker::transaction::TransactionConfig {
+        timeout_ms: options.transaction_timeout_ms,
+        check_interval_ms: options.transaction_check_interval_ms,
+        check_max: options.transaction_check_max,
+    };
     Ok(())
 }
 
@@ -305,6 +334,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let config = match cli.command {
+        Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
         Command::Serve(args) => {
             let mut config = base_config(&args.shard, Some(&args.broker))?;
             apply_broker_options(&mut config, &args.broker)?;

@@ -61,6 +61,10 @@ pub struct NodeConfig {
     pub connection_limits: ConnectionLimits,
     /// RocketMQ's messageDelayLevel table.
     pub delay_levels: broker::schedule::DelayLevels,
+    /// Test-only fault injection: every flush first waits this long (a slow disk).
+    pub test_flush_delay_ms: Option<u64>,
+    /// Transaction check-back settings (timeout, check interval, check max).
+    pub transaction: crate::broker::transaction::TransactionConfig,
 }
 
 impl NodeConfig {
@@ -213,6 +217,11 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         },
         None => None,
     };
+    if let Some(broker) = &broker {
+        // Half messages left undecided by the previous run, before any client is served.
+        broker.transactions.borrow_mut().config = config.transaction;
+        broker.recover_transactions().await;
+    }
     let (route_table, topic_broker) = (table.clone(), broker.clone());
     mesh.spawn_receivers(move |message| match message {
         ControlMessage::Route(update) => route_table.borrow_mut().apply(&update),
@@ -324,6 +333,10 @@ async fn open_broker(
     let store = Store::open(store_config)
         .await
         .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;
+    if let Some(delay_ms) = config.test_flush_delay_ms {
+        eprintln!("shardmq: shard {shard_id}: TEST ONLY: every flush waits {delay_ms} ms first");
+        store.set_test_flush_delay(Some(Duration::from_millis(delay_ms)));
+    }
     let identity = BrokerIdentity {
         cluster_name: config.cluster_name.clone(),
         broker_name: format!("{}-{shard_id}", config.broker_name),
@@ -440,6 +453,9 @@ fn start_broker_tasks(
     every(broker, broker::CLIENT_SCAN_INTERVAL_MS, |b| {
         b.expire_clients(now_ms())
     });
+    // The shard's ticking task: the long-poll wheel's clock and the overload gauge.
+    every(broker, broker::PULL_WHEEL_TICK_MS, |b| b.tick());
+    runtime::spawn_detached(broker::transaction::run_checks(broker.clone()));
 }
 
 async fn expire_brokers(table: Rc<RefCell<RouteTable>>) {
@@ -459,6 +475,7 @@ async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
         .collect();
     broker.unregister_from_all(&mut namesrvs).await;
     broker.offsets.borrow_mut().flush_if_dirty();
+    broker.persist_transactions().await;
     if let Err(error) = broker.store.close().await {
         eprintln!(
             "shardmq: {}: final flush failed: {error}",

@@ -12,8 +12,27 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Attempts of a durable write interrupted by a signal (shard threads get SIGUSR1 nudges
+/// without SA_RESTART, and not every std call retries EINTR itself).
+const INTERRUPTED_ATTEMPTS_MAX: u32 = 10;
+
 /// Replaces `path` with `bytes` durably, keeping the previous version as `path.bak`.
 pub fn write_file_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match write_file_durably_once(path, bytes) {
+            Err(error)
+                if error.kind() == io::ErrorKind::Interrupted
+                    && attempt < INTERRUPTED_ATTEMPTS_MAX =>
+            {
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+fn write_file_durably_once(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }

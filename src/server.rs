@@ -7,6 +7,14 @@
 //! and the write task sends whatever has accumulated in one write, so pipelined requests get
 //! batched responses. A frame that cannot be decoded closes that one connection, logged; a
 //! full output buffer pauses reading (backpressure) instead of growing without bound.
+//!
+//! Pending output of one connection is bounded: the bytes waiting in its buffer, plus the
+//! bytes being written, plus the room promised to answers being prepared
+//! (`reserve_output`, taken by pulls before they read the store) stay under the output pause
+//! limit (`ConnectionLimits`, default `OUTPUT_PAUSE_BYTES`) plus one reservation. A consumer
+//! that stops reading therefore costs the broker at most that much memory, however many pulls
+//! it pipelines: its pulls wait for room, and once the in-flight limit (default
+//! `IN_FLIGHT_REQUESTS_MAX`) of them wait the connection stops being read.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -14,7 +22,7 @@ use std::rc::Rc;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpListener, TcpStream};
-use shards::sync::Signal;
+use shards::sync::{Signal, WaiterSet};
 
 use crate::remoting::{self, FrameEncoder, RemotingCommand};
 
@@ -60,6 +68,28 @@ pub struct Connection {
     next_opaque: Cell<i32>,
     in_flight_requests: Cell<usize>,
     limits: ConnectionLimits,
+    /// Bytes handed to the socket by the writer and not yet written.
+    writing_bytes: Cell<usize>,
+    /// Output room promised to answers being prepared (see `reserve_output`).
+    reserved_bytes: Cell<usize>,
+    /// Tasks waiting for output room.
+    room_waiters: Rc<WaiterSet<()>>,
+}
+
+/// Output room promised by `Connection::reserve_output`, given back when dropped.
+pub struct OutputReservation {
+    connection: Rc<Connection>,
+    bytes: usize,
+}
+
+impl Drop for OutputReservation {
+    fn drop(&mut self) {
+        let connection = &self.connection;
+        connection
+            .reserved_bytes
+            .set(connection.reserved_bytes.get() - self.bytes);
+        connection.room_freed();
+    }
 }
 
 /// Counts one request of a connection as being served until dropped.
@@ -88,6 +118,9 @@ impl Connection {
             next_opaque: Cell::new(1),
             in_flight_requests: Cell::new(0),
             limits,
+            writing_bytes: Cell::new(0),
+            reserved_bytes: Cell::new(0),
+            room_waiters: Rc::new(WaiterSet::default()),
         })
     }
 
@@ -99,8 +132,40 @@ impl Connection {
     }
 
     fn must_pause(&self) -> bool {
-        self.output.borrow().len() > self.limits.output_pause_bytes
+        self.pending_output_bytes() > self.limits.output_pause_bytes
             || self.in_flight_requests.get() > self.limits.in_flight_requests_max
+    }
+
+    /// Output buffered, being written, or promised to answers being prepared.
+    fn pending_output_bytes(&self) -> usize {
+        self.output_len() + self.writing_bytes.get() + self.reserved_bytes.get()
+    }
+
+    /// Waits until `bytes` more of output fit under the output pause limit (or nothing at all
+    /// is pending, so that one answer always proceeds) and promises them to the caller until
+    /// the returned guard drops: take it before producing a large answer, and write the
+    /// answer before dropping it. A closed connection grants at once (its output is dropped).
+    pub async fn reserve_output(self: &Rc<Self>, bytes: usize) -> OutputReservation {
+        let fits = || {
+            let pending = self.pending_output_bytes();
+            let limit = self.limits.output_pause_bytes;
+            self.is_closed() || pending == 0 || pending + bytes <= limit
+        };
+        if !fits() {
+            self.room_waiters.wait_until((), fits).await;
+        }
+        self.reserved_bytes.set(self.reserved_bytes.get() + bytes);
+        OutputReservation {
+            connection: self.clone(),
+            bytes,
+        }
+    }
+
+    /// Output room may have been freed: let waiting answers re-check.
+    fn room_freed(&self) {
+        if !self.room_waiters.is_empty() {
+            self.room_waiters.wake_all();
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -204,6 +269,7 @@ async fn serve_connection(
     }
     connection.closed.set(true);
     connection.output_ready.notify();
+    connection.room_freed();
     handler.connection_closed(&connection);
     writer_task.await;
 }
@@ -280,16 +346,20 @@ async fn write_loop(
             continue;
         }
         std::mem::swap(&mut spare, &mut connection.output.borrow_mut());
+        connection.writing_bytes.set(spare.len());
         let result = writer.write_all(&spare).await;
+        connection.writing_bytes.set(0);
         spare.clear();
         if spare.capacity() > 4 * limits.output_pause_bytes {
             spare.shrink_to(limits.read_chunk_bytes);
         }
         connection.output_drained.notify();
+        connection.room_freed();
         if result.is_err() {
             connection.closed.set(true);
             connection.output.borrow_mut().clear();
             connection.output_drained.notify();
+            connection.room_freed();
             return;
         }
     }

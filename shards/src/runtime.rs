@@ -330,6 +330,16 @@ pub async fn sleep(duration: Duration) {
     glommio::timer::sleep(duration).await
 }
 
+/// Milliseconds on this process's monotonic clock (since its first call): the clock of the
+/// shards' timer wheels, which never goes backwards when the wall clock is set.
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// Runs `future` with a deadline; `None` when it ran out.
 pub async fn timeout<T>(duration: Duration, future: impl Future<Output = T>) -> Option<T> {
     futures_lite::future::or(async { Some(future.await) }, async {

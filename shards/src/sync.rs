@@ -2,7 +2,8 @@
 //!
 //! `Signal` wakes one waiting task (a connection's writer); `WaiterSet` holds many parked
 //! tasks keyed by id so that a parked task that gives up removes itself (no growth from
-//! timed-out waiters).
+//! timed-out waiters): a connection's answers waiting for output room. Long-polling pulls
+//! have their own structure with deadlines and per-connection bookkeeping (`long_poll`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;

@@ -45,10 +45,10 @@ impl Broker {
             };
             self.ensure_retry_topic(&consumer.group_name, group.retry_queue_nums);
         }
-        let changed = self
-            .clients
-            .borrow_mut()
-            .heartbeat(&data, connection, now_ms());
+        let changed =
+            self.clients
+                .borrow_mut()
+                .heartbeat(&data, connection, request.language, now_ms());
         self.notify_groups(&changed);
         if request.is_oneway() {
             return Ok(());
@@ -121,12 +121,12 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let body = CheckClientConfigBody::parse(request.body)?;
         if let Some(subscription) = &body.subscription {
-            if !subscription.expression_type.eq_ignore_ascii_case("TAG") {
-                return Err(RequestError::SystemError(format!(
-                    "The broker does not support consumer to filter message by {}",
-                    subscription.expression_type
-                )));
-            }
+            self.check_subscription(
+                &body.group,
+                &subscription.topic,
+                &subscription.sub_string,
+                &subscription.expression_type,
+            )?;
         }
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())
@@ -305,6 +305,18 @@ impl Broker {
         );
         put("storeStats", format!("{stats:?}"));
         put("parkedPulls", self.pull_waiters.len().to_string());
+        put("sendRefusedBusy", self.load.refused_sends.get().to_string());
+        let transactions = self.transactions.borrow();
+        put(
+            "transactionHalfPending",
+            transactions.pending_len().to_string(),
+        );
+        let tx = transactions.stats;
+        put("transactionCommitted", tx.committed.to_string());
+        put("transactionRolledBack", tx.rolled_back.to_string());
+        put("transactionChecksSent", tx.checks_sent.to_string());
+        put("transactionDiscarded", tx.discarded.to_string());
+        drop(transactions);
         put("flushDiskType", format!("{:?}", self.store.flush_mode()));
         respond_body(connection, request, &protocol::encode_kv_table(&table));
         Ok(())

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use crate::protocol::{
     ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData,
 };
-use crate::remoting::{request_code, FrameEncoder};
+use crate::remoting::{request_code, FrameEncoder, LanguageCode};
 use crate::server::Connection;
 
 /// A client silent this long is dropped (RocketMQ's channel expiry).
@@ -22,6 +22,8 @@ pub const GROUPS_MAX: usize = 100_000;
 pub struct ClientChannel {
     pub connection: Rc<Connection>,
     pub last_update_ms: i64,
+    /// The language of its last heartbeat: pushed bodies differ for C++ clients.
+    pub language: LanguageCode,
 }
 
 pub struct ConsumerGroup {
@@ -44,6 +46,7 @@ impl ClientTable {
         &mut self,
         data: &HeartbeatData,
         connection: &Rc<Connection>,
+        language: LanguageCode,
         now_ms: i64,
     ) -> Vec<String> {
         for group in &data.producer_groups {
@@ -52,6 +55,7 @@ impl ClientTable {
                 ClientChannel {
                     connection: connection.clone(),
                     last_update_ms: now_ms,
+                    language,
                 },
             );
         }
@@ -75,6 +79,7 @@ impl ClientTable {
                 ClientChannel {
                     connection: connection.clone(),
                     last_update_ms: now_ms,
+                    language,
                 },
             );
             let mut group_changed = match previous {
@@ -83,7 +88,11 @@ impl ClientTable {
             };
             for subscription in &consumer.subscriptions {
                 let known = group.subscriptions.get(&subscription.topic);
-                if known.map(|s| &s.sub_string) != Some(&subscription.sub_string) {
+                let same = known.is_some_and(|s| {
+                    s.sub_string == subscription.sub_string
+                        && s.expression_type == subscription.expression_type
+                });
+                if !same {
                     group_changed = true;
                 }
                 group
@@ -150,6 +159,17 @@ impl ClientTable {
             .get(group)
             .map(|g| g.clients.keys().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// A live connection of a producer of `group` (the most recently heard from), for the
+    /// transaction check-back.
+    pub fn producer_connection(&self, group: &str) -> Option<Rc<Connection>> {
+        self.producers
+            .get(group)?
+            .values()
+            .filter(|channel| !channel.connection.is_closed())
+            .max_by_key(|channel| channel.last_update_ms)
+            .map(|channel| channel.connection.clone())
     }
 
     pub fn subscription(&self, group: &str, topic: &str) -> Option<&SubscriptionData> {

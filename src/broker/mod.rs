@@ -7,24 +7,29 @@
 
 mod admin;
 mod clients;
+mod filters;
 pub mod groups;
 mod locks;
 mod offsets;
+mod overload;
 mod pull;
 mod queries;
+mod query;
 pub mod registration;
+mod reset;
 mod retry;
 pub mod schedule;
 mod send;
 pub mod topics;
+pub mod transaction;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use shards::long_poll::{LongPoll, ParkedPulls};
 use shards::store::Store;
-use shards::sync::WaiterSet;
 
 use crate::error::RequestError;
 use crate::protocol::TopicConfig;
@@ -33,6 +38,7 @@ use crate::server::Connection;
 
 pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
 pub use offsets::{OffsetTable, OFFSET_FLUSH_INTERVAL_MS};
+pub use pull::PULL_WHEEL_TICK_MS;
 pub use topics::TopicTable;
 
 /// A topic change one shard tells the others about (topics live on every shard of a node).
@@ -80,8 +86,17 @@ pub struct Broker {
     pub locks: RefCell<locks::QueueLocks>,
     /// Delay levels, timer messages and their delivery progress.
     pub schedule: RefCell<schedule::ScheduleState>,
-    /// Pulls parked until a message reaches (topic, queue id).
-    pub pull_waiters: Rc<WaiterSet<(String, u32)>>,
+    /// Pulls parked until a message reaches (topic, queue id), their timeout passes or their
+    /// connection closes: the shard's long-poll wheel.
+    pub pull_waiters: Rc<ParkedPulls>,
+    /// How late this shard runs (overload.rs).
+    pub load: overload::ShardLoad,
+    /// Half messages waiting for their transaction's end (transaction.rs).
+    pub transactions: RefCell<transaction::Transactions>,
+    /// Queues reset by INVOKE_BROKER_TO_RESET_OFFSET that their group has not pulled since.
+    pub pending_resets: RefCell<reset::PendingResets>,
+    /// Compiled SQL92 pull filters, per (group, topic).
+    pub sql_filters: RefCell<crate::filter::SqlFilterCache>,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
     /// Asks the registration task to re-register with the namesrv now.
@@ -91,6 +106,8 @@ pub struct Broker {
     /// brokers (shards) of this node: a topic change is answered once the route shows it
     /// on every shard, as a Java broker answers after registering it with the namesrv.
     pub local_routes: Option<LocalRoutes>,
+    /// Language and version of each client connection (GET_CONSUMER_CONNECTION_LIST).
+    client_languages: RefCell<query::ClientLanguages>,
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
@@ -135,11 +152,21 @@ impl Broker {
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
             schedule: RefCell::new(schedule),
-            pull_waiters: Rc::new(WaiterSet::default()),
+            pull_waiters: Rc::new(ParkedPulls::new(LongPoll::new(
+                pull::PULL_WHEEL_TICK_MS,
+                pull::PULL_WHEEL_SLOTS,
+                pull::PARKED_PULLS_MAX,
+                shards::runtime::monotonic_ms(),
+            ))),
+            load: overload::ShardLoad::default(),
+            transactions: RefCell::new(transaction::Transactions::new(&config_dir)),
+            pending_resets: RefCell::new(reset::PendingResets::default()),
+            sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
             local_routes: None,
+            client_languages: RefCell::new(query::ClientLanguages::default()),
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
             next_retry_queue: Cell::new(0),
@@ -168,9 +195,19 @@ impl Broker {
             rc::GET_MAX_OFFSET => self.get_max_offset(request, connection),
             rc::GET_MIN_OFFSET => self.get_min_offset(request, connection),
             rc::SEARCH_OFFSET_BY_TIMESTAMP => self.search_offset_by_timestamp(request, connection),
+            rc::INVOKE_BROKER_TO_RESET_OFFSET => {
+                self.invoke_broker_to_reset_offset(request, connection)
+            }
             rc::GET_EARLIEST_MSG_STORETIME => self.earliest_msg_store_time(request, connection),
             rc::VIEW_MESSAGE_BY_ID => self.view_message_by_id(request, connection),
-            rc::HEART_BEAT => self.heart_beat(request, connection),
+            rc::HEART_BEAT => {
+                self.client_languages.borrow_mut().note(
+                    connection.id,
+                    request.language,
+                    request.version,
+                );
+                self.heart_beat(request, connection)
+            }
             rc::UNREGISTER_CLIENT => self.unregister_client(request, connection),
             rc::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list_by_group(request, connection),
             rc::CHECK_CLIENT_CONFIG => self.check_client_config(request, connection),
@@ -181,6 +218,11 @@ impl Broker {
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
+            rc::QUERY_MESSAGE => self.query_message(request, connection),
+            rc::GET_TOPIC_STATS_INFO => self.topic_stats_info(request, connection),
+            rc::GET_CONSUME_STATS => self.consume_stats(request, connection),
+            rc::GET_CONSUMER_CONNECTION_LIST => self.consumer_connection_list(request, connection),
+            rc::END_TRANSACTION => self.end_transaction(request, connection),
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 self.update_and_create_subscription_group(request, connection)
             }
@@ -227,7 +269,7 @@ impl Broker {
 
     /// A message reached (topic, queue id): wakes the pulls parked on it.
     pub fn notify_message_arrived(&self, topic: &str, queue_id: u32) {
-        self.pull_waiters.wake_key(&(topic.to_string(), queue_id));
+        self.pull_waiters.wake_queue(topic, queue_id);
     }
 
     /// The next retry queue index (callers take it modulo the group's retry queues).
@@ -243,8 +285,9 @@ impl Broker {
             .clients
             .borrow_mut()
             .remove_where(|c| c.connection.id == connection.id);
+        self.client_languages.borrow_mut().forget(connection.id);
         self.notify_groups(&changed);
-        self.pull_waiters.wake_all();
+        self.pull_waiters.connection_closed(connection.id);
     }
 
     /// Drops clients silent for longer than CLIENT_EXPIRY_MS.

@@ -1,18 +1,27 @@
 //! PULL_MESSAGE (11) and LITE_PULL_MESSAGE (361), with long polling.
 //!
-//! A pull that finds nothing and may suspend is parked on the shard's waiter set under its
-//! (topic, queue id); the append of a message to that queue wakes it at once, and it answers
-//! PULL_NOT_FOUND when its suspend timeout runs out. It re-runs the read once after waking,
-//! without suspending, as RocketMQ does. A closed connection wakes its parked pulls, which
-//! then end without answering.
+//! A pull that finds nothing and may suspend is parked in the shard's long-poll wheel
+//! (`shards::long_poll`) under its (topic, queue id) and its connection; the append of a
+//! message to that queue wakes it at once, and the shard's ticking task (`tick`, every
+//! `PULL_WHEEL_TICK_MS`) expires it when its suspend timeout runs out. Either way it re-runs
+//! the read once, without suspending, as RocketMQ does, and answers (PULL_NOT_FOUND if still
+//! empty). A closed connection drops its parked pulls at once, unanswered. At most
+//! `PARKED_PULLS_MAX` pulls are parked per shard; beyond it a pull gets SYSTEM_BUSY.
+//!
+//! Reading the store waits for room in the connection's output (`Connection::reserve_output`),
+//! so a consumer that never reads its answers never makes the broker buffer without bound.
+//!
+//! The pull's filter (TAG, or SQL92 over each candidate's properties) is chosen in
+//! `filters.rs`; the store applies it in two stages (`shards::store::PullFilter`).
 
 use std::rc::Rc;
-use std::time::Duration;
 
-use shards::store::{GetMessageResult, GetStatus};
+use shards::long_poll::ParkOutcome;
+use shards::runtime::monotonic_ms;
+use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
 
 use crate::error::RequestError;
-use crate::protocol::TagFilter;
+use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
@@ -27,6 +36,17 @@ pub const PULL_BATCH_MAX_BYTES: u32 = 256 * 1024;
 pub const PULL_SUSPEND_MAX_MS: u64 = 25_000;
 /// Pulls parked at once on one shard; beyond it a pull gets SYSTEM_BUSY (a client retries).
 pub const PARKED_PULLS_MAX: usize = 100_000;
+/// Granularity of the long-poll wheel: a parked pull expires at most this late (plus the
+/// shard's own lateness), and the shard's ticking task runs this often.
+pub const PULL_WHEEL_TICK_MS: u64 = 5;
+/// Slots of the long-poll wheel: one turn (20.48 s) covers the clients' usual suspend
+/// timeouts (15 s, 20 s), so a slot scan rarely meets an entry due in a later round.
+pub const PULL_WHEEL_SLOTS: usize = 4096;
+
+const _: () = assert!(PULL_WHEEL_TICK_MS * PULL_WHEEL_SLOTS as u64 >= 20_000);
+
+/// Room a pull answer's frame takes beyond its body (length prefixes, JSON header).
+const PULL_ANSWER_HEADER_MAX_BYTES: usize = 1024;
 
 const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
 const PULL_FLAG_SUSPEND: i32 = 0x2;
@@ -36,6 +56,7 @@ const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
 struct PullRequest {
     opaque: i32,
     oneway: bool,
+    group: String,
     topic: String,
     queue_id: u32,
     queue_offset: u64,
@@ -43,7 +64,7 @@ struct PullRequest {
     max_bytes: u32,
     suspend_timeout_ms: u64,
     may_suspend: bool,
-    filter: TagFilter,
+    filter: MessageFilter,
 }
 
 impl Broker {
@@ -67,12 +88,6 @@ impl Broker {
             .unwrap_or(15_000)
             .max(0) as u64;
         self.check_group_may_pull(group)?;
-        let expression_type = ext.get_non_empty("expressionType").unwrap_or("TAG");
-        if !expression_type.eq_ignore_ascii_case("TAG") {
-            return Err(RequestError::SubscriptionParseFailed(format!(
-                "expression type {expression_type} is not supported yet; use TAG expressions"
-            )));
-        }
         let read_queues = match self.topics.borrow().get(topic) {
             Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
                 return Err(RequestError::NoPermission(format!(
@@ -93,13 +108,9 @@ impl Broker {
         }
         let filter = match ext.get_non_empty("subscription") {
             Some(expression) if sys_flag & PULL_FLAG_SUBSCRIPTION != 0 => {
-                TagFilter::parse(expression)
+                self.compile_filter(group, topic, expression, ext.get("expressionType"))?
             }
-            _ => match self.clients.borrow().subscription(group, topic) {
-                Some(subscription) => TagFilter::parse(&subscription.sub_string),
-                // No expression and no heartbeat yet: deliver everything (clients re-filter).
-                None => TagFilter::All,
-            },
+            _ => self.subscribed_filter(group, topic)?,
         };
         if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
             if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
@@ -111,6 +122,7 @@ impl Broker {
         let pull = PullRequest {
             opaque: request.opaque,
             oneway: request.is_oneway(),
+            group: group.to_string(),
             topic: topic.to_string(),
             queue_id: queue_id as u32,
             queue_offset,
@@ -154,31 +166,15 @@ impl Broker {
     }
 
     async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
-        let mut result = self.read_queue(&pull).await;
+        let mut result = self.read_queue(&pull, &connection).await;
         let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
         if found_nothing && pull.may_suspend && pull.suspend_timeout_ms > 0 {
-            if self.pull_waiters.len() >= PARKED_PULLS_MAX {
-                respond_error(
-                    &connection,
-                    &pull,
-                    RequestError::SystemBusy(
-                        "[PULL]too many pulls are waiting on this broker, try again later".into(),
-                    ),
-                );
-                return;
+            match self.park_pull(&pull, &connection).await {
+                Ok(ParkOutcome::ConnectionClosed) => return,
+                Ok(ParkOutcome::Arrived | ParkOutcome::Expired) => {}
+                Err(error) => return respond_error(&connection, &pull, error),
             }
-            let key = (pull.topic.clone(), pull.queue_id);
-            let store = &self.store;
-            let arrived = || {
-                connection.is_closed()
-                    || store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset
-            };
-            let wait = self.pull_waiters.wait_until(key, arrived);
-            shards::runtime::timeout(Duration::from_millis(pull.suspend_timeout_ms), wait).await;
-            if connection.is_closed() {
-                return;
-            }
-            result = self.read_queue(&pull).await;
+            result = self.read_queue(&pull, &connection).await;
         }
         if pull.oneway {
             return;
@@ -189,17 +185,66 @@ impl Broker {
         }
     }
 
-    async fn read_queue(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
-        let filter = &pull.filter;
-        let accept = |tags_code: i64| filter.matches_code(tags_code);
+    /// Parks a pull that found nothing until a message reaches its queue, its suspend
+    /// timeout passes or its connection closes.
+    async fn park_pull(
+        &self,
+        pull: &PullRequest,
+        connection: &Connection,
+    ) -> Result<ParkOutcome, RequestError> {
+        if connection.is_closed() {
+            return Ok(ParkOutcome::ConnectionClosed);
+        }
+        // The read above awaited: a message may have arrived since (nothing awaits between
+        // this check and parking, so none can slip in after it).
+        let reset = self
+            .pending_resets
+            .borrow()
+            .contains(&pull.group, &pull.topic, pull.queue_id);
+        if reset || self.store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset {
+            return Ok(ParkOutcome::Arrived);
+        }
+        let deadline_ms = monotonic_ms() + pull.suspend_timeout_ms;
+        let id = self
+            .pull_waiters
+            .park(&pull.topic, pull.queue_id, connection.id, deadline_ms)
+            .map_err(|full| {
+                RequestError::SystemBusy(format!(
+                    "[PULL]too many pulls are waiting on this broker, try again later: {full}"
+                ))
+            })?;
+        Ok(self.pull_waiters.wait(id).await)
+    }
+
+    async fn read_queue(
+        &self,
+        pull: &PullRequest,
+        connection: &Rc<Connection>,
+    ) -> Result<GetMessageResult, RequestError> {
+        // Held until this pull's answer is in the output buffer (or dropped unanswered).
+        let _room = connection
+            .reserve_output(pull.max_bytes as usize + PULL_ANSWER_HEADER_MAX_BYTES)
+            .await;
+        let (group, topic, queue_id) = (&pull.group, &pull.topic, pull.queue_id);
+        if let Some(moved) = self.pending_reset_answer(group, topic, queue_id, pull.queue_offset) {
+            return Ok(moved);
+        }
+        let tags_code = |tags_code: i64| pull.filter.matches_tags_code(tags_code);
+        let sql = pull.filter.sql();
+        let properties = |properties: &[u8]| sql.is_some_and(|e| e.matches_properties(properties));
+        let filter = PullFilter {
+            tags_code: &tags_code,
+            // Only SQL92 filters read records; TAG pulls stay on the consume queue.
+            properties: sql.map(|_| &properties as PropertiesFilter<'_>),
+        };
         self.store
-            .get_messages(
+            .get_messages_matching(
                 &pull.topic,
                 pull.queue_id,
                 pull.queue_offset,
                 pull.max_messages,
                 pull.max_bytes,
-                &accept,
+                &filter,
             )
             .await
             .map_err(store_error)

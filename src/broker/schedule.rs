@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use shards::store::{record, MessageToStore};
 use shards::sync::Signal;
-use shards::timing_wheel::TimerWheel;
+use shards::wheel::TimerWheel;
 
 use crate::error::{now_ms, RequestError};
 use crate::persist;
@@ -475,7 +475,7 @@ impl Broker {
         self.scan_timers();
         let expired = self.schedule.borrow_mut().timer_wheel.advance(now as u64);
         let mut retry_later = Vec::new();
-        for offset in expired {
+        for (_, offset) in expired {
             let unit = self.store.queue_unit(TIMER_TOPIC, 0, offset);
             let delivered = match unit {
                 Ok(Some((physical_offset, _, _))) => self.deliver_record(physical_offset).await,
@@ -493,7 +493,7 @@ impl Broker {
         for offset in retry_later {
             schedule.timer_wheel.insert(retry_at, offset);
         }
-        schedule.timer_wheel.next_deadline().map(|at| at as i64)
+        schedule.timer_wheel.next_due_ms().map(|at| at as i64)
     }
 
     /// Writes delivery progress if it changed, once what it counts is durable.

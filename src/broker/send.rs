@@ -19,11 +19,7 @@ use crate::server::Connection;
 
 use super::schedule::{divert_for, Divert};
 use super::topics::{self, validate_topic_name};
-
-/// Transaction bits of a message's sysFlag (RocketMQ's MessageSysFlag).
-pub const TRANSACTION_TYPE_MASK: i32 = 0xC;
-pub const TRANSACTION_PREPARED: i32 = 0x4;
-use super::Broker;
+use super::{transaction, Broker};
 
 /// Messages one batch may carry (a client cannot make the broker loop without bound).
 pub const BATCH_MESSAGES_MAX: usize = 10_000;
@@ -88,8 +84,8 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
-        let _ = header.producer_group;
         validate_topic_name(header.topic)?;
         if topics::NOT_ALLOWED_SEND_TOPICS.contains(&header.topic) {
             return Err(RequestError::NoPermission(format!(
@@ -113,14 +109,29 @@ impl Broker {
             Some(dlq) => (dlq.as_str(), 0),
             None => (header.topic, queue_id),
         };
-        let prepared_transaction = header.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_PREPARED;
+        // A transactional half message waits in the half topic (transaction.rs), undelayed.
+        let first = &mut messages[0];
+        let half = !header.batch
+            && dead_letter.is_none()
+            && self.prepare_half(
+                &mut first.properties,
+                &first.unique_id,
+                (topic, queue_id),
+                header.producer_group,
+            )?;
+        let sys_flag = match half {
+            true => transaction::half_sys_flag(header.sys_flag),
+            false => header.sys_flag,
+        };
         let born_host = to_v4(connection.peer);
         let mut results = Vec::with_capacity(messages.len());
         let mut arrived = false;
         for message in &mut messages {
             let (mut store_topic, mut store_queue, mut tags_code) =
                 (topic, queue_id, message.tags_code);
-            if message.divert != Divert::None && dead_letter.is_none() && !prepared_transaction {
+            if half {
+                (store_topic, store_queue) = transaction::HALF_QUEUE;
+            } else if message.divert != Divert::None && dead_letter.is_none() {
                 (store_topic, store_queue, tags_code) =
                     self.divert(message.divert, topic, queue_id, &mut message.properties);
             } else {
@@ -130,7 +141,7 @@ impl Broker {
                 topic: store_topic,
                 queue_id: store_queue,
                 flag: message.flag,
-                sys_flag: header.sys_flag,
+                sys_flag,
                 born_timestamp_ms: header.born_timestamp_ms,
                 born_host,
                 reconsume_times: header.reconsume_times,
@@ -145,6 +156,9 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + results.len() as u64);
+        if half {
+            self.half_stored(&messages[0].properties, &results[0]);
+        }
         if arrived {
             self.notify_message_arrived(topic, queue_id);
         }
@@ -384,6 +398,9 @@ pub(super) fn store_error(error: StoreError) -> RequestError {
         StoreError::MessageTooLarge { .. } | StoreError::PropertiesTooLarge { .. } => {
             RequestError::MessageIllegal(error.to_string())
         }
+        StoreError::Busy { .. } => RequestError::SystemBusy(format!(
+            "[PC_SYNCHRONIZED]broker busy, start flow control for a while: {error}"
+        )),
         other => RequestError::ServiceNotAvailable(format!(
             "service not available now, the store refuses writes: {other}"
         )),

@@ -20,7 +20,9 @@ mod heartbeat;
 mod json;
 mod lists;
 pub mod properties;
+mod reset;
 mod route;
+mod stats;
 mod tags;
 mod topic;
 
@@ -40,7 +42,12 @@ pub use lists::{
 pub use properties::{
     encode_properties, find_property, parse_properties, property, PROPERTIES_SIZE_MAX_BYTES,
 };
+pub use reset::ResetOffsetBody;
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
+pub use stats::{
+    parse_subscription_group_table, ClientConnection, ConsumeStats, ConsumerConnection,
+    OffsetWrapper, TopicOffset, TopicStatsTable,
+};
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{
     perm, DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigTable, TOPIC_FILTER_TYPE_SINGLE,

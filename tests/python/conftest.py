@@ -314,6 +314,12 @@ def shardmq_factory(request, tmp_path):
                 code, node.log_tail()))
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
+    # A passed test's data dirs go (preallocated segments add up to gigabytes per run); a
+    # failed test keeps them, with its logs, for a look.
+    call_report = getattr(request.node, "_report_call", None)
+    if call_report is not None and call_report.passed:
+        for node in nodes:
+            shutil.rmtree(node.data_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -326,6 +332,7 @@ def shardmq(shardmq_factory):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    setattr(item, "_report_" + report.when, report)
     if report.failed and call.when != "teardown":  # teardown failures carry the log already
         for node in getattr(item, "_shardmq_nodes", []):
             report.sections.append(("shardmq output " + node.log_path, node.log_tail()))

@@ -12,7 +12,7 @@ import remoting
 from mq import (closing, create_topic, make_producer, unique, wait_until, SEND_ATTEMPTS_MAX,
                 SEND_RETRY_BACKOFF_S)
 from rocketmq.client import Message, PushConsumer, SendStatus
-from rocketmq.exceptions import ProducerSendSyncFailed
+from rocketmq.exceptions import ProducerSendOrderlyFailed, ProducerSendSyncFailed
 from rocketmq.ffi import MessageModel
 
 # Level 1 1 s, level 2 5 s (RocketMQ's), levels 3..18 300 ms each.
@@ -63,7 +63,7 @@ def send_with_retries(send, description):
             assert result.status == SendStatus.OK, "{}: status {}".format(
                 description, result.status)
             return result
-        except ProducerSendSyncFailed:
+        except (ProducerSendSyncFailed, ProducerSendOrderlyFailed):
             if attempt == SEND_ATTEMPTS_MAX:
                 raise
             time.sleep(SEND_RETRY_BACKOFF_S * attempt)

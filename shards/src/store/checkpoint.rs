@@ -9,6 +9,7 @@
 //! | `commitlog_offset` | every record below it has its consume-queue unit on disk; a record boundary |
 //! | `clean` | written by `close`: nothing was appended after it |
 //! | `queues` | topic → queueId → max offset at that point; a queue on disk with fewer units (files deleted) makes recovery rebuild every queue from the first segment |
+//! | `index` | the message index's last file and entry count at that point (`index.rs`); absent in checkpoints older than the index, which then is rebuilt from the first segment |
 
 use std::collections::BTreeMap;
 use std::io;
@@ -18,6 +19,7 @@ use glommio::io::BufferedFile;
 use serde::{Deserialize, Serialize};
 
 use super::error::io_error;
+use super::index::IndexMark;
 use super::segments::sync_dir;
 
 const FILE_NAME: &str = "checkpoint";
@@ -30,6 +32,8 @@ pub(crate) struct Checkpoint {
     pub commitlog_offset: u64,
     pub clean: bool,
     pub queues: BTreeMap<String, BTreeMap<u32, u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexMark>,
 }
 
 /// Reads the checkpoint; None when there is none or it does not parse (recovery then scans

@@ -82,6 +82,11 @@ pub(crate) struct FlushState {
     zero_fill_next: u64,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
+    /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
+    pub(crate) test_flush_delay: Option<Duration>,
+    /// When the flush under way started (None between flushes): how long the disk has kept
+    /// the appends since it waiting, which the broker's overload check reads.
+    pub(crate) flush_started_at: Option<Instant>,
     /// The flusher has exited (after `close`); the result `close` reports.
     done: Option<Result<(), Poison>>,
 }
@@ -99,6 +104,8 @@ impl FlushState {
             zero_fill_next,
             messages_at_last_flush: 0,
             fault: None,
+            test_flush_delay: None,
+            flush_started_at: None,
             done: None,
         }
     }
@@ -322,6 +329,13 @@ fn take_fault(inner: &Inner, write: bool) -> Option<io::Error> {
 
 /// One flush of everything dirty now. Returns false when the store is (or got) poisoned.
 pub(crate) async fn flush(inner: &Inner) -> bool {
+    inner.log.borrow_mut().flush.flush_started_at = Some(Instant::now());
+    let flushed = flush_dirty(inner).await;
+    inner.log.borrow_mut().flush.flush_started_at = None;
+    flushed
+}
+
+async fn flush_dirty(inner: &Inner) -> bool {
     let (start, end, messages) = {
         let log = inner.log.borrow();
         if log.poison.is_some() {
@@ -335,6 +349,10 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
     };
     if end == inner.log.borrow().flush.durable_end {
         return true;
+    }
+    let test_delay = inner.log.borrow().flush.test_flush_delay;
+    if let Some(delay) = test_delay {
+        glommio::timer::sleep(delay).await;
     }
     if let Err(error) = ensure_segments(inner, start, end).await {
         poison(inner, "creating a commitlog segment", &store_io(error));
@@ -485,9 +503,10 @@ async fn zero_fill_step(inner: &Inner) {
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
 pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
-    let (offset, queues) = {
+    let (offset, queues, index) = {
         let log = inner.log.borrow();
-        (log.tail.end(), inner.queues.borrow().max_offsets())
+        let index = inner.index.borrow().mark();
+        (log.tail.end(), inner.queues.borrow().max_offsets(), index)
     };
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return false;
@@ -501,10 +520,14 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
             }
         }
     }
+    if !sync_index(inner).await {
+        return false;
+    }
     let record = Checkpoint {
         commitlog_offset: offset,
         clean,
         queues,
+        index: Some(index),
     };
     if let Err(error) = checkpoint::write(&inner.config.root_dir, &record).await {
         poison(inner, "checkpoint write", &error);
@@ -515,6 +538,28 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     log.flush.last_checkpoint_offset = offset;
     log.flush.checkpoint_wanted = false;
     log.stats.checkpoints += 1;
+    true
+}
+
+/// Syncs the message index files written since the last checkpoint (and their directory
+/// when files came or went). False when the store got poisoned.
+async fn sync_index(inner: &Inner) -> bool {
+    let (paths, dir) = inner.index.borrow_mut().take_dirty_paths();
+    for path in paths {
+        if let Err(error) = sync_file(&path).await {
+            // A file the retention bound deleted meanwhile needs no sync.
+            if error.kind() != io::ErrorKind::NotFound {
+                poison(inner, "message index fdatasync", &error);
+                return false;
+            }
+        }
+    }
+    if let Some(dir) = dir {
+        if let Err(error) = super::segments::sync_dir(&dir).await {
+            poison(inner, "message index directory fsync", &store_io(error));
+            return false;
+        }
+    }
     true
 }
 

@@ -15,6 +15,8 @@
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every `CHECKPOINT_INTERVAL_MS` the flusher syncs the consume queues and writes the
 //!    checkpoint (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
+//! 5. `append` also files the record's keys (UNIQ_KEY, KEYS) in the message index
+//!    (`index.rs`), which QUERY_MESSAGE reads (`index_query.rs`); the checkpoint syncs it too.
 //!
 //! Invariants (asserted, kept in release): the commitlog end, the durable end and every queue's
 //! max offset never go backwards; a record's size equals its computed size; flushed ranges are
@@ -24,12 +26,14 @@
 //! `StoreError::DiskFull` for ENOSPC): appends and `wait_durable` fail from then on, reads keep
 //! working, and only a restart (recovery) brings writes back. Directory layout under `root_dir`:
 //! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
-//! `checkpoint`, and `.dma_probe` (see `open`).
+//! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`).
 
 mod checkpoint;
 mod consume_queue;
 mod error;
 mod flusher;
+mod index;
+mod index_query;
 mod pull;
 pub mod record;
 mod recovery;
@@ -43,7 +47,14 @@ use std::rc::Rc;
 
 pub use error::StoreError;
 pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX};
-pub use pull::{GetMessageResult, GetStatus};
+pub use index::{
+    key_hash, IndexConfig, IndexLastUpdate, MessageKeys, INDEX_ENTRIES_PER_FILE_MIN,
+    INDEX_KEYS_PER_MESSAGE_MAX,
+};
+pub use index_query::{MessageQuery, QueryMessageResult, QUERY_MESSAGES_MAX};
+pub use pull::{
+    GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
+};
 
 use consume_queue::{QueueTable, Unit};
 use error::Poison;
@@ -110,6 +121,8 @@ pub struct StoreConfig {
     /// Tags code of a stored record, used when recovery rebuilds consume-queue units (the
     /// append path takes the caller's). Default: Java hashCode of the TAGS property.
     pub tags_code_of: fn(&StoredMessage<'_>) -> i64,
+    /// Sizes and bound of the message index (`index.rs`).
+    pub index: IndexConfig,
 }
 
 impl StoreConfig {
@@ -124,6 +137,7 @@ impl StoreConfig {
             store_host,
             consume_queue_units_per_file: CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT,
             tags_code_of: record::tags_code_from_properties,
+            index: IndexConfig::default(),
         }
     }
 
@@ -148,7 +162,7 @@ impl StoreConfig {
                 "consume_queue_units_per_file and flush_interval_ms must be positive".into(),
             ));
         }
-        Ok(())
+        self.index.validate().map_err(StoreError::Config)
     }
 }
 
@@ -241,6 +255,7 @@ pub(crate) struct Inner {
     clock: Rc<dyn Clock>,
     pub(crate) log: RefCell<LogState>,
     pub(crate) queues: RefCell<QueueTable>,
+    pub(crate) index: RefCell<index::Index>,
     pub(crate) notify: Rc<Notify>,
 }
 
@@ -292,6 +307,7 @@ impl Store {
             clock,
             log: RefCell::new(log),
             queues: RefCell::new(recovered.queues),
+            index: RefCell::new(recovered.index),
             notify: Rc::new(Notify::default()),
         });
         flusher::spawn(&inner);
@@ -353,6 +369,16 @@ impl Store {
                 limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
             });
         }
+        let keys = if index::indexes_sys_flag(msg.sys_flag) {
+            MessageKeys::of(msg.properties)
+        } else {
+            MessageKeys::none()
+        };
+        // Room in the index first: after this nothing below can fail half-way.
+        inner
+            .index
+            .borrow_mut()
+            .prepare(keys.as_slice().len(), physical_offset)?;
         let unit = Unit {
             physical_offset,
             size_bytes: size as u32,
@@ -402,6 +428,16 @@ impl Store {
         log.stats.put_messages += 1;
         log.stats.put_bytes += size as u64;
         let end_offset = log.tail.end();
+        {
+            let mut index = inner.index.borrow_mut();
+            index.add(
+                msg.topic,
+                keys.as_slice(),
+                physical_offset,
+                store_timestamp_ms,
+            );
+            index.note_indexed(end_offset);
+        }
         let wake_flusher = log.flush.note_append(
             inner.config.flush_mode,
             end_offset,
@@ -457,6 +493,27 @@ impl Store {
         max_messages: u32,
         max_bytes: u32,
         filter: &dyn Fn(i64) -> bool,
+    ) -> Result<GetMessageResult, StoreError> {
+        let filter = PullFilter {
+            tags_code: filter,
+            properties: None,
+        };
+        self.get_messages_matching(topic, queue_id, offset, max_messages, max_bytes, &filter)
+            .await
+    }
+
+    /// `get_messages` with both filter stages: a unit is taken when its tags code passes
+    /// `filter.tags_code` and, if `filter.properties` is given, its record's PROPERTIES pass
+    /// it too (RocketMQ's isMatchedByConsumeQueue, then isMatchedByCommitLog). Only the
+    /// second stage reads records to filter them.
+    pub async fn get_messages_matching(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u32,
+        filter: &PullFilter<'_>,
     ) -> Result<GetMessageResult, StoreError> {
         let request = pull::PullRequest {
             topic,
@@ -518,6 +575,37 @@ impl Store {
         pull::earliest_store_time(&self.inner, topic, queue_id).await
     }
 
+    /// QUERY_MESSAGE: the records of `query.topic` filed under `query.key` (a KEYS word or a
+    /// UNIQ_KEY) in the message index, newest first, each read back and checked.
+    pub async fn query_messages(
+        &self,
+        query: &MessageQuery<'_>,
+    ) -> Result<QueryMessageResult, StoreError> {
+        index_query::query_messages(&self.inner, query).await
+    }
+
+    /// When the message index was last written (QUERY_MESSAGE's indexLastUpdate* fields).
+    pub fn index_last_update(&self) -> IndexLastUpdate {
+        self.inner.index.borrow().last_update()
+    }
+
+    /// Retention hook: drops the index files whose entries all point below
+    /// `physical_offset` (call it with the first commitlog offset still held once segments
+    /// are deleted). Returns how many files went.
+    pub fn expire_index_below(&self, physical_offset: u64) -> Result<usize, StoreError> {
+        let removed = self
+            .inner
+            .index
+            .borrow_mut()
+            .expire_below(physical_offset)?;
+        Ok(removed)
+    }
+
+    /// Message index files held now (each `IndexConfig`-sized; at most `files_max`).
+    pub fn index_file_count(&self) -> usize {
+        self.inner.index.borrow().file_count()
+    }
+
     /// Drops the topic's consume queues and their files, and asks for a checkpoint soon.
     /// Records stay in the commitlog until retention deletes them; a crash before that
     /// checkpoint can bring back units for the messages appended since the previous one.
@@ -551,6 +639,26 @@ impl Store {
             write_offset: log.tail.end(),
             ..log.stats
         }
+    }
+
+    /// How long the flush under way has been running at `now` (zero between flushes): the
+    /// time the oldest appends still waiting for the disk have waited at least, as far as
+    /// the disk is to blame.
+    pub fn flush_running_for(&self, now: std::time::Instant) -> std::time::Duration {
+        self.inner
+            .log
+            .borrow()
+            .flush
+            .flush_started_at
+            .map_or(std::time::Duration::ZERO, |started| {
+                now.saturating_duration_since(started)
+            })
+    }
+
+    /// Test hook: every later flush of dirty data first waits `delay`, as a slow disk would
+    /// (None: back to full speed).
+    pub fn set_test_flush_delay(&self, delay: Option<std::time::Duration>) {
+        self.inner.log.borrow_mut().flush.test_flush_delay = delay;
     }
 
     /// Test hook: makes the next commitlog write or fdatasync fail as the disk would.

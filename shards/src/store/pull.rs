@@ -15,6 +15,13 @@
 //! | messages found | Found | last unit taken + 1 (filtered units count) |
 //! | scan limit reached, no unit matched | NoMatchedMessage | first unit not scanned |
 //! | only units pointing at deleted commitlog | OffsetFoundNull | first unit not scanned |
+//!
+//! Filtering has two stages, as RocketMQ's `MessageFilter`: every unit's tags code goes
+//! through the consume-queue filter (no record is read for it), and when the pull also has a
+//! properties filter (SQL92), each unit that passed is read from the commitlog and its
+//! PROPERTIES field decides. Only matching records count toward the batch limits; records
+//! read for that stage are bounded by `PROPERTY_FILTER_READ_MAX_BYTES` per pull (the pull then
+//! answers with what it found and the offset to go on from).
 
 use std::rc::Rc;
 
@@ -33,10 +40,17 @@ pub const PULL_SCAN_MIN_UNITS: u64 = 16_000 / 20;
 pub const PULL_BATCH_MAX_MESSAGES: u32 = 1024;
 /// Most body bytes one pull returns (the first message is returned whatever its size).
 pub const PULL_BATCH_MAX_BYTES: u32 = 16 << 20;
+/// Commitlog bytes one pull reads at most to evaluate a properties filter (at least one
+/// record is always read): a filter that matches nothing must not turn into reading the
+/// whole scan window of large records.
+pub const PROPERTY_FILTER_READ_MAX_BYTES: u64 = 8 << 20;
+/// Contiguous records read in one go by the properties stage, at most (one record at least).
+const PROPERTY_FILTER_RUN_MAX_BYTES: u64 = 256 << 10;
 /// Bytes read to find a record's STORETIMESTAMP (it ends at 76 with an IPv6 born host).
 const RECORD_HEADER_READ_BYTES: usize = 76;
 
 const _: () = assert!(RECORD_HEADER_READ_BYTES <= record::RECORD_FIXED_BYTES);
+const _: () = assert!(PROPERTY_FILTER_READ_MAX_BYTES >= RECORD_SIZE_MAX_BYTES as u64);
 
 /// Result of a store lookup, in RocketMQ's GetMessageStatus terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,16 +84,37 @@ pub(crate) struct PullRequest<'a> {
     pub max_bytes: u32,
 }
 
-/// The units a pull takes, decided from the consume queue alone.
+/// The commitlog stage of a filter: given a record's PROPERTIES bytes, whether it matches.
+pub type PropertiesFilter<'a> = &'a dyn Fn(&[u8]) -> bool;
+
+/// The two filter stages of a pull (see the module doc).
+pub struct PullFilter<'a> {
+    /// Consume-queue stage, on each unit's tags code.
+    pub tags_code: &'a dyn Fn(i64) -> bool,
+    /// Commitlog stage, on the PROPERTIES bytes of each record that passed the first; None
+    /// for filters that need no properties (no record is read to filter).
+    pub properties: Option<PropertiesFilter<'a>>,
+}
+
+/// The units a pull takes (or, with a properties filter, its candidates), decided from the
+/// consume queue alone.
 struct Plan {
     result: GetMessageResult,
     units: Vec<Unit>,
+    /// Queue offset of each unit, index-aligned (filled only when every candidate is taken).
+    indexes: Vec<u64>,
+    /// Whether the scan met units pointing at deleted commitlog.
+    saw_null: bool,
 }
 
+/// Reads the scan window's units and applies the tags-code stage. With `take_all` every
+/// passing unit of the window is a candidate (the properties stage applies the batch
+/// limits); without it the batch limits end the scan.
 fn plan(
     inner: &Inner,
     request: &PullRequest<'_>,
     filter: &dyn Fn(i64) -> bool,
+    take_all: bool,
 ) -> Result<Plan, StoreError> {
     let min_physical = inner.log.borrow().min_physical_offset;
     let mut queues = inner.queues.borrow_mut();
@@ -100,6 +135,8 @@ fn plan(
         Ok(Plan {
             result,
             units: Vec::new(),
+            indexes: Vec::new(),
+            saw_null: false,
         })
     };
     if max == 0 {
@@ -126,7 +163,7 @@ fn plan(
         }
     }
     drop(queues);
-    let (mut units, mut bytes, mut saw_null) = (Vec::new(), 0u64, false);
+    let (mut units, mut indexes, mut bytes, mut saw_null) = (Vec::new(), Vec::new(), 0u64, false);
     let mut index = offset;
     for unit in scanned {
         let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
@@ -138,11 +175,14 @@ fn plan(
         let size = u64::from(unit.size_bytes);
         let full =
             !units.is_empty() && (units.len() as u32 >= max_messages || bytes + size > max_bytes);
-        if full {
+        if full && !take_all {
             break;
         }
         if filter(unit.tags_code) {
             units.push(unit);
+            if take_all {
+                indexes.push(index);
+            }
             bytes += size;
         }
         index += 1;
@@ -158,17 +198,29 @@ fn plan(
         min_offset: min,
         max_offset: max,
         message_count: units.len() as u32,
-        body: Vec::with_capacity(bytes as usize),
+        // With every candidate taken, the properties stage decides what the body holds.
+        body: Vec::with_capacity(if take_all { 0 } else { bytes as usize }),
     };
-    Ok(Plan { result, units })
+    Ok(Plan {
+        result,
+        units,
+        indexes,
+        saw_null,
+    })
 }
 
 pub(crate) async fn get_messages(
     inner: &Inner,
     request: &PullRequest<'_>,
-    filter: &dyn Fn(i64) -> bool,
+    filter: &PullFilter<'_>,
 ) -> Result<GetMessageResult, StoreError> {
-    let Plan { mut result, units } = plan(inner, request, filter)?;
+    if let Some(properties) = filter.properties {
+        let plan = plan(inner, request, filter.tags_code, true)?;
+        return take_matching(inner, request, plan, properties).await;
+    }
+    let Plan {
+        mut result, units, ..
+    } = plan(inner, request, filter.tags_code, false)?;
     let mut run_start = 0;
     while run_start < units.len() {
         // Records that follow each other in the commitlog are read in one go.
@@ -184,6 +236,82 @@ pub(crate) async fn get_messages(
         run_start = run_end;
     }
     check_sizes(&units, &result.body)?;
+    Ok(result)
+}
+
+/// The properties stage: reads the candidates in runs of contiguous records and keeps those
+/// whose properties match, up to the batch limits and `PROPERTY_FILTER_READ_MAX_BYTES` read.
+async fn take_matching(
+    inner: &Inner,
+    request: &PullRequest<'_>,
+    plan: Plan,
+    properties_match: &dyn Fn(&[u8]) -> bool,
+) -> Result<GetMessageResult, StoreError> {
+    let Plan {
+        mut result,
+        units,
+        indexes,
+        saw_null,
+    } = plan;
+    if units.is_empty() {
+        return Ok(result);
+    }
+    let max_messages = request.max_messages.clamp(1, PULL_BATCH_MAX_MESSAGES);
+    let max_bytes = u64::from(request.max_bytes.min(PULL_BATCH_MAX_BYTES));
+    let (mut taken, mut body_bytes, mut read_bytes) = (0u32, 0u64, 0u64);
+    let mut next_begin = result.next_begin_offset;
+    let mut run_start = 0;
+    'runs: while run_start < units.len() {
+        let first = units[run_start];
+        let mut run_end = run_start + 1;
+        let mut run_bytes = u64::from(first.size_bytes);
+        while run_end < units.len()
+            && follows(&units[run_end - 1], &units[run_end])
+            && run_bytes + u64::from(units[run_end].size_bytes) <= PROPERTY_FILTER_RUN_MAX_BYTES
+        {
+            run_bytes += u64::from(units[run_end].size_bytes);
+            run_end += 1;
+        }
+        if read_bytes > 0 && read_bytes + run_bytes > PROPERTY_FILTER_READ_MAX_BYTES {
+            next_begin = indexes[run_start];
+            break;
+        }
+        read_bytes += run_bytes;
+        let bytes = read_range(inner, first.physical_offset, run_bytes as usize).await?;
+        let mut at = 0usize;
+        let run = units[run_start..run_end]
+            .iter()
+            .zip(&indexes[run_start..run_end]);
+        for (unit, index) in run {
+            let size = unit.size_bytes as usize;
+            let full = taken > 0 && (taken >= max_messages || body_bytes + size as u64 > max_bytes);
+            if full {
+                next_begin = *index;
+                break 'runs;
+            }
+            let record = &bytes[at..at + size];
+            check_sizes(std::slice::from_ref(unit), record)?;
+            let properties =
+                record::properties_of(record).map_err(|error| StoreError::Corrupt {
+                    offset: unit.physical_offset,
+                    reason: format!("record unreadable for the properties filter: {error}"),
+                })?;
+            if properties_match(properties) {
+                result.body.extend_from_slice(record);
+                taken += 1;
+                body_bytes += size as u64;
+            }
+            at += size;
+        }
+        run_start = run_end;
+    }
+    result.message_count = taken;
+    result.next_begin_offset = next_begin;
+    result.status = match (taken > 0, saw_null) {
+        (true, _) => GetStatus::Found,
+        (false, true) => GetStatus::OffsetFoundNull,
+        (false, false) => GetStatus::NoMatchedMessage,
+    };
     Ok(result)
 }
 

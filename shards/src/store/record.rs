@@ -310,6 +310,44 @@ pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
     })
 }
 
+/// The PROPERTIES field of the record at the start of `buf`, found by walking the length
+/// fields only: no BODYCRC check and no other field decoded, for filters that look at the
+/// properties of many records.
+pub fn properties_of(buf: &[u8]) -> Result<&[u8], RecordError> {
+    let (size, magic) = peek_header(buf).ok_or(RecordError::Truncated {
+        need_bytes: 8,
+        have_bytes: buf.len(),
+    })?;
+    if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
+        return Err(RecordError::BadMagic(magic));
+    }
+    let total = usize::try_from(size).map_err(|_| RecordError::BadSize(size))?;
+    let record = buf.get(..total).ok_or(RecordError::Truncated {
+        need_bytes: total,
+        have_bytes: buf.len(),
+    })?;
+    let mut r = Reader {
+        buf: record,
+        pos: 36,
+    };
+    let sys_flag = r.i32("SYSFLAG")?;
+    let host_bytes = |flag: i32| if sys_flag & flag != 0 { 20 } else { 8 };
+    // BORNTIMESTAMP, BORNHOST, STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED OFFSET.
+    let skipped = 8 + host_bytes(BORNHOST_V6_FLAG) + 8 + host_bytes(STOREHOST_V6_FLAG) + 4 + 8;
+    r.take(skipped, "STOREHOST")?;
+    let body_len = r.length("BODY")?;
+    r.take(body_len, "BODY")?;
+    let topic_len = if magic == MAGIC_CODE_V1 {
+        usize::from(r.array::<1>("TOPIC")?[0])
+    } else {
+        usize::try_from(r.i16("TOPIC")?).map_err(|_| RecordError::FieldOverrun("TOPIC"))?
+    };
+    r.take(topic_len, "TOPIC")?;
+    let properties_len = usize::try_from(r.i16("PROPERTIES")?)
+        .map_err(|_| RecordError::FieldOverrun("PROPERTIES"))?;
+    r.take(properties_len, "PROPERTIES")
+}
+
 /// Decodes a concatenation of records (a PULL body). Every byte must belong to a record.
 pub fn decode_all(buf: &[u8]) -> Result<Vec<StoredMessage<'_>>, RecordError> {
     let mut out = Vec::new();
@@ -441,6 +479,43 @@ mod tests {
             decode(&out[..size - 1]),
             Err(RecordError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn properties_are_found_without_decoding() {
+        let mut msg = sample(b"body bytes", "TopicA", b"a\x011\x02TAGS\x01x\x02");
+        for born_v6 in [false, true] {
+            if born_v6 {
+                msg.born_host = "[::1]:9".parse().unwrap();
+            }
+            let mut out = Vec::new();
+            encode_into(&msg, &mut out);
+            out.extend_from_slice(b"next record");
+            assert_eq!(properties_of(&out), Ok(&b"a\x011\x02TAGS\x01x\x02"[..]));
+            // A wrong BODYCRC does not matter here; a length past TOTALSIZE does.
+            out[8] ^= 1;
+            assert!(properties_of(&out).is_ok());
+            let total = msg_size(&out);
+            assert!(matches!(
+                properties_of(&out[..total - 1]),
+                Err(RecordError::Truncated { .. })
+            ));
+            let mut bad = out.clone();
+            let props_len_at = total - 2 - msg.properties.len();
+            bad[props_len_at] = 0x40;
+            assert!(matches!(
+                properties_of(&bad),
+                Err(RecordError::FieldOverrun("PROPERTIES"))
+            ));
+        }
+        assert!(matches!(
+            properties_of(&[0, 0, 0, 9, 1, 2, 3, 4]),
+            Err(RecordError::BadMagic(_))
+        ));
+    }
+
+    fn msg_size(buf: &[u8]) -> usize {
+        peek_header(buf).unwrap().0 as usize
     }
 
     #[test]

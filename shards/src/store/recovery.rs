@@ -17,6 +17,11 @@
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next.
 //! 5. Sync the rebuilt queues and write a (not clean) checkpoint at the recovered end.
+//!
+//! The message index (`index.rs`) rides along: it is opened first, trusting what the
+//! checkpoint's mark covers; the scan starts no later than the segment holding its indexed
+//! end, indexes every record at or past that end, and the index is then cut back to the
+//! recovered end like the queues.
 
 use std::io;
 use std::path::Path;
@@ -27,9 +32,10 @@ use super::checkpoint::{self, Checkpoint};
 use super::consume_queue::{QueueTable, Unit};
 use super::error::{io_error, raw_os_error_of};
 use super::flusher::{sync_file, ZERO_FILL_CHUNK_BYTES};
+use super::index::{self, Index, MessageKeys};
 use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
 use super::segments::{
-    align_down, align_up, read_exact_at, write_buffer_at, Segments, BLOCK_BYTES,
+    align_down, align_up, read_exact_at, sync_dir, write_buffer_at, Segments, BLOCK_BYTES,
 };
 use super::tail::{Tail, TAIL_CHUNK_BYTES};
 use super::TAIL_UNDURABLE_MAX_BYTES;
@@ -50,6 +56,7 @@ pub(crate) struct Recovered {
     pub tail: Tail,
     pub segments: Segments,
     pub queues: QueueTable,
+    pub index: Index,
     pub min_physical_offset: u64,
     pub durable_end: u64,
     pub zero_fill_next: u64,
@@ -67,10 +74,21 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         config.consume_queue_units_per_file,
     )?;
     let saved = checkpoint::read(root);
+    let mark = saved
+        .as_ref()
+        .and_then(|c| c.index.map(|mark| (mark, c.commitlog_offset)));
+    let clean_before = saved.as_ref().is_some_and(|c| c.clean);
+    let mut index = Index::open(root, config.index, mark, clean_before)?;
     let first = segments.first_start().unwrap_or(0);
     let files_end = segments.last_start().map_or(0, |s| s + size);
-    let scan_from = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
-    let end = scan(&segments, config, scan_from, &mut queues).await?;
+    let scan_from = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?
+        .min(align_down(index.indexed_end(), size).max(first));
+    let mut rebuilt = Rebuilt {
+        queues: &mut queues,
+        index: &mut index,
+    };
+    let end = scan(&segments, config, scan_from, &mut rebuilt).await?;
+    index.truncate_to(end)?;
     let queue_ids: Vec<(String, u32)> = queues
         .queues_mut()
         .map(|(t, id, _)| (t.to_string(), id))
@@ -89,13 +107,18 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     }
     remove_segments_after(&mut segments, end).await?;
     let tail = read_tail(&segments, first, end).await?;
-    for path in queues.take_dirty_paths() {
+    let (index_paths, index_dir) = index.take_dirty_paths();
+    for path in queues.take_dirty_paths().into_iter().chain(index_paths) {
         sync_file(&path).await?;
+    }
+    if let Some(dir) = index_dir {
+        sync_dir(&dir).await?;
     }
     let record = Checkpoint {
         commitlog_offset: end,
         clean: false,
         queues: queues.max_offsets(),
+        index: Some(index.mark()),
     };
     checkpoint::write(root, &record).await?;
     let zero_fill_next = segments.last_start().map_or(0, |s| s + size);
@@ -103,6 +126,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         tail,
         segments,
         queues,
+        index,
         min_physical_offset: first,
         durable_end: end,
         zero_fill_next,
@@ -210,12 +234,18 @@ fn classify(window: &[u8], at_offset: u64, segment_end: u64) -> Found {
     Found::Record(size)
 }
 
+/// What the scan re-dispatches records into.
+struct Rebuilt<'a> {
+    queues: &'a mut QueueTable,
+    index: &'a mut Index,
+}
+
 /// Step 2 and the re-dispatch of step 3. Returns the end of the valid log.
 async fn scan(
     segments: &Segments,
     config: &StoreConfig,
     from: u64,
-    queues: &mut QueueTable,
+    rebuilt: &mut Rebuilt<'_>,
 ) -> Result<u64, StoreError> {
     let size = config.segment_size_bytes;
     let mut pos = from;
@@ -236,7 +266,7 @@ async fn scan(
             match classify(&window[at..], here, segment_end) {
                 Found::Record(record_size) => {
                     let bytes = &window[at..at + record_size];
-                    if !dispatch(bytes, here, config, queues)? {
+                    if !dispatch(bytes, here, config, rebuilt)? {
                         return Ok(here);
                     }
                     at += record_size;
@@ -253,12 +283,13 @@ async fn scan(
     }
 }
 
-/// Re-dispatches one record's unit; false when the record is not valid (the log ends there).
+/// Re-dispatches one record's unit (and its index entries, past the index's end); false when
+/// the record is not valid (the log ends there).
 fn dispatch(
     bytes: &[u8],
     offset: u64,
     config: &StoreConfig,
-    queues: &mut QueueTable,
+    rebuilt: &mut Rebuilt<'_>,
 ) -> Result<bool, StoreError> {
     let Ok(message) = record::decode(bytes) else {
         return Ok(false);
@@ -279,8 +310,22 @@ fn dispatch(
         size_bytes: message.total_size,
         tags_code: (config.tags_code_of)(&message),
     };
-    let queue = queues.get_or_create(message.topic, message.queue_id)?;
+    let queue = rebuilt
+        .queues
+        .get_or_create(message.topic, message.queue_id)?;
     queue.write_unit(message.queue_offset, unit)?;
+    let index = &mut *rebuilt.index;
+    if offset >= index.indexed_end() && index::indexes_sys_flag(message.sys_flag) {
+        let keys = MessageKeys::of(message.properties);
+        index.prepare(keys.as_slice().len(), offset)?;
+        index.add(
+            message.topic,
+            keys.as_slice(),
+            offset,
+            message.store_timestamp_ms,
+        );
+    }
+    index.note_indexed(offset + u64::from(message.total_size));
     Ok(true)
 }
 
