@@ -66,6 +66,7 @@ cleanup() {
     for pid in "${pids_to_stop[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids_to_stop[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$work/data"
+    rmdir "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
 
