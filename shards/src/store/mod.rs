@@ -525,6 +525,25 @@ impl Store {
         pull::get_messages(&self.inner, &request, filter).await
     }
 
+    /// Whether `bytes` of records (a batch) can be appended now without hitting the
+    /// undurable-bytes limit: lets a caller refuse a whole batch instead of storing part of
+    /// it. Allows for one segment filler on the way.
+    pub fn check_room(&self, bytes: u64) -> Result<(), StoreError> {
+        let log = self.inner.log.borrow();
+        if let Some(poison) = &log.poison {
+            return Err(poison.to_error());
+        }
+        let unflushed =
+            log.tail.end() + bytes + RECORD_SIZE_MAX_BYTES as u64 - log.flush.durable_end;
+        if unflushed > TAIL_UNDURABLE_MAX_BYTES {
+            return Err(StoreError::Busy {
+                unflushed_bytes: unflushed,
+                limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
+            });
+        }
+        Ok(())
+    }
+
     /// The consume-queue unit at `offset` of (topic, queue): (commitlog offset, record size,
     /// tags code); None when the queue does not hold that offset (below min or at/after max).
     /// Schedule queues keep the delivery time in the tags code, so their readers decide
