@@ -30,7 +30,7 @@ cargo build --release -p shardmq
 # Both suites run even when the first fails, so one run shows every failure; either fails it.
 echo "==> cargo test --release --workspace"
 cargo_status=0
-cargo test --release --workspace || cargo_status=$?
+cargo test --release --workspace --no-fail-fast || cargo_status=$?
 echo "==> pytest tests/python"
 pytest_status=0
 "$venv/bin/python" -m pytest -q --durations=10 tests/python "$@" || pytest_status=$?

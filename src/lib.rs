@@ -16,3 +16,4 @@ pub mod persist;
 pub mod protocol;
 pub mod remoting;
 pub mod server;
+pub mod tuning;

@@ -1,6 +1,9 @@
 //! The `shardmq` command: `serve` (namesrv + broker on every shard, the embedded default),
-//! `namesrv` and `broker` (the roles apart), and `admin` (the operator's tool, see
-//! `shardmq::admin`).
+//! `namesrv` and `broker` (the roles apart), `tune` (inspect the host for a tuning profile)
+//! and `admin` (the operator's tool, see `shardmq::admin`).
+//!
+//! Every role runs under a tuning profile (`--profile NAME|PATH`, default `default`; see
+//! `tuning/`); the flags below that a user gives explicitly override the profile's knobs.
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -8,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardmq::node::{self, NodeConfig};
-use shards::runtime::ShardPlacement;
+use shardmq::tuning::{self, host, Overrides, Profile, Tuning};
 use shards::store::FlushMode;
 
 #[derive(Parser)]
@@ -30,6 +33,9 @@ enum Command {
     Namesrv(NamesrvArgs),
     /// Only the broker role, registering with the given namesrv(s).
     Broker(BrokerArgs),
+    /// Inspect this host for a tuning profile and say what would change and why; change
+    /// nothing unless --apply is given.
+    Tune(TuneArgs),
     /// Administration against shardmq or any RocketMQ name server (like mqadmin).
     Admin(shardmq::admin::AdminArgs),
 }
@@ -42,10 +48,15 @@ enum Flush {
 
 #[derive(Args)]
 struct ShardArgs {
-    /// Number of shards (one pinned core each); default: all online cores.
+    /// Tuning profile: a built-in name (default, small-vm, throughput, latency,
+    /// dedicated-16) or the path of a TOML file; flags given here override its knobs.
+    #[arg(long, default_value = tuning::DEFAULT_PROFILE)]
+    profile: String,
+    /// Number of shards (one pinned core each; more shards than cores float); overrides
+    /// the profile's shards.cpus.
     #[arg(long)]
     shards: Option<usize>,
-    /// Comma-separated CPU ids to pin shards to (overrides --shards).
+    /// Comma-separated CPU ids to pin shards to (overrides --shards and shards.cpus).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
     /// Leave shards unpinned (let the kernel place them): for hosts shared with other busy
@@ -77,15 +88,17 @@ struct BrokerOptions {
     /// Base broker name; shard i registers as <name>-<i>.
     #[arg(long, default_value = "broker")]
     broker_name: String,
-    /// sync: acknowledge a send after the fdatasync that covers it; async: after append.
-    #[arg(long, value_enum, default_value = "async")]
-    flush: Flush,
-    /// Async flush: longest time between an append and its flush.
-    #[arg(long, default_value_t = 200)]
-    flush_interval_ms: u64,
-    /// Commitlog segment size in MiB.
-    #[arg(long, default_value_t = 1024)]
-    segment_size_mib: u64,
+    /// sync: acknowledge a send after the fdatasync that covers it; async: after append
+    /// (overrides the profile's store.flush; default async).
+    #[arg(long, value_enum)]
+    flush: Option<Flush>,
+    /// Async flush: longest time between an append and its flush (overrides
+    /// store.flush_interval_ms; default 200).
+    #[arg(long)]
+    flush_interval_ms: Option<u64>,
+    /// Commitlog segment size in MiB (overrides store.segment_size_mib; default 1024).
+    #[arg(long)]
+    segment_size_mib: Option<u64>,
     /// Delay of each delay level, level 1 first (RocketMQ's messageDelayLevel); units ms, s,
     /// m, h, d.
     #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
@@ -136,23 +149,38 @@ struct BrokerArgs {
     namesrv: String,
 }
 
-fn placement(args: &ShardArgs) -> anyhow::Result<ShardPlacement> {
-    if !args.cpus.is_empty() {
-        let online = shards::runtime::online_cpus();
-        if let Some(missing) = args.cpus.iter().find(|cpu| !online.contains(cpu)) {
-            bail!("--cpus names CPU {missing}, which is not online (online: {online:?})");
-        }
-        let mut placement = ShardPlacement::first_cpus(args.cpus.len());
-        placement.cpus = args.cpus.iter().map(|cpu| Some(*cpu)).collect();
-        return Ok(placement);
+#[derive(Args)]
+struct TuneArgs {
+    /// The profile the host is checked for (a built-in name or a TOML file).
+    #[arg(long, default_value = tuning::DEFAULT_PROFILE)]
+    profile: String,
+    /// Where the data will live: its disk's scheduler and write cache are checked.
+    #[arg(long, default_value = "shardmq-data")]
+    data_dir: PathBuf,
+    /// Make the changes marked [change] (needs root; each write is reported).
+    #[arg(long)]
+    apply: bool,
+}
+
+/// The profile with the explicit flags applied, checked against this host's online CPUs.
+fn tuning(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Result<Tuning> {
+    let mut profile = Profile::load(&shard.profile)?;
+    let mut overrides = Overrides {
+        shards: shard.shards,
+        cpus: (!shard.cpus.is_empty()).then(|| shard.cpus.clone()),
+        no_pin: shard.no_pin,
+        ..Overrides::default()
+    };
+    if let Some(broker) = broker {
+        overrides.flush = broker.flush.map(|flush| match flush {
+            Flush::Sync => FlushMode::Sync,
+            Flush::Async => FlushMode::Async,
+        });
+        overrides.flush_interval_ms = broker.flush_interval_ms;
+        overrides.segment_size_mib = broker.segment_size_mib;
     }
-    let count = args
-        .shards
-        .unwrap_or_else(|| shards::runtime::online_cpus().len());
-    if !(1..=256).contains(&count) {
-        bail!("--shards must be between 1 and 256, got {count}");
-    }
-    Ok(ShardPlacement::first_cpus(count))
+    profile.apply(&overrides);
+    Ok(profile.resolve(&shards::runtime::online_cpus())?)
 }
 
 fn parse_namesrv_list(text: &str) -> anyhow::Result<Vec<SocketAddr>> {
@@ -171,7 +199,8 @@ fn parse_namesrv_list(text: &str) -> anyhow::Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
+fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Result<NodeConfig> {
+    let tuning = tuning(shard, broker)?;
     Ok(NodeConfig {
         run_namesrv: false,
         run_broker: false,
@@ -184,10 +213,13 @@ fn base_config(shard: &ShardArgs) -> anyhow::Result<NodeConfig> {
         namesrv_addrs: Vec::new(),
         cluster_name: "DefaultCluster".into(),
         broker_name: "broker".into(),
-        placement: placement(shard)?,
-        flush_mode: FlushMode::Async,
-        flush_interval_ms: 200,
-        segment_size_bytes: 1 << 30,
+        profile: tuning.source,
+        placement: tuning.placement,
+        flush_mode: tuning.flush_mode,
+        flush_interval_ms: tuning.flush_interval_ms,
+        flush_dirty_max_bytes: tuning.flush_dirty_max_bytes,
+        segment_size_bytes: tuning.segment_size_bytes,
+        connection_limits: tuning.connection_limits,
         delay_levels: Default::default(),
         test_flush_delay_ms: None,
         transaction: Default::default(),
@@ -207,9 +239,6 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
             config.placement.cpus.len()
         );
     }
-    if !(1..=16 * 1024).contains(&options.segment_size_mib) {
-        bail!("--segment-size-mib must be between 1 and 16384");
-    }
     config.run_broker = true;
     config.broker_port = options.broker_port;
     config.port_stride = options.port_stride;
@@ -222,12 +251,6 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         });
     config.cluster_name = options.cluster_name.clone();
     config.broker_name = options.broker_name.clone();
-    config.flush_mode = match options.flush {
-        Flush::Sync => FlushMode::Sync,
-        Flush::Async => FlushMode::Async,
-    };
-    config.flush_interval_ms = options.flush_interval_ms.clamp(1, 60_000);
-    config.segment_size_bytes = options.segment_size_mib << 20;
     config.delay_levels =
         shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
             .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
@@ -243,12 +266,77 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// `shardmq tune`: print the findings; with --apply make the safe changes and report each.
+fn tune(args: &TuneArgs) -> anyhow::Result<()> {
+    let profile = Profile::load(&args.profile)?;
+    let tuning = profile.resolve(&shards::runtime::online_cpus())?;
+    let host = host::Host::real();
+    let findings = host::inspect(
+        &host,
+        host::ProcessFacts::of_this_process(),
+        &tuning,
+        &args.data_dir,
+    );
+    println!(
+        "shardmq tune: this host, for profile {} ({}), data dir {}",
+        tuning.source,
+        profile.description,
+        args.data_dir.display()
+    );
+    print!("{}", host::render(&findings));
+    let changes = findings
+        .iter()
+        .filter(|finding| finding.verdict == host::Verdict::Change)
+        .count();
+    let manual = findings
+        .iter()
+        .filter(|finding| finding.verdict == host::Verdict::Manual)
+        .count();
+    if !args.apply {
+        println!(
+            "{changes} change(s) suggested, {manual} for the operator; nothing applied \
+             (`shardmq tune --apply` makes the [change] ones, as root)"
+        );
+        return Ok(());
+    }
+    let applied = host::apply(&host, &findings);
+    let failed = applied.iter().filter(|a| a.result.is_err()).count();
+    for outcome in &applied {
+        match &outcome.result {
+            Ok(()) => println!("applied: {} = {}", outcome.write.path, outcome.write.value),
+            Err(error) => println!(
+                "failed:  {} = {}: {error}",
+                outcome.write.path, outcome.write.value
+            ),
+        }
+    }
+    println!(
+        "{} write(s) applied, {failed} failed; {manual} finding(s) left for the operator \
+         (changes last until reboot)",
+        applied.len() - failed
+    );
+    if failed > 0 {
+        bail!("{failed} change(s) could not be applied (see above)");
+    }
+    Ok(())
+}
+
+/// Errors end the process with status 1 and one line: the chain of causes, no backtrace.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("shardmq: error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let config = match cli.command {
         Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
         Command::Serve(args) => {
-            let mut config = base_config(&args.shard)?;
+            let mut config = base_config(&args.shard, Some(&args.broker))?;
             apply_broker_options(&mut config, &args.broker)?;
             config.run_namesrv = true;
             config.namesrv_port = args.namesrv_port;
@@ -261,22 +349,24 @@ fn main() -> anyhow::Result<()> {
             config
         }
         Command::Namesrv(args) => {
-            let mut config = base_config(&args.shard)?;
+            let mut config = base_config(&args.shard, None)?;
             config.run_namesrv = true;
             config.namesrv_port = args.namesrv_port;
             config
         }
         Command::Broker(args) => {
-            let mut config = base_config(&args.shard)?;
+            let mut config = base_config(&args.shard, Some(&args.broker))?;
             apply_broker_options(&mut config, &args.broker)?;
             config.namesrv_addrs = parse_namesrv_list(&args.namesrv)?;
             config
         }
+        Command::Tune(args) => return tune(&args),
     };
     println!(
-        "shardmq {}: {} shard(s), data in {}",
+        "shardmq {}: {} shard(s), profile {}, data in {}",
         env!("CARGO_PKG_VERSION"),
         config.placement.cpus.len(),
+        config.profile,
         config.data_dir.display()
     );
     node::run(config)

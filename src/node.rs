@@ -21,7 +21,7 @@ use crate::broker::{self, registration, Broker, BrokerIdentity, TopicChange};
 use crate::error::now_ms;
 use crate::namesrv::{NamesrvHandler, RouteTable, RouteUpdate};
 use crate::remoting::RemotingCommand;
-use crate::server::{self, Connection, RequestHandler};
+use crate::server::{self, Connection, ConnectionLimits, RequestHandler};
 
 /// Set by SIGINT/SIGTERM; every shard polls it.
 static SHUTDOWN_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -49,10 +49,16 @@ pub struct NodeConfig {
     pub namesrv_addrs: Vec<SocketAddr>,
     pub cluster_name: String,
     pub broker_name: String,
+    /// The tuning profile's name or path (for the start-up line).
+    pub profile: String,
     pub placement: ShardPlacement,
     pub flush_mode: FlushMode,
     pub flush_interval_ms: u64,
+    /// Async flush: dirty bytes that start a flush before the interval ends.
+    pub flush_dirty_max_bytes: u64,
     pub segment_size_bytes: u64,
+    /// Per-connection buffer sizes and limits of every listener.
+    pub connection_limits: ConnectionLimits,
     /// RocketMQ's messageDelayLevel table.
     pub delay_levels: broker::schedule::DelayLevels,
     /// Test-only fault injection: every flush first waits this long (a slow disk).
@@ -81,7 +87,8 @@ extern "C" fn on_shutdown_signal(_: libc::c_int) {
 /// Runs the node until SIGINT/SIGTERM.
 pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let shard_count = config.placement.cpus.len();
-    runtime::check_environment(shard_count).map_err(anyhow::Error::msg)?;
+    runtime::check_environment(shard_count, config.placement.io_memory_bytes)
+        .map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&config.data_dir).map_err(|e| {
         anyhow::anyhow!(
             "cannot create the data directory {}: {e}",
@@ -321,6 +328,7 @@ async fn open_broker(
     let mut store_config = StoreConfig::new(shard_dir.clone(), address);
     store_config.flush_mode = config.flush_mode;
     store_config.flush_interval_ms = config.flush_interval_ms;
+    store_config.flush_dirty_max_bytes = config.flush_dirty_max_bytes;
     store_config.segment_size_bytes = config.segment_size_bytes;
     let store = Store::open(store_config)
         .await
@@ -359,7 +367,11 @@ fn start_listeners(
             shard: shard.clone(),
             namesrv_port: true,
         });
-        runtime::spawn_detached(server::serve_listener(listener, handler));
+        runtime::spawn_detached(server::serve_listener(
+            listener,
+            handler,
+            config.connection_limits,
+        ));
         listening.push(format!("namesrv {addr}"));
     }
     if shard.broker.is_some() {
@@ -372,7 +384,11 @@ fn start_listeners(
                 shard: shard.clone(),
                 namesrv_port: false,
             });
-            runtime::spawn_detached(server::serve_listener(listener, handler));
+            runtime::spawn_detached(server::serve_listener(
+                listener,
+                handler,
+                config.connection_limits,
+            ));
             listening.push(format!("{what} {addr}"));
         }
     }

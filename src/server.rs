@@ -10,10 +10,11 @@
 //!
 //! Pending output of one connection is bounded: the bytes waiting in its buffer, plus the
 //! bytes being written, plus the room promised to answers being prepared
-//! (`reserve_output`, taken by pulls before they read the store) stay under
-//! `OUTPUT_PAUSE_BYTES` plus one reservation. A consumer that stops reading therefore costs
-//! the broker at most that much memory, however many pulls it pipelines: its pulls wait for
-//! room, and once `IN_FLIGHT_REQUESTS_MAX` of them wait the connection stops being read.
+//! (`reserve_output`, taken by pulls before they read the store) stay under the output pause
+//! limit (`ConnectionLimits`, default `OUTPUT_PAUSE_BYTES`) plus one reservation. A consumer
+//! that stops reading therefore costs the broker at most that much memory, however many pulls
+//! it pipelines: its pulls wait for room, and once the in-flight limit (default
+//! `IN_FLIGHT_REQUESTS_MAX`) of them wait the connection stops being read.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -25,13 +26,35 @@ use shards::sync::{Signal, WaiterSet};
 
 use crate::remoting::{self, FrameEncoder, RemotingCommand};
 
-/// Bytes read from the socket per read call.
+/// Default bytes read from the socket per read call.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// Output waiting to be written past which the connection stops reading requests.
+/// Default output waiting to be written past which the connection stops reading requests.
 pub const OUTPUT_PAUSE_BYTES: usize = 32 * 1024 * 1024;
-/// Requests of one connection still being served (waiting for a group commit, parked pulls)
-/// past which the connection stops reading more: a client cannot make us hold without bound.
+/// Default requests of one connection still being served (waiting for a group commit, parked
+/// pulls) past which the connection stops reading more: a client cannot make us hold without
+/// bound.
 pub const IN_FLIGHT_REQUESTS_MAX: usize = 8192;
+
+/// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Bytes asked for per read(2); the read buffer grows past it only for a larger frame.
+    pub read_chunk_bytes: usize,
+    /// Output waiting to be written past which the connection stops reading requests.
+    pub output_pause_bytes: usize,
+    /// Requests still being served past which the connection stops reading requests.
+    pub in_flight_requests_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            read_chunk_bytes: READ_CHUNK_BYTES,
+            output_pause_bytes: OUTPUT_PAUSE_BYTES,
+            in_flight_requests_max: IN_FLIGHT_REQUESTS_MAX,
+        }
+    }
+}
 
 /// One client connection as the handlers see it.
 pub struct Connection {
@@ -44,6 +67,7 @@ pub struct Connection {
     closed: Cell<bool>,
     next_opaque: Cell<i32>,
     in_flight_requests: Cell<usize>,
+    limits: ConnectionLimits,
     /// Bytes handed to the socket by the writer and not yet written.
     writing_bytes: Cell<usize>,
     /// Output room promised to answers being prepared (see `reserve_output`).
@@ -82,17 +106,18 @@ impl Drop for InFlight {
 }
 
 impl Connection {
-    fn new(id: u64, peer: SocketAddr, local: SocketAddr) -> Rc<Self> {
+    fn new(id: u64, peer: SocketAddr, local: SocketAddr, limits: ConnectionLimits) -> Rc<Self> {
         Rc::new(Connection {
             id,
             peer,
             local,
-            output: RefCell::new(Vec::with_capacity(READ_CHUNK_BYTES)),
+            output: RefCell::new(Vec::with_capacity(limits.read_chunk_bytes)),
             output_ready: Signal::default(),
             output_drained: Signal::default(),
             closed: Cell::new(false),
             next_opaque: Cell::new(1),
             in_flight_requests: Cell::new(0),
+            limits,
             writing_bytes: Cell::new(0),
             reserved_bytes: Cell::new(0),
             room_waiters: Rc::new(WaiterSet::default()),
@@ -107,8 +132,8 @@ impl Connection {
     }
 
     fn must_pause(&self) -> bool {
-        self.pending_output_bytes() > OUTPUT_PAUSE_BYTES
-            || self.in_flight_requests.get() > IN_FLIGHT_REQUESTS_MAX
+        self.pending_output_bytes() > self.limits.output_pause_bytes
+            || self.in_flight_requests.get() > self.limits.in_flight_requests_max
     }
 
     /// Output buffered, being written, or promised to answers being prepared.
@@ -116,14 +141,15 @@ impl Connection {
         self.output_len() + self.writing_bytes.get() + self.reserved_bytes.get()
     }
 
-    /// Waits until `bytes` more of output fit under `OUTPUT_PAUSE_BYTES` (or nothing at all
+    /// Waits until `bytes` more of output fit under the output pause limit (or nothing at all
     /// is pending, so that one answer always proceeds) and promises them to the caller until
     /// the returned guard drops: take it before producing a large answer, and write the
     /// answer before dropping it. A closed connection grants at once (its output is dropped).
     pub async fn reserve_output(self: &Rc<Self>, bytes: usize) -> OutputReservation {
         let fits = || {
             let pending = self.pending_output_bytes();
-            self.is_closed() || pending == 0 || pending + bytes <= OUTPUT_PAUSE_BYTES
+            let limit = self.limits.output_pause_bytes;
+            self.is_closed() || pending == 0 || pending + bytes <= limit
         };
         if !fits() {
             self.room_waiters.wait_until((), fits).await;
@@ -199,13 +225,19 @@ thread_local! {
     static NEXT_CONNECTION_ID: Cell<u64> = const { Cell::new(1) };
 }
 
-/// Accepts connections forever, serving each with `handler`.
-pub async fn serve_listener(listener: TcpListener, handler: Rc<dyn RequestHandler>) {
+/// Accepts connections forever, serving each with `handler` under `limits`.
+pub async fn serve_listener(
+    listener: TcpListener,
+    handler: Rc<dyn RequestHandler>,
+    limits: ConnectionLimits,
+) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
                 let handler = handler.clone();
-                runtime::spawn_detached(async move { serve_connection(stream, handler).await });
+                runtime::spawn_detached(
+                    async move { serve_connection(stream, handler, limits).await },
+                );
             }
             Err(error) => {
                 eprintln!("shardmq: accept failed: {error}");
@@ -215,7 +247,11 @@ pub async fn serve_listener(listener: TcpListener, handler: Rc<dyn RequestHandle
     }
 }
 
-async fn serve_connection(stream: TcpStream, handler: Rc<dyn RequestHandler>) {
+async fn serve_connection(
+    stream: TcpStream,
+    handler: Rc<dyn RequestHandler>,
+    limits: ConnectionLimits,
+) {
     let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
         return;
     };
@@ -225,7 +261,7 @@ async fn serve_connection(stream: TcpStream, handler: Rc<dyn RequestHandler>) {
         next.set(id + 1);
         id
     });
-    let connection = Connection::new(id, peer, local);
+    let connection = Connection::new(id, peer, local, limits);
     let (reader, writer) = futures_lite::io::split(stream);
     let writer_task = runtime::spawn(write_loop(writer, connection.clone()));
     if let Err(reason) = read_loop(reader, &connection, handler.as_ref()).await {
@@ -243,7 +279,8 @@ async fn read_loop(
     connection: &Rc<Connection>,
     handler: &dyn RequestHandler,
 ) -> Result<(), String> {
-    let mut buffer: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let chunk_bytes = connection.limits.read_chunk_bytes;
+    let mut buffer: Vec<u8> = Vec::with_capacity(chunk_bytes);
     let mut filled = 0usize;
     loop {
         while connection.must_pause() && !connection.is_closed() {
@@ -252,8 +289,8 @@ async fn read_loop(
         if connection.is_closed() {
             return Ok(());
         }
-        if buffer.len() < filled + READ_CHUNK_BYTES {
-            buffer.resize(filled + READ_CHUNK_BYTES, 0);
+        if buffer.len() < filled + chunk_bytes {
+            buffer.resize(filled + chunk_bytes, 0);
         }
         let read = reader
             .read(&mut buffer[filled..])
@@ -266,9 +303,9 @@ async fn read_loop(
         let consumed = decode_and_dispatch(&buffer[..filled], connection, handler)?;
         buffer.copy_within(consumed..filled, 0);
         filled -= consumed;
-        if buffer.len() > 4 * READ_CHUNK_BYTES && filled < READ_CHUNK_BYTES {
-            buffer.truncate(READ_CHUNK_BYTES);
-            buffer.shrink_to(2 * READ_CHUNK_BYTES);
+        if buffer.len() > 4 * chunk_bytes && filled < chunk_bytes {
+            buffer.truncate(chunk_bytes);
+            buffer.shrink_to(2 * chunk_bytes);
         }
     }
 }
@@ -298,7 +335,8 @@ async fn write_loop(
     mut writer: futures_lite::io::WriteHalf<TcpStream>,
     connection: Rc<Connection>,
 ) {
-    let mut spare: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let limits = connection.limits;
+    let mut spare: Vec<u8> = Vec::with_capacity(limits.read_chunk_bytes);
     loop {
         if connection.output_len() == 0 {
             if connection.is_closed() {
@@ -312,8 +350,8 @@ async fn write_loop(
         let result = writer.write_all(&spare).await;
         connection.writing_bytes.set(0);
         spare.clear();
-        if spare.capacity() > 4 * OUTPUT_PAUSE_BYTES {
-            spare.shrink_to(READ_CHUNK_BYTES);
+        if spare.capacity() > 4 * limits.output_pause_bytes {
+            spare.shrink_to(limits.read_chunk_bytes);
         }
         connection.output_drained.notify();
         connection.room_freed();

@@ -396,23 +396,16 @@ fn consumer_progress_lag_matches_what_was_produced_and_consumed() {
 }
 
 /// resetOffsetByTime to the beginning, on the offline group: every offset goes back to 0.
-/// (INVOKE_BROKER_TO_RESET_OFFSET is another change's; until the broker serves it the CLI must
-/// fail naming the request.)
 fn reset_offsets(node: &Node, topic: &str, group: &str) {
     let output = admin(
         node,
         &["resetOffsetByTime", "-g", group, "-t", topic, "-s", "0"],
     );
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("INVOKE_BROKER_TO_RESET_OFFSET (222)")
-                && stderr.contains("REQUEST_CODE_NOT_SUPPORTED"),
-            "{stderr}"
-        );
-        eprintln!("resetOffsetByTime: the broker does not serve code 222 yet");
-        return;
-    }
+    assert!(
+        output.status.success(),
+        "resetOffsetByTime failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let reset: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert!(
         queues_of(&reset, "queues").iter().all(|q| q["offset"] == 0),

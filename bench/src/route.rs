@@ -1,26 +1,36 @@
-//! Where to send: asks the name server for the topic's route (GET_ROUTEINFO_BY_TOPIC, 105,
-//! REMOTING.md §3.1) and turns it into publish targets, as clients do (§4.3).
+//! Before the load: where to send and where to pull, asked of the name server and the
+//! brokers with plain blocking sockets, one request at a time.
 //!
-//! A topic the name server does not know (TOPIC_NOT_EXIST, 17) is published with the route
-//! of "TBW102", each broker's queue count capped at 4, and the broker auto-creates the topic
-//! on the first send (§6.1), exactly as the Java producer behaves.
-//!
-//! This runs once, before the load starts, with plain blocking sockets.
+//! - Publish targets from GET_ROUTEINFO_BY_TOPIC (105, REMOTING.md §3.1), as clients do
+//!   (§4.3). A topic the name server does not know (TOPIC_NOT_EXIST, 17) is published with
+//!   the route of "TBW102", each broker's queue count capped at 4, and the broker auto-creates
+//!   the topic on the first send (§6.1), exactly as the Java producer behaves.
+//! - Subscribe targets: the readable queues of every master in the topic's route.
+//! - `--queues N`: UPDATE_AND_CREATE_TOPIC (17, §3.9) on every master of the cluster
+//!   (GET_BROKER_CLUSTER_INFO, 106, §4.6), then wait until the route lists them all.
+//! - Start offsets: GET_MAX_OFFSET (30, §3.4) per queue.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use shardmq::protocol::{perm, TopicRouteData};
+use shardmq::protocol::{perm, ClusterInfo, TopicRouteData, TOPIC_FILTER_TYPE_SINGLE};
 use shardmq::remoting::{decode_frame, request_code, response_code, FrameEncoder};
 
 use crate::send_frame::{DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUE_NUMS};
 
 /// Broker id of a master in `brokerAddrs`.
 const MASTER_BROKER_ID: u64 = 0;
-/// Read size while waiting for the route response.
+/// Read size while waiting for a response.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// How long a created topic may take to show in the route on every broker.
+const TOPIC_ROUTE_WAIT: Duration = Duration::from_secs(30);
+/// How often the route is asked again while waiting for it.
+const TOPIC_ROUTE_POLL: Duration = Duration::from_millis(100);
+/// Queues per broker a topic may be created with (RocketMQ's own limit is far lower in
+/// practice; each queue is a file set on every broker).
+pub const QUEUES_MAX: u32 = 1024;
 
 /// One master broker to load, and how many write queues it has for the topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,77 +40,30 @@ pub struct PublishTarget {
     pub write_queue_nums: u32,
 }
 
-/// The publish targets of `topic`, from the first name server in `namesrv_list` (a
-/// `host:port;host:port` list, as RocketMQ writes it) that answers.
-pub fn fetch_publish_targets(
-    namesrv_list: &str,
-    topic: &str,
-    timeout: Duration,
-) -> anyhow::Result<Vec<PublishTarget>> {
-    let mut failures = Vec::new();
-    for namesrv in namesrv_list
-        .split(';')
-        .map(str::trim)
-        .filter(|addr| !addr.is_empty())
-    {
-        match fetch_from(namesrv, topic, timeout) {
-            Ok(targets) => return Ok(targets),
-            Err(NamesrvError::Unreachable(error)) => {
-                failures.push(format!("{namesrv}: {error:#}"));
-            }
-            Err(NamesrvError::Answered(error)) => return Err(error),
-        }
+/// One master broker to pull from, and how many read queues it has for the topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscribeTarget {
+    pub broker_name: String,
+    pub broker_addr: String,
+    pub read_queue_nums: u32,
+}
+
+/// A decoded response, owned.
+#[derive(Debug)]
+pub struct Reply {
+    pub code: i32,
+    pub remark: String,
+    pub ext: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn ext(&self, key: &str) -> Option<&str> {
+        self.ext
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| value.as_str())
     }
-    if failures.is_empty() {
-        bail!("--namesrv {namesrv_list:?} names no address");
-    }
-    bail!("name server unreachable: {}", failures.join("; "))
-}
-
-enum NamesrvError {
-    /// Try the next name server.
-    Unreachable(anyhow::Error),
-    /// The name server answered; its answer is final.
-    Answered(anyhow::Error),
-}
-
-fn fetch_from(
-    namesrv: &str,
-    topic: &str,
-    timeout: Duration,
-) -> Result<Vec<PublishTarget>, NamesrvError> {
-    let mut stream = connect(namesrv, timeout).map_err(NamesrvError::Unreachable)?;
-    let route =
-        match get_route(&mut stream, topic, 1, timeout).map_err(NamesrvError::Unreachable)? {
-            RouteAnswer::Found(route) => publish_targets(&route, None),
-            RouteAnswer::NotFound(remark) => {
-                eprintln!(
-                    "topic {topic} has no route ({remark}); using the route of {DEFAULT_TOPIC}, \
-                 the broker will auto-create the topic"
-                );
-                match get_route(&mut stream, DEFAULT_TOPIC, 2, timeout)
-                    .map_err(NamesrvError::Unreachable)?
-                {
-                    RouteAnswer::Found(route) => {
-                        publish_targets(&route, Some(DEFAULT_TOPIC_QUEUE_NUMS))
-                    }
-                    RouteAnswer::NotFound(_) => {
-                        return Err(NamesrvError::Answered(anyhow!(
-                            "topic {topic} has no route on name server {namesrv}, and neither has \
-                         {DEFAULT_TOPIC} (topic auto-creation is off): create the topic first"
-                        )))
-                    }
-                }
-            }
-        };
-    let targets = route.map_err(NamesrvError::Answered)?;
-    Ok(targets)
-}
-
-enum RouteAnswer {
-    Found(TopicRouteData),
-    /// TOPIC_NOT_EXIST, with the name server's remark.
-    NotFound(String),
 }
 
 /// Resolves `addr` and connects within `timeout`, trying each resolved address.
@@ -122,61 +85,132 @@ pub fn connect(addr: &str, timeout: Duration) -> anyhow::Result<TcpStream> {
     }
 }
 
-fn get_route(
+/// Sends one request on a blocking stream and waits for its response.
+pub fn call(
     stream: &mut TcpStream,
-    topic: &str,
+    code: i32,
+    ext: &[(&str, String)],
     opaque: i32,
     timeout: Duration,
-) -> anyhow::Result<RouteAnswer> {
+) -> anyhow::Result<Reply> {
     let mut request = Vec::new();
-    let mut encoder = FrameEncoder::request(
-        &mut request,
-        request_code::GET_ROUTEINFO_BY_TOPIC,
-        opaque,
-        false,
-    );
-    encoder.ext("topic", topic);
+    let mut encoder = FrameEncoder::request(&mut request, code, opaque, false);
+    for (key, value) in ext {
+        encoder.ext(key, value);
+    }
     encoder.finish(&[]);
-    stream
-        .write_all(&request)
-        .context("sending GET_ROUTEINFO_BY_TOPIC")?;
-
+    stream.write_all(&request).context("sending a request")?;
     let deadline = Instant::now() + timeout;
     let mut buffer = Vec::new();
     loop {
-        let frame = decode_frame(&buffer).context("malformed response from the name server")?;
+        let frame = decode_frame(&buffer).context("malformed response")?;
         if let Some((response, consumed)) = frame {
             if !response.is_response() || response.opaque != opaque {
                 buffer.drain(..consumed);
                 continue;
             }
-            return match response.code {
-                response_code::SUCCESS => TopicRouteData::parse(response.body)
-                    .map(RouteAnswer::Found)
-                    .map_err(|error| anyhow!("route of {topic} unreadable: {error}")),
-                response_code::TOPIC_NOT_EXIST => Ok(RouteAnswer::NotFound(
-                    response.remark.as_deref().unwrap_or_default().to_owned(),
-                )),
-                code => Err(anyhow!(
-                    "name server answered GET_ROUTEINFO_BY_TOPIC for {topic} with code {code}: {}",
-                    response.remark.as_deref().unwrap_or_default()
-                )),
-            };
+            return Ok(Reply {
+                code: response.code,
+                remark: response.remark.as_deref().unwrap_or_default().to_owned(),
+                ext: response
+                    .ext_fields
+                    .iter()
+                    .map(|(key, value)| (key.to_string(), value.to_string()))
+                    .collect(),
+                body: response.body.to_vec(),
+            });
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            bail!("no route response within {} ms", timeout.as_millis());
+            bail!("no response within {} ms", timeout.as_millis());
         }
         stream.set_read_timeout(Some(left))?;
         let filled = buffer.len();
         buffer.resize(filled + READ_CHUNK_BYTES, 0);
         let read = stream
             .read(&mut buffer[filled..])
-            .context("reading the route response")?;
+            .context("reading a response")?;
         buffer.truncate(filled + read);
         if read == 0 {
-            bail!("the name server closed the connection");
+            bail!("the peer closed the connection");
         }
+    }
+}
+
+/// Asks each name server of `namesrv_list` (`host:port;host:port`) in turn until one
+/// answers; an answer (even an error code) is final.
+fn ask_namesrv(
+    namesrv_list: &str,
+    timeout: Duration,
+    code: i32,
+    ext: &[(&str, String)],
+) -> anyhow::Result<(String, Reply)> {
+    let mut failures = Vec::new();
+    for namesrv in namesrv_list
+        .split(';')
+        .map(str::trim)
+        .filter(|addr| !addr.is_empty())
+    {
+        let reply = connect(namesrv, timeout).and_then(|mut stream| {
+            call(&mut stream, code, ext, 1, timeout)
+                .with_context(|| format!("name server {namesrv}"))
+        });
+        match reply {
+            Ok(reply) => return Ok((namesrv.to_string(), reply)),
+            Err(error) => failures.push(format!("{namesrv}: {error:#}")),
+        }
+    }
+    if failures.is_empty() {
+        bail!("--namesrv {namesrv_list:?} names no address");
+    }
+    bail!("name server unreachable: {}", failures.join("; "))
+}
+
+/// The topic's route, or None when the name server does not know the topic.
+pub fn fetch_route(
+    namesrv_list: &str,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<TopicRouteData>> {
+    let ext = [("topic", topic.to_string())];
+    let (namesrv, reply) = ask_namesrv(
+        namesrv_list,
+        timeout,
+        request_code::GET_ROUTEINFO_BY_TOPIC,
+        &ext,
+    )?;
+    match reply.code {
+        response_code::SUCCESS => TopicRouteData::parse(&reply.body)
+            .map(Some)
+            .map_err(|error| anyhow!("route of {topic} from {namesrv} unreadable: {error}")),
+        response_code::TOPIC_NOT_EXIST => Ok(None),
+        code => bail!(
+            "name server {namesrv} answered GET_ROUTEINFO_BY_TOPIC for {topic} with code \
+             {code}: {}",
+            reply.remark
+        ),
+    }
+}
+
+/// Where to send messages for `topic`, with the TBW102 fallback for an unknown topic.
+pub fn fetch_publish_targets(
+    namesrv_list: &str,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<Vec<PublishTarget>> {
+    if let Some(route) = fetch_route(namesrv_list, topic, timeout)? {
+        return publish_targets(&route, None);
+    }
+    eprintln!(
+        "topic {topic} has no route; using the route of {DEFAULT_TOPIC}, the broker will \
+         auto-create the topic"
+    );
+    match fetch_route(namesrv_list, DEFAULT_TOPIC, timeout)? {
+        Some(route) => publish_targets(&route, Some(DEFAULT_TOPIC_QUEUE_NUMS)),
+        None => bail!(
+            "topic {topic} has no route, and neither has {DEFAULT_TOPIC} (topic auto-creation \
+             is off): create the topic first, or give --queues"
+        ),
     }
 }
 
@@ -191,19 +225,16 @@ pub fn publish_targets(
         if !perm::is_writeable(queue_data.perm) || queue_data.write_queue_nums == 0 {
             continue;
         }
-        let master = route
-            .broker_datas
-            .iter()
-            .filter(|broker| broker.broker_name == queue_data.broker_name)
-            .find_map(|broker| broker.broker_addrs.get(&MASTER_BROKER_ID));
-        let Some(master) = master else { continue };
+        let Some(master) = master_of(route, &queue_data.broker_name) else {
+            continue;
+        };
         let write_queue_nums = match queue_nums_cap {
             Some(cap) => queue_data.write_queue_nums.min(cap),
             None => queue_data.write_queue_nums,
         };
         targets.push(PublishTarget {
             broker_name: queue_data.broker_name.clone(),
-            broker_addr: master.clone(),
+            broker_addr: master.to_string(),
             write_queue_nums,
         });
     }
@@ -215,6 +246,161 @@ pub fn publish_targets(
         );
     }
     Ok(targets)
+}
+
+/// Readable queues of every broker name that has a master, in route order.
+pub fn subscribe_targets(route: &TopicRouteData) -> anyhow::Result<Vec<SubscribeTarget>> {
+    let mut targets = Vec::new();
+    for queue_data in &route.queue_datas {
+        if !perm::is_readable(queue_data.perm) || queue_data.read_queue_nums == 0 {
+            continue;
+        }
+        let Some(master) = master_of(route, &queue_data.broker_name) else {
+            continue;
+        };
+        targets.push(SubscribeTarget {
+            broker_name: queue_data.broker_name.clone(),
+            broker_addr: master.to_string(),
+            read_queue_nums: queue_data.read_queue_nums,
+        });
+    }
+    if targets.is_empty() {
+        bail!("the route has no readable queue on a master broker");
+    }
+    Ok(targets)
+}
+
+fn master_of<'r>(route: &'r TopicRouteData, broker_name: &str) -> Option<&'r str> {
+    route
+        .broker_datas
+        .iter()
+        .filter(|broker| broker.broker_name == broker_name)
+        .find_map(|broker| broker.broker_addrs.get(&MASTER_BROKER_ID))
+        .map(String::as_str)
+}
+
+/// Creates (or resizes) `topic` with `queues` read and write queues on every master broker
+/// the name server knows, then waits until the route lists every one of them.
+pub fn create_topic(
+    namesrv_list: &str,
+    topic: &str,
+    queues: u32,
+    timeout: Duration,
+) -> anyhow::Result<TopicRouteData> {
+    let (namesrv, reply) = ask_namesrv(
+        namesrv_list,
+        timeout,
+        request_code::GET_BROKER_CLUSTER_INFO,
+        &[],
+    )?;
+    if reply.code != response_code::SUCCESS {
+        bail!(
+            "name server {namesrv} answered GET_BROKER_CLUSTER_INFO with code {}: {}",
+            reply.code,
+            reply.remark
+        );
+    }
+    let cluster = ClusterInfo::parse(&reply.body)
+        .map_err(|error| anyhow!("cluster info from {namesrv} unreadable: {error}"))?;
+    let masters: Vec<(String, String)> = cluster
+        .broker_addr_table
+        .values()
+        .filter_map(|broker| {
+            let addr = broker.broker_addrs.get(&MASTER_BROKER_ID)?;
+            Some((broker.broker_name.clone(), addr.clone()))
+        })
+        .collect();
+    if masters.is_empty() {
+        bail!("name server {namesrv} knows no master broker");
+    }
+    let queues_text = queues.to_string();
+    for (broker_name, addr) in &masters {
+        let ext = [
+            ("topic", topic.to_string()),
+            ("defaultTopic", DEFAULT_TOPIC.to_string()),
+            ("readQueueNums", queues_text.clone()),
+            ("writeQueueNums", queues_text.clone()),
+            ("perm", (perm::READ | perm::WRITE).to_string()),
+            ("topicFilterType", TOPIC_FILTER_TYPE_SINGLE.to_string()),
+            ("topicSysFlag", "0".to_string()),
+            ("order", "false".to_string()),
+        ];
+        let mut stream = connect(addr, timeout)?;
+        let reply = call(
+            &mut stream,
+            request_code::UPDATE_AND_CREATE_TOPIC,
+            &ext,
+            1,
+            timeout,
+        )
+        .with_context(|| format!("creating {topic} on {broker_name} ({addr})"))?;
+        if reply.code != response_code::SUCCESS {
+            bail!(
+                "{broker_name} ({addr}) refused to create {topic}: code {} {}",
+                reply.code,
+                reply.remark
+            );
+        }
+    }
+    let deadline = Instant::now() + TOPIC_ROUTE_WAIT;
+    loop {
+        if let Some(route) = fetch_route(namesrv_list, topic, timeout)? {
+            let complete = masters.iter().all(|(name, _)| {
+                route.queue_datas.iter().any(|queue_data| {
+                    queue_data.broker_name == *name && queue_data.write_queue_nums == queues
+                })
+            });
+            if complete {
+                return Ok(route);
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{topic} was created on {} broker(s) but the route does not list them all \
+                 after {} s",
+                masters.len(),
+                TOPIC_ROUTE_WAIT.as_secs()
+            );
+        }
+        std::thread::sleep(TOPIC_ROUTE_POLL);
+    }
+}
+
+/// The next offset to be written in each of `queues` queues of `topic` on one broker.
+pub fn max_offsets(
+    broker_addr: &str,
+    topic: &str,
+    queues: u32,
+    timeout: Duration,
+) -> anyhow::Result<Vec<u64>> {
+    let mut stream = connect(broker_addr, timeout)?;
+    let mut offsets = Vec::with_capacity(queues as usize);
+    for queue_id in 0..queues {
+        let ext = [
+            ("topic", topic.to_string()),
+            ("queueId", queue_id.to_string()),
+        ];
+        let reply = call(
+            &mut stream,
+            request_code::GET_MAX_OFFSET,
+            &ext,
+            queue_id as i32 + 1,
+            timeout,
+        )?;
+        let offset = match reply.code {
+            response_code::SUCCESS => reply.ext("offset").and_then(|v| v.parse().ok()),
+            _ => None,
+        };
+        let offset = offset.ok_or_else(|| {
+            anyhow!(
+                "GET_MAX_OFFSET of {topic} queue {queue_id} on {broker_addr}: code {} {}",
+                reply.code,
+                reply.remark
+            )
+        })?;
+        offsets.push(offset);
+    }
+    Ok(offsets)
 }
 
 #[cfg(test)]
@@ -253,6 +439,24 @@ mod tests {
     }
 
     #[test]
+    fn only_readable_masters_are_subscribed() {
+        let route = TopicRouteData::parse(ROUTE.as_bytes()).unwrap();
+        let names: Vec<_> = subscribe_targets(&route)
+            .unwrap()
+            .into_iter()
+            .map(|target| (target.broker_name, target.read_queue_nums))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("broker-a".to_string(), 8),
+                ("broker-c".to_string(), 4),
+                ("broker-d".to_string(), 2)
+            ]
+        );
+    }
+
+    #[test]
     fn default_topic_route_caps_queue_count() {
         let route = TopicRouteData::parse(ROUTE.as_bytes()).unwrap();
         let targets = publish_targets(&route, Some(4)).unwrap();
@@ -269,6 +473,7 @@ mod tests {
             "queueDatas":[{"brokerName":"b","perm":6,"writeQueueNums":4}]}"#;
         let route = TopicRouteData::parse(body.as_bytes()).unwrap();
         assert!(publish_targets(&route, None).is_err());
+        assert!(subscribe_targets(&route).is_err());
         assert!(publish_targets(&TopicRouteData::default(), None).is_err());
     }
 }

@@ -1,24 +1,33 @@
-//! SEND_MESSAGE_V2 (310) request frames, encoded once per queue id and patched in place for
-//! every message (REMOTING.md §1.2, §3.2, §5.4). Pure: no I/O, no clock.
+//! Send request frames, encoded once per queue id and patched in place for every request
+//! (REMOTING.md §1.2, §3.2, §5.4, §5.5). Pure: no I/O, no clock.
 //!
-//! Between two messages to the same queue only three things change: the opaque, the born
-//! timestamp (`g`) and the UNIQ_KEY property. Each is written at a fixed width, so a template
-//! encoded once by `FrameEncoder` stays a valid frame and a message costs one copy of the
-//! template plus three small overwrites:
+//! A single message goes as SEND_MESSAGE_V2 (310) with its properties in header `i`; a
+//! batch of B messages goes as SEND_BATCH_MESSAGE (320) with `m` = "true", header `i` =
+//! `WAIT\u{1}true\u{2}` and a body of B records (§5.5: TOTALSIZE, MAGICCODE 0, BODYCRC 0,
+//! FLAG, body length + body, properties length + properties), each with its own properties.
 //!
-//! | Field             | Width        | Why the width never changes                         |
-//! |-------------------|--------------|-----------------------------------------------------|
-//! | `opaque`          | 10 digits    | opaques run in `OPAQUE_FIRST..=i32::MAX`            |
-//! | `g` bornTimestamp | 13 digits    | Unix milliseconds have 13 digits from 2001 to 2286  |
-//! | UNIQ_KEY          | 32 hex chars | run (16) + connection (4) + sequence (12) hex, §5.7 |
+//! Between two requests to the same queue only these change, each written at a fixed width
+//! so that a template encoded once stays a valid frame and a request costs one copy of the
+//! template plus a few small overwrites:
+//!
+//! | Field                      | Width        | Why the width never changes                  |
+//! |----------------------------|--------------|----------------------------------------------|
+//! | `opaque`                   | 10 digits    | opaques run in `OPAQUE_FIRST..=i32::MAX`     |
+//! | `g` bornTimestamp          | 13 digits    | Unix ms have 13 digits from 2001 to 2286     |
+//! | UNIQ_KEY, per message      | 32 hex chars | run (16) + connection (4) + sequence (12)    |
+//! | KEYS, per message (--keys) | 32 hex chars | the message's UNIQ_KEY, a unique business key |
+//! | BENCH_SENT_US, per message | 16 digits    | Unix µs have 16 digits from 2001 to 2286     |
+//!
+//! BENCH_SENT_US (end-to-end mode only) is the request's intended send time in Unix
+//! microseconds; the consumer subtracts it from the time of receipt.
 //!
 //! Header fields, as the Java producer sends them: a producer group, b topic, c "TBW102",
-//! d "4", e queue id, f "0" (no sysFlag bits), g born timestamp, h "0", i properties
-//! `TAGS\u{1}tag\u{2}UNIQ_KEY\u{1}id\u{2}WAIT\u{1}true\u{2}`, j "0", k "false", m "false"
-//! (l is null for a normal topic, so Java omits it).
+//! d "4", e queue id, f "0" (no sysFlag bits), g born timestamp, h "0", i properties, j "0",
+//! k "false", m batch (l is null for a normal topic, so Java omits it).
 //!
-//! Invariants: every patched slot lies inside the header, was found exactly once in it, and
-//! has exactly its table width; the frame length prefix therefore never needs rewriting.
+//! Invariants: every patched slot lies inside the frame, was found exactly once (single
+//! sends) or recorded while the body was built (batches), and has exactly its table width;
+//! length prefixes therefore never need rewriting.
 
 use anyhow::{bail, ensure};
 use shardmq::protocol::PROPERTIES_SIZE_MAX_BYTES;
@@ -34,6 +43,11 @@ const OPAQUE_DIGITS: usize = 10;
 /// Unix milliseconds have 13 digits from 2001-09-09 to 2286-11-20.
 const BORN_TIMESTAMP_DIGITS: usize = 13;
 pub const BORN_TIMESTAMP_MIN_MS: u64 = 1_000_000_000_000;
+/// Unix microseconds have 16 digits over the same span.
+const SENT_MICROS_DIGITS: usize = 16;
+pub const SENT_MICROS_MIN: u64 = 1_000_000_000_000_000;
+/// Property carrying a message's intended send time (end-to-end mode).
+pub const SENT_MICROS_PROPERTY: &str = "BENCH_SENT_US";
 /// Java's client message ids are 16 bytes in hex (§5.7); ours have the same length.
 pub const UNIQ_KEY_HEX_CHARS: usize = 32;
 const UNIQ_KEY_PREFIX_HEX_CHARS: usize = 16;
@@ -41,6 +55,14 @@ const UNIQ_KEY_CONNECTION_HEX_CHARS: usize = 4;
 const UNIQ_KEY_SEQUENCE_HEX_CHARS: usize = 12;
 /// Connections per run: the connection index fills four hex digits of UNIQ_KEY.
 pub const CONNECTIONS_MAX: usize = 1 << (4 * UNIQ_KEY_CONNECTION_HEX_CHARS);
+/// Messages in one batch request: far above what clients send (Java splits at 4 MiB).
+pub const BATCH_MAX_MESSAGES: usize = 1024;
+/// The broker's and Java producer's default `maxMessageSize`, which a batch body must
+/// also respect (REMOTING.md §1.6).
+pub const MESSAGE_SIZE_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Fixed part of one record in a batch body: TOTALSIZE, MAGICCODE, BODYCRC, FLAG, body
+/// length (4 bytes each) and properties length (2).
+const BATCH_RECORD_FIXED_BYTES: usize = 4 * 5 + 2;
 
 const _: () = assert!(
     UNIQ_KEY_PREFIX_HEX_CHARS + UNIQ_KEY_CONNECTION_HEX_CHARS + UNIQ_KEY_SEQUENCE_HEX_CHARS
@@ -48,6 +70,7 @@ const _: () = assert!(
 );
 // Every opaque in OPAQUE_FIRST..=i32::MAX has exactly OPAQUE_DIGITS digits.
 const _: () = assert!(OPAQUE_FIRST as i64 == 1_000_000_000 && (i32::MAX as i64) < 10_000_000_000);
+const _: () = assert!(MESSAGE_SIZE_MAX_BYTES < shardmq::remoting::FRAME_SIZE_MAX_BYTES / 2);
 
 /// What stays the same in every message of a run.
 #[derive(Debug, Clone)]
@@ -55,6 +78,20 @@ pub struct SendFields<'a> {
     pub producer_group: &'a str,
     pub topic: &'a str,
     pub tag: &'a str,
+    /// Give every message a KEYS property (its UNIQ_KEY).
+    pub keys: bool,
+    /// Stamp every message with BENCH_SENT_US (end-to-end mode).
+    pub stamp_sent_time: bool,
+    /// Messages per request: 1 sends SEND_MESSAGE_V2, more SEND_BATCH_MESSAGE.
+    pub batch: usize,
+}
+
+/// Where one message's per-message slots are in the frame.
+#[derive(Debug, Clone, Copy)]
+struct MessageSlots {
+    uniq_key_at: usize,
+    keys_at: Option<usize>,
+    sent_micros_at: Option<usize>,
 }
 
 /// One queue's pre-encoded frame and where its variable slots are.
@@ -63,20 +100,22 @@ pub struct SendTemplate {
     frame: Vec<u8>,
     opaque_at: usize,
     born_timestamp_at: usize,
-    uniq_key_at: usize,
+    messages: Vec<MessageSlots>,
 }
 
-/// The per-message values patched into a template.
+/// The per-request values patched into a template.
 #[derive(Debug, Clone, Copy)]
-pub struct MessageStamp<'k> {
+pub struct RequestStamp {
     pub opaque: i32,
     pub born_timestamp_ms: u64,
-    pub uniq_key: &'k [u8; UNIQ_KEY_HEX_CHARS],
+    /// Intended send time, Unix µs (written only when the template stamps it).
+    pub sent_micros: u64,
 }
 
 impl SendTemplate {
-    /// Encodes the frame for `queue_id` with `body`. Fails on a tag that would break the
-    /// properties encoding or a properties string over Java's limit.
+    /// Encodes the frame for `queue_id` with `fields.batch` copies of `body`. Fails on a tag
+    /// that would break the properties encoding, properties over Java's limit, or a batch
+    /// over the message size limit.
     pub fn new(fields: &SendFields<'_>, queue_id: u32, body: &[u8]) -> anyhow::Result<Self> {
         if fields.tag.is_empty() || fields.tag.chars().any(char::is_control) {
             bail!(
@@ -84,48 +123,134 @@ impl SendTemplate {
                 fields.tag
             );
         }
-        let properties = format!(
-            "TAGS\u{1}{}\u{2}UNIQ_KEY\u{1}{}\u{2}WAIT\u{1}true\u{2}",
-            fields.tag,
-            "0".repeat(UNIQ_KEY_HEX_CHARS)
+        ensure!(
+            (1..=BATCH_MAX_MESSAGES).contains(&fields.batch),
+            "batch must be 1..={BATCH_MAX_MESSAGES} messages"
         );
+        let properties = message_properties(fields);
         ensure!(
             properties.len() <= PROPERTIES_SIZE_MAX_BYTES,
             "properties of {} bytes exceed the limit of {PROPERTIES_SIZE_MAX_BYTES}",
             properties.len()
         );
+        if fields.batch == 1 {
+            Self::single(fields, queue_id, body, &properties)
+        } else {
+            Self::batch(fields, queue_id, body, &properties)
+        }
+    }
+
+    fn single(
+        fields: &SendFields<'_>,
+        queue_id: u32,
+        body: &[u8],
+        properties: &str,
+    ) -> anyhow::Result<Self> {
+        let properties = format!("{properties}WAIT\u{1}true\u{2}");
         let mut frame = Vec::with_capacity(512 + properties.len() + body.len());
-        let mut encoder = FrameEncoder::request(
+        encode_header(
             &mut frame,
+            fields,
+            queue_id,
             request_code::SEND_MESSAGE_V2,
-            OPAQUE_FIRST,
-            false,
+            &properties,
+            body,
         );
-        encoder
-            .ext("a", fields.producer_group)
-            .ext("b", fields.topic)
-            .ext("c", DEFAULT_TOPIC)
-            .ext_i64("d", i64::from(DEFAULT_TOPIC_QUEUE_NUMS))
-            .ext_i64("e", i64::from(queue_id))
-            .ext("f", "0")
-            .ext_i64("g", BORN_TIMESTAMP_MIN_MS as i64)
-            .ext("h", "0")
-            .ext("i", &properties)
-            .ext("j", "0")
-            .ext("k", "false")
-            .ext("m", "false");
-        encoder.finish(body);
-        let header_end = frame.len() - body.len();
-        let header = &frame[..header_end];
-        let opaque_at = find_slot(header, b"\"opaque\":", OPAQUE_DIGITS)?;
-        let born_timestamp_at = find_slot(header, b"\"g\":\"", BORN_TIMESTAMP_DIGITS)?;
+        let header = &frame[..frame.len() - body.len()];
         // The encoder escapes U+0001 as the six characters `\u0001`.
-        let uniq_key_at = find_slot(header, b"UNIQ_KEY\\u0001", UNIQ_KEY_HEX_CHARS)?;
+        let slots = MessageSlots {
+            uniq_key_at: find_slot(header, b"UNIQ_KEY\\u0001", UNIQ_KEY_HEX_CHARS)?,
+            keys_at: match fields.keys {
+                true => Some(find_slot(header, b"KEYS\\u0001", UNIQ_KEY_HEX_CHARS)?),
+                false => None,
+            },
+            sent_micros_at: match fields.stamp_sent_time {
+                true => {
+                    let marker = format!("{SENT_MICROS_PROPERTY}\\u0001");
+                    Some(find_slot(header, marker.as_bytes(), SENT_MICROS_DIGITS)?)
+                }
+                false => None,
+            },
+        };
         Ok(SendTemplate {
+            opaque_at: find_slot(header, b"\"opaque\":", OPAQUE_DIGITS)?,
+            born_timestamp_at: find_slot(header, b"\"g\":\"", BORN_TIMESTAMP_DIGITS)?,
             frame,
-            opaque_at,
-            born_timestamp_at,
-            uniq_key_at,
+            messages: vec![slots],
+        })
+    }
+
+    fn batch(
+        fields: &SendFields<'_>,
+        queue_id: u32,
+        body: &[u8],
+        properties: &str,
+    ) -> anyhow::Result<Self> {
+        let record_bytes = BATCH_RECORD_FIXED_BYTES + body.len() + properties.len();
+        let body_bytes = record_bytes * fields.batch;
+        ensure!(
+            body_bytes <= MESSAGE_SIZE_MAX_BYTES,
+            "a batch of {} messages is {body_bytes} bytes, over the {MESSAGE_SIZE_MAX_BYTES}-byte \
+             message size limit",
+            fields.batch
+        );
+        let mut batch_body = Vec::with_capacity(body_bytes);
+        let mut body_slots = Vec::with_capacity(fields.batch);
+        for _ in 0..fields.batch {
+            let start = batch_body.len();
+            batch_body.extend_from_slice(&(record_bytes as i32).to_be_bytes());
+            batch_body.extend_from_slice(&0i32.to_be_bytes()); // MAGICCODE: clients send 0
+            batch_body.extend_from_slice(&0i32.to_be_bytes()); // BODYCRC: the broker computes it
+            batch_body.extend_from_slice(&0i32.to_be_bytes()); // FLAG
+            batch_body.extend_from_slice(&(body.len() as i32).to_be_bytes());
+            batch_body.extend_from_slice(body);
+            batch_body.extend_from_slice(&(properties.len() as u16).to_be_bytes());
+            let properties_at = batch_body.len();
+            batch_body.extend_from_slice(properties.as_bytes());
+            assert_eq!(batch_body.len() - start, record_bytes);
+            let slot_in = |marker: &str, width| {
+                find_slot(&batch_body[properties_at..], marker.as_bytes(), width)
+                    .map(|at| at + properties_at)
+            };
+            body_slots.push(MessageSlots {
+                uniq_key_at: slot_in("UNIQ_KEY\u{1}", UNIQ_KEY_HEX_CHARS)?,
+                keys_at: match fields.keys {
+                    true => Some(slot_in("KEYS\u{1}", UNIQ_KEY_HEX_CHARS)?),
+                    false => None,
+                },
+                sent_micros_at: match fields.stamp_sent_time {
+                    true => Some(slot_in(
+                        &format!("{SENT_MICROS_PROPERTY}\u{1}"),
+                        SENT_MICROS_DIGITS,
+                    )?),
+                    false => None,
+                },
+            });
+        }
+        let mut frame = Vec::with_capacity(512 + batch_body.len());
+        encode_header(
+            &mut frame,
+            fields,
+            queue_id,
+            request_code::SEND_BATCH_MESSAGE,
+            "WAIT\u{1}true\u{2}",
+            &batch_body,
+        );
+        let body_at = frame.len() - batch_body.len();
+        let header = &frame[..body_at];
+        let messages = body_slots
+            .into_iter()
+            .map(|slots| MessageSlots {
+                uniq_key_at: slots.uniq_key_at + body_at,
+                keys_at: slots.keys_at.map(|at| at + body_at),
+                sent_micros_at: slots.sent_micros_at.map(|at| at + body_at),
+            })
+            .collect();
+        Ok(SendTemplate {
+            opaque_at: find_slot(header, b"\"opaque\":", OPAQUE_DIGITS)?,
+            born_timestamp_at: find_slot(header, b"\"g\":\"", BORN_TIMESTAMP_DIGITS)?,
+            frame,
+            messages,
         })
     }
 
@@ -134,8 +259,13 @@ impl SendTemplate {
         self.frame.len()
     }
 
-    /// Appends one frame stamped with `stamp` to `out`.
-    pub fn append(&self, out: &mut Vec<u8>, stamp: MessageStamp<'_>) {
+    /// Messages one request carries.
+    pub fn messages_per_request(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Appends one frame stamped with `stamp`, each message with the next key of `keys`.
+    pub fn append(&self, out: &mut Vec<u8>, stamp: RequestStamp, keys: &mut UniqKeyGenerator) {
         assert!(
             stamp.opaque >= OPAQUE_FIRST,
             "opaque {} below OPAQUE_FIRST",
@@ -153,30 +283,80 @@ impl SendTemplate {
             &mut frame[self.born_timestamp_at..self.born_timestamp_at + BORN_TIMESTAMP_DIGITS],
             stamp.born_timestamp_ms,
         );
-        frame[self.uniq_key_at..self.uniq_key_at + UNIQ_KEY_HEX_CHARS]
-            .copy_from_slice(stamp.uniq_key);
+        for slots in &self.messages {
+            let key = keys.next_key();
+            frame[slots.uniq_key_at..slots.uniq_key_at + UNIQ_KEY_HEX_CHARS].copy_from_slice(key);
+            if let Some(at) = slots.keys_at {
+                frame[at..at + UNIQ_KEY_HEX_CHARS].copy_from_slice(key);
+            }
+            if let Some(at) = slots.sent_micros_at {
+                assert!(stamp.sent_micros >= SENT_MICROS_MIN);
+                write_fixed_decimal(&mut frame[at..at + SENT_MICROS_DIGITS], stamp.sent_micros);
+            }
+        }
     }
 }
 
-/// The offset just after the only occurrence of `marker` in `header`, checked to be followed
-/// by `width` ASCII digits.
-fn find_slot(header: &[u8], marker: &[u8], width: usize) -> anyhow::Result<usize> {
-    let mut found = header
+/// One message's properties with zeroed slots: TAGS, KEYS (optional), UNIQ_KEY,
+/// BENCH_SENT_US (optional).
+fn message_properties(fields: &SendFields<'_>) -> String {
+    let zero_key = "0".repeat(UNIQ_KEY_HEX_CHARS);
+    let mut properties = format!("TAGS\u{1}{}\u{2}", fields.tag);
+    if fields.keys {
+        properties.push_str(&format!("KEYS\u{1}{zero_key}\u{2}"));
+    }
+    properties.push_str(&format!("UNIQ_KEY\u{1}{zero_key}\u{2}"));
+    if fields.stamp_sent_time {
+        let zero_micros = "0".repeat(SENT_MICROS_DIGITS);
+        properties.push_str(&format!("{SENT_MICROS_PROPERTY}\u{1}{zero_micros}\u{2}"));
+    }
+    properties
+}
+
+fn encode_header(
+    frame: &mut Vec<u8>,
+    fields: &SendFields<'_>,
+    queue_id: u32,
+    code: i32,
+    properties: &str,
+    body: &[u8],
+) {
+    let mut encoder = FrameEncoder::request(frame, code, OPAQUE_FIRST, false);
+    encoder
+        .ext("a", fields.producer_group)
+        .ext("b", fields.topic)
+        .ext("c", DEFAULT_TOPIC)
+        .ext_i64("d", i64::from(DEFAULT_TOPIC_QUEUE_NUMS))
+        .ext_i64("e", i64::from(queue_id))
+        .ext("f", "0")
+        .ext_i64("g", BORN_TIMESTAMP_MIN_MS as i64)
+        .ext("h", "0")
+        .ext("i", properties)
+        .ext("j", "0")
+        .ext("k", "false")
+        .ext("m", if fields.batch > 1 { "true" } else { "false" });
+    encoder.finish(body);
+}
+
+/// The offset just after the only occurrence of `marker` in `haystack`, checked to be
+/// followed by `width` ASCII digits.
+fn find_slot(haystack: &[u8], marker: &[u8], width: usize) -> anyhow::Result<usize> {
+    let mut found = haystack
         .windows(marker.len())
         .enumerate()
         .filter(|(_, window)| *window == marker)
         .map(|(at, _)| at + marker.len());
     let (Some(at), None) = (found.next(), found.next()) else {
         bail!(
-            "SEND_MESSAGE_V2 template: {:?} not found exactly once",
-            marker.escape_ascii()
+            "send template: {:?} not found exactly once",
+            marker.escape_ascii().to_string()
         );
     };
-    let slot = header.get(at..at + width).unwrap_or_default();
+    let slot = haystack.get(at..at + width).unwrap_or_default();
     ensure!(
         slot.len() == width && slot.iter().all(u8::is_ascii_digit),
-        "SEND_MESSAGE_V2 template: slot after {:?} is not {width} digits",
-        marker.escape_ascii()
+        "send template: slot after {:?} is not {width} digits",
+        marker.escape_ascii().to_string()
     );
     Ok(at)
 }
@@ -259,147 +439,4 @@ impl UniqKeyGenerator {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use shardmq::protocol::parse_properties;
-    use shardmq::remoting::decode_frame;
-
-    fn fields() -> SendFields<'static> {
-        SendFields {
-            producer_group: "bench_group",
-            topic: "BenchTopic",
-            tag: "TagA",
-        }
-    }
-
-    #[test]
-    fn stamped_frame_decodes_with_every_header_field() {
-        let body = vec![b'x'; 100];
-        let template = SendTemplate::new(&fields(), 3, &body).unwrap();
-        let mut keys = UniqKeyGenerator::new(0x0123_4567_89AB_CDEF, 7);
-        let mut out = Vec::new();
-        let stamp = MessageStamp {
-            opaque: 1_234_567_890,
-            born_timestamp_ms: 1_700_000_000_123,
-            uniq_key: keys.next_key(),
-        };
-        template.append(&mut out, stamp);
-        assert_eq!(out.len(), template.frame_size_bytes());
-
-        let (command, consumed) = decode_frame(&out).unwrap().unwrap();
-        assert_eq!(consumed, out.len());
-        assert_eq!(command.code, request_code::SEND_MESSAGE_V2);
-        assert_eq!(command.opaque, 1_234_567_890);
-        assert!(!command.is_response() && !command.is_oneway());
-        assert_eq!(command.body, &body[..]);
-        let ext = &command.ext_fields;
-        let expected = [
-            ("a", "bench_group"),
-            ("b", "BenchTopic"),
-            ("c", "TBW102"),
-            ("d", "4"),
-            ("e", "3"),
-            ("f", "0"),
-            ("g", "1700000000123"),
-            ("h", "0"),
-            ("j", "0"),
-            ("k", "false"),
-            ("m", "false"),
-        ];
-        for (key, value) in expected {
-            assert_eq!(ext.get(key), Some(value), "ext {key}");
-        }
-        assert_eq!(
-            ext.get("i"),
-            Some(concat!(
-                "TAGS\u{1}TagA\u{2}",
-                "UNIQ_KEY\u{1}0123456789ABCDEF0007000000000000\u{2}",
-                "WAIT\u{1}true\u{2}"
-            ))
-        );
-        let properties = parse_properties(ext.get("i").unwrap().as_bytes());
-        assert!(properties.iter().any(|&(k, v)| k == "WAIT" && v == "true"));
-    }
-
-    #[test]
-    fn frames_appended_back_to_back_decode_in_order() {
-        let template = SendTemplate::new(&fields(), 0, b"hello").unwrap();
-        let mut opaques = OpaqueSequence::new();
-        let mut keys = UniqKeyGenerator::new(1, 0);
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            let stamp = MessageStamp {
-                opaque: opaques.next_opaque(),
-                born_timestamp_ms: BORN_TIMESTAMP_MIN_MS,
-                uniq_key: keys.next_key(),
-            };
-            template.append(&mut out, stamp);
-        }
-        let mut rest = &out[..];
-        for index in 0..3 {
-            let (command, consumed) = decode_frame(rest).unwrap().unwrap();
-            assert_eq!(command.opaque, OPAQUE_FIRST + index);
-            let key = format!("UNIQ_KEY\u{1}{:016X}{:04X}{:012X}\u{2}", 1, 0, index);
-            assert!(command.ext_fields.get("i").unwrap().contains(&key));
-            rest = &rest[consumed..];
-        }
-        assert!(rest.is_empty());
-    }
-
-    #[test]
-    fn tag_with_separator_or_quote_is_handled() {
-        assert!(SendTemplate::new(
-            &SendFields {
-                tag: "a\u{1}b",
-                ..fields()
-            },
-            0,
-            b"x"
-        )
-        .is_err());
-        assert!(SendTemplate::new(
-            &SendFields {
-                tag: "",
-                ..fields()
-            },
-            0,
-            b"x"
-        )
-        .is_err());
-        // A quote in the tag is escaped by the encoder and cannot fake a slot marker.
-        let tag = "\"g\":\"1";
-        let template = SendTemplate::new(&SendFields { tag, ..fields() }, 0, b"x").unwrap();
-        let mut out = Vec::new();
-        let key = [b'A'; UNIQ_KEY_HEX_CHARS];
-        let stamp = MessageStamp {
-            opaque: OPAQUE_FIRST,
-            born_timestamp_ms: 2_000_000_000_000,
-            uniq_key: &key,
-        };
-        template.append(&mut out, stamp);
-        let (command, _) = decode_frame(&out).unwrap().unwrap();
-        assert_eq!(command.ext_fields.get("g"), Some("2000000000000"));
-    }
-
-    #[test]
-    fn opaque_sequence_wraps_to_ten_digits() {
-        let mut opaques = OpaqueSequence { next: i32::MAX };
-        assert_eq!(opaques.next_opaque(), i32::MAX);
-        assert_eq!(opaques.next_opaque(), OPAQUE_FIRST);
-    }
-
-    #[test]
-    fn fixed_width_writers() {
-        let mut field = [0u8; 5];
-        write_fixed_decimal(&mut field, 42);
-        assert_eq!(&field, b"00042");
-        write_fixed_hex(&mut field, 0xABCDEF);
-        assert_eq!(&field, b"BCDEF");
-    }
-
-    #[test]
-    #[should_panic(expected = "wider than")]
-    fn fixed_decimal_overflow_is_a_bug() {
-        write_fixed_decimal(&mut [0u8; 2], 100);
-    }
-}
+mod tests;

@@ -1,10 +1,12 @@
-//! What a run counts and how it is printed: per-worker tallies that the main thread merges,
-//! the once-a-second line in RocketMQ's benchmark format, the final summary and the JSON
-//! report. Pure: durations come in as arguments.
+//! What a producer counts and how it is printed: per-worker tallies that the main thread
+//! merges, the once-a-second line in RocketMQ's benchmark format, the final summary and the
+//! JSON report. Pure: durations come in as arguments. (`consume_stats` is the consumer's.)
 //!
 //! Meaning of the counters, as in RocketMQ's `Producer` benchmark:
-//! - sent (TPS): a SEND_MESSAGE_V2 answered with SUCCESS (0); only these feed the latency
-//!   histogram (microseconds from handing the frame to the socket to reading the response);
+//! - sent (TPS): messages of a send request answered with SUCCESS (0); only these requests
+//!   feed the latency histogram, one value per request (a batch is one request), in
+//!   microseconds from the request's intended send time (when its frame joined the output
+//!   buffer; in open loop, when the schedule said it was due) to reading the response;
 //! - Send Failed: the request got no answer (timeout, connection lost);
 //! - Response Failed: the broker answered with any other code (10/11/12 included, on
 //!   purpose: a benchmark that stores without the asked-for flush is not measuring it).
@@ -23,7 +25,7 @@ pub const LATENCY_HIGHEST_TRACKABLE_US: u64 = 600_000_000;
 /// hdrhistogram precision: values are kept within 0.1 %.
 pub const LATENCY_SIGNIFICANT_DIGITS: u8 = 3;
 /// "MB" in figures and reports is 10^6 bytes.
-const BYTES_PER_MB: f64 = 1_000_000.0;
+pub const BYTES_PER_MB: f64 = 1_000_000.0;
 
 /// Why a request got no response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,7 +56,10 @@ pub struct ResponseFailures {
 /// Counts and latencies of one worker over one interval, or of the whole run once merged.
 #[derive(Debug, Clone)]
 pub struct Tally {
+    /// Messages stored (every message of a successful request).
     pub succeeded: u64,
+    /// Successful requests (equal to `succeeded` without batches).
+    pub requests: u64,
     /// Responses whose request had already timed out, or whose opaque is unknown.
     pub late_responses: u64,
     pub response_failures: BTreeMap<i32, ResponseFailures>,
@@ -69,6 +74,7 @@ impl Tally {
                 .expect("constant histogram bounds are valid");
         Tally {
             succeeded: 0,
+            requests: 0,
             late_responses: 0,
             response_failures: BTreeMap::new(),
             send_failures: BTreeMap::new(),
@@ -76,8 +82,10 @@ impl Tally {
         }
     }
 
-    pub fn record_success(&mut self, latency: Duration) {
-        self.succeeded += 1;
+    /// One successful request that carried `messages` messages.
+    pub fn record_success(&mut self, latency: Duration, messages: u64) {
+        self.succeeded += messages;
+        self.requests += 1;
         let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.latency_us.saturating_record(latency_us);
     }
@@ -114,6 +122,7 @@ impl Tally {
     /// caller can print each code's first remark once.
     pub fn merge(&mut self, other: &Tally) -> Vec<i32> {
         self.succeeded += other.succeeded;
+        self.requests += other.requests;
         self.late_responses += other.late_responses;
         let mut new_codes = Vec::new();
         for (&code, failures) in &other.response_failures {
@@ -177,7 +186,7 @@ impl LatencySummary {
         }
     }
 
-    fn to_json(self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "count": self.count,
             "min": self.min_us,
@@ -192,14 +201,14 @@ impl LatencySummary {
     }
 }
 
-/// RocketMQ's benchmark line for one interval, then this interval's percentiles. Send
+/// RocketMQ's (5.x) benchmark line for one interval, then this interval's percentiles. Send
 /// Failed and Response Failed are totals so far, as RocketMQ prints them; TPS, Max RT and
 /// Average RT belong to the interval (RT in ms with microsecond digits).
 pub fn interval_line(interval: &Tally, interval_length: Duration, totals: &Tally) -> String {
     let latency = LatencySummary::of(&interval.latency_us);
     let tps = per_second(interval.succeeded, interval_length);
     format!(
-        "Send TPS: {tps:.0} Max RT(ms): {:.3} Average RT(ms): {:.3} Send Failed: {} \
+        "Send TPS: {tps:.0} | Max RT(ms): {:.3} | Average RT(ms): {:.3} | Send Failed: {} | \
          Response Failed: {} | p50 p99 p99.9 p99.99 (us): {} {} {} {}",
         latency.max_us as f64 / 1000.0,
         latency.mean_us / 1000.0,
@@ -237,8 +246,9 @@ impl RunSummary<'_> {
         let mut text = String::new();
         let _ = writeln!(
             text,
-            "Sent: {} Send Failed: {} Response Failed: {} Late responses: {}",
+            "Sent: {} ({} requests) Send Failed: {} Response Failed: {} Late responses: {}",
             total.succeeded,
+            total.requests,
             total.send_failed(),
             total.response_failed(),
             total.late_responses
@@ -265,7 +275,7 @@ impl RunSummary<'_> {
         );
         let _ = write!(
             text,
-            "Latency (us): min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {} mean {:.1}",
+            "Send latency (us): min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {} mean {:.1}",
             latency.min_us,
             latency.p50_us,
             latency.p90_us,
@@ -278,7 +288,7 @@ impl RunSummary<'_> {
         text
     }
 
-    /// The same figures as `to_text`, with `config` (the run's options) alongside.
+    /// The same figures as `to_text`, with `config` (the producer's options) alongside.
     pub fn to_json(&self, config: Value) -> Value {
         let total = self.total;
         let response_failures: serde_json::Map<String, Value> = total
@@ -299,9 +309,9 @@ impl RunSummary<'_> {
             .map(|(kind, count)| (kind.name().to_owned(), json!(count)))
             .collect();
         json!({
-            "mode": "producer",
             "config": config,
             "sent": total.succeeded,
+            "requests": total.requests,
             "send_failed": total.send_failed(),
             "response_failed": total.response_failed(),
             "late_responses": total.late_responses,
@@ -315,7 +325,7 @@ impl RunSummary<'_> {
     }
 }
 
-fn per_second(count: u64, length: Duration) -> f64 {
+pub fn per_second(count: u64, length: Duration) -> f64 {
     let secs = length.as_secs_f64();
     if secs > 0.0 {
         count as f64 / secs
@@ -324,7 +334,7 @@ fn per_second(count: u64, length: Duration) -> f64 {
     }
 }
 
-fn round3(value: f64) -> f64 {
+pub fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
@@ -335,7 +345,7 @@ mod tests {
     fn tally_with_latencies(latencies_us: impl IntoIterator<Item = u64>) -> Tally {
         let mut tally = Tally::new();
         for latency_us in latencies_us {
-            tally.record_success(Duration::from_micros(latency_us));
+            tally.record_success(Duration::from_micros(latency_us), 1);
         }
         tally
     }
@@ -406,7 +416,7 @@ mod tests {
         let line = interval_line(&interval, Duration::from_millis(500), &totals);
         assert!(
             line.starts_with(
-                "Send TPS: 4 Max RT(ms): 2.000 Average RT(ms): 1.500 Send Failed: 2 \
+                "Send TPS: 4 | Max RT(ms): 2.000 | Average RT(ms): 1.500 | Send Failed: 2 | \
                  Response Failed: 1 | p50 p99 p99.9 p99.99 (us): 1000 2000 2000 2000"
             ),
             "{line}"

@@ -1,14 +1,17 @@
-//! The load: each worker thread owns a set of broker connections and drives them with one
-//! poll(2) loop over non-blocking sockets. Nothing is shared between workers but the
-//! read-only frame templates; counts go to the main thread as messages, one `Tally` per
+//! The producer load: each worker thread owns a set of broker connections and drives them
+//! with one ppoll(2) loop over non-blocking sockets. Nothing is shared between workers but
+//! the read-only frame templates; counts go to the main thread as messages, one `Tally` per
 //! worker per one-second tick.
 //!
-//! Per connection, at most `in_flight_max` SEND_MESSAGE_V2 requests are outstanding: the
-//! loop tops the window up in one burst (one write for many frames), reads whatever
-//! responses arrived, matches them by opaque and tops up again. A request's latency runs
-//! from the moment its frame joins the connection's output buffer to the read that
-//! returned its response, so time spent queued in our own buffer is counted, as a client
-//! would see it.
+//! Per connection, at most `in_flight_max` send requests are outstanding. Closed loop (no
+//! `--rate`): the loop tops the window up in one burst (one write for many frames), reads
+//! whatever responses arrived, matches them by opaque and tops up again; a request's intended
+//! send time is the moment its frame joins the output buffer. Open loop (`--rate`): each
+//! connection has a schedule, one request every `interval`, and a request's intended send
+//! time is its slot in the schedule, whether or not the window let it go then; a broker that
+//! stalls therefore shows its stall in every request that was due meanwhile (no coordinated
+//! omission). Latency runs from the intended send time to the read that returned the
+//! response, so time queued in our own buffer counts, as a client would see it.
 //!
 //! Invariants: an opaque is in `in_flight` exactly while its request is unanswered and
 //! unexpired; the unsent part of the output buffer stays under `OUT_PENDING_MAX_BYTES` plus
@@ -20,13 +23,13 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use shardmq::remoting::{decode_frame, peek_frame_size_bytes, response_code, RemotingCommand};
 
-use crate::send_frame::{
-    MessageStamp, OpaqueSequence, SendTemplate, UniqKeyGenerator, BORN_TIMESTAMP_MIN_MS,
-};
+use crate::clock::RunClock;
+use crate::collect::{Figures, Report};
+use crate::send_frame::{OpaqueSequence, RequestStamp, SendTemplate, UniqKeyGenerator};
 use crate::stats::{SendFailure, Tally};
 
 /// Outstanding requests per connection: bounds the opaque table and the output buffer,
@@ -40,11 +43,20 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Reads per connection per wake-up, so one busy connection cannot starve the others.
 const READS_PER_WAKEUP_MAX: usize = 16;
 /// The loop wakes at least this often to check ticks, timeouts and the deadline.
-const POLL_WAIT_MAX_MS: u64 = 100;
+pub const POLL_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Expired requests are looked for this often.
 const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Length of one reporting interval.
 pub const TICK: Duration = Duration::from_secs(1);
+/// After a busy answer (SYSTEM_BUSY, SERVICE_NOT_AVAILABLE: the broker's flow control) a
+/// connection sends nothing new for this long, as RocketMQ clients back off.
+const BUSY_BACKOFF: Duration = Duration::from_millis(1);
+/// Answers that mean "not now": counted as Response Failed, and in `--messages` mode the
+/// request is sent again, so that the count stored is the count asked for.
+const BUSY_CODES: [i32; 2] = [
+    response_code::SYSTEM_BUSY,
+    response_code::SERVICE_NOT_AVAILABLE,
+];
 
 const _: () =
     assert!(IN_FLIGHT_MAX_REQUESTS < (i32::MAX - crate::send_frame::OPAQUE_FIRST) as usize);
@@ -58,8 +70,18 @@ pub struct ConnectionPlan {
     pub stream: TcpStream,
     /// One frame per write queue of the broker, by queue id.
     pub templates: Arc<Vec<SendTemplate>>,
-    /// Messages to send on this connection; `None`: until the deadline.
-    pub quota_messages: Option<u64>,
+    /// Requests to send on this connection; `None`: until the deadline.
+    pub quota_requests: Option<u64>,
+    /// Open loop: this connection's schedule (first slot, then one request per interval).
+    pub pacing: Option<Pacing>,
+}
+
+/// An open-loop schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// When the next request is due.
+    pub next_due: Instant,
+    pub interval: Duration,
 }
 
 /// What a worker runs and where it reports.
@@ -70,29 +92,11 @@ pub struct WorkerPlan {
     pub connections: Vec<ConnectionPlan>,
     pub in_flight_max: usize,
     pub run_prefix: u64,
-    pub start: Instant,
+    pub clock: RunClock,
     /// No new request after this instant (duration mode).
     pub deadline: Option<Instant>,
     pub request_timeout: Duration,
-    pub reports: Sender<WorkerReport>,
-}
-
-/// Messages from a worker to the main thread.
-#[derive(Debug)]
-pub enum WorkerReport {
-    /// Everything counted during tick `tick` (`start + tick s .. start + (tick + 1) s`).
-    Interval {
-        worker: usize,
-        tick: u64,
-        tally: Tally,
-    },
-    /// The worker stopped; `tally` holds what came after its last full tick.
-    Done {
-        worker: usize,
-        tally: Tally,
-        finished_at: Instant,
-        connections_lost: usize,
-    },
+    pub reports: Sender<Report>,
 }
 
 struct Connection {
@@ -102,10 +106,13 @@ struct Connection {
     next_queue_id: usize,
     opaques: OpaqueSequence,
     uniq_keys: UniqKeyGenerator,
-    /// Opaque → when its frame was queued.
-    in_flight: HashMap<i32, Instant>,
+    /// Opaque → the request's intended send time and its message count.
+    in_flight: HashMap<i32, (Instant, u64)>,
     in_flight_max: usize,
-    quota_messages: Option<u64>,
+    quota_requests: Option<u64>,
+    pacing: Option<Pacing>,
+    /// No new request before this (after a busy answer).
+    backoff_until: Option<Instant>,
     out: Vec<u8>,
     out_written: usize,
     input: Vec<u8>,
@@ -129,7 +136,9 @@ impl Connection {
             uniq_keys: UniqKeyGenerator::new(run_prefix, plan.index),
             in_flight: HashMap::with_capacity(in_flight_max),
             in_flight_max,
-            quota_messages: plan.quota_messages,
+            quota_requests: plan.quota_requests,
+            pacing: plan.pacing,
+            backoff_until: None,
             out: Vec::new(),
             out_written: 0,
             input: vec![0; READ_CHUNK_BYTES],
@@ -143,27 +152,58 @@ impl Connection {
     }
 
     fn quota_left(&self) -> bool {
-        self.quota_messages != Some(0)
+        self.quota_requests != Some(0)
     }
 
-    /// Queues frames until the window, the output bound or the quota is reached.
-    fn fill(&mut self, now: Instant, born_timestamp_ms: u64) {
-        while self.in_flight.len() < self.in_flight_max
-            && self.unsent_bytes() < OUT_PENDING_MAX_BYTES
-            && self.quota_left()
-        {
+    fn window_open(&self) -> bool {
+        self.in_flight.len() < self.in_flight_max && self.unsent_bytes() < OUT_PENDING_MAX_BYTES
+    }
+
+    /// When the loop must wake to send: the end of a back-off, or (open loop) when the next
+    /// request is due, if the window would let it go.
+    fn next_due(&self) -> Option<Instant> {
+        if !self.open || !self.window_open() || !self.quota_left() {
+            return None;
+        }
+        match (self.backoff_until, &self.pacing) {
+            (Some(until), Some(pacing)) => Some(until.max(pacing.next_due)),
+            (Some(until), None) => Some(until),
+            (None, Some(pacing)) => Some(pacing.next_due),
+            (None, None) => None,
+        }
+    }
+
+    /// Queues frames until the window, the output bound or the quota is reached (and, in
+    /// open loop, until no request is due yet).
+    fn fill(&mut self, now: Instant, clock: &RunClock) {
+        if self.backoff_until.is_some_and(|until| until > now) {
+            return;
+        }
+        self.backoff_until = None;
+        let born_timestamp_ms = clock.unix_millis(now);
+        while self.window_open() && self.quota_left() {
+            let intended = match &mut self.pacing {
+                Some(pacing) if pacing.next_due > now => break,
+                Some(pacing) => {
+                    let due = pacing.next_due;
+                    pacing.next_due += pacing.interval;
+                    due
+                }
+                None => now,
+            };
             let template = &self.templates[self.next_queue_id];
             self.next_queue_id = (self.next_queue_id + 1) % self.templates.len();
             let opaque = self.opaques.next_opaque();
-            let stamp = MessageStamp {
+            let stamp = RequestStamp {
                 opaque,
                 born_timestamp_ms,
-                uniq_key: self.uniq_keys.next_key(),
+                sent_micros: clock.unix_micros(intended),
             };
-            template.append(&mut self.out, stamp);
-            let previous = self.in_flight.insert(opaque, now);
+            template.append(&mut self.out, stamp, &mut self.uniq_keys);
+            let messages = template.messages_per_request() as u64;
+            let previous = self.in_flight.insert(opaque, (intended, messages));
             assert!(previous.is_none(), "opaque {opaque} reused while in flight");
-            if let Some(quota) = &mut self.quota_messages {
+            if let Some(quota) = &mut self.quota_requests {
                 *quota -= 1;
             }
         }
@@ -233,7 +273,13 @@ impl Connection {
             let unread = &self.input[consumed_total..self.input_filled];
             match decode_frame(unread) {
                 Ok(Some((command, consumed))) => {
-                    complete_response(&mut self.in_flight, &command, now, tally);
+                    let busy = complete_response(&mut self.in_flight, &command, now, tally);
+                    if busy {
+                        self.backoff_until = Some(now + BUSY_BACKOFF);
+                        if let Some(quota) = &mut self.quota_requests {
+                            *quota += 1;
+                        }
+                    }
                     consumed_total += consumed;
                 }
                 Ok(None) => break,
@@ -249,14 +295,14 @@ impl Connection {
     fn expire(&mut self, now: Instant, timeout: Duration, tally: &mut Tally) {
         let before = self.in_flight.len();
         self.in_flight
-            .retain(|_, queued_at| now.saturating_duration_since(*queued_at) < timeout);
+            .retain(|_, (intended, _)| now.saturating_duration_since(*intended) < timeout);
         tally.record_send_failures(SendFailure::Timeout, (before - self.in_flight.len()) as u64);
     }
 
     /// Closes after an error: outstanding and never-sent messages count as lost.
     fn close(&mut self, error: &io::Error, tally: &mut Tally) {
         let outstanding = self.in_flight.len() as u64;
-        let never_sent = self.quota_messages.take().unwrap_or(0);
+        let never_sent = self.quota_requests.take().unwrap_or(0);
         eprintln!(
             "connection to {} lost: {error}; {outstanding} requests outstanding, \
              {never_sent} never sent",
@@ -279,34 +325,26 @@ impl Connection {
     }
 }
 
+/// Counts one response; true when it was a busy answer to one of our requests.
 fn complete_response(
-    in_flight: &mut HashMap<i32, Instant>,
+    in_flight: &mut HashMap<i32, (Instant, u64)>,
     response: &RemotingCommand<'_>,
     now: Instant,
     tally: &mut Tally,
-) {
+) -> bool {
     if !response.is_response() {
-        return; // A broker-initiated request; a producer that never heartbeats gets none.
+        return false; // A broker-initiated request; a producer that never heartbeats gets none.
     }
-    let Some(queued_at) = in_flight.remove(&response.opaque) else {
+    let Some((intended, messages)) = in_flight.remove(&response.opaque) else {
         tally.late_responses += 1;
-        return;
+        return false;
     };
     if response.code == response_code::SUCCESS {
-        tally.record_success(now.saturating_duration_since(queued_at));
-    } else {
-        tally.record_response_failure(response.code, response.remark.as_deref());
+        tally.record_success(now.saturating_duration_since(intended), messages);
+        return false;
     }
-}
-
-/// Milliseconds since 1970, never below the 13-digit range the templates hold.
-fn born_timestamp_now_ms() -> u64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since_epoch.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(BORN_TIMESTAMP_MIN_MS)
+    tally.record_response_failure(response.code, response.remark.as_deref());
+    BUSY_CODES.contains(&response.code)
 }
 
 /// Runs one worker to completion; reports go to `plan.reports`.
@@ -318,16 +356,16 @@ pub fn run_worker(plan: WorkerPlan) {
         .collect();
     let mut tally = Tally::new();
     let mut tick = 0;
-    let mut next_tick_at = plan.start + TICK;
-    let mut next_expiry_at = plan.start + EXPIRY_CHECK_INTERVAL;
+    let start = plan.clock.start;
+    let mut next_tick_at = start + TICK;
+    let mut next_expiry_at = start + EXPIRY_CHECK_INTERVAL;
     let mut poll_fds: Vec<libc::pollfd> = Vec::with_capacity(connections.len());
     loop {
         let now = Instant::now();
         let sending = plan.deadline.is_none_or(|deadline| now < deadline);
-        let born_timestamp_ms = born_timestamp_now_ms();
         for connection in connections.iter_mut().filter(|connection| connection.open) {
             if sending {
-                connection.fill(now, born_timestamp_ms);
+                connection.fill(now, &plan.clock);
             }
             if let Err(error) = connection.flush() {
                 connection.close(&error, &mut tally);
@@ -342,10 +380,10 @@ pub fn run_worker(plan: WorkerPlan) {
         while now >= next_tick_at {
             let interval = std::mem::replace(&mut tally, Tally::new());
             // The main thread outlives every worker; a send error cannot happen.
-            let _ = plan.reports.send(WorkerReport::Interval {
-                worker: plan.worker,
+            let _ = plan.reports.send(Report::Interval {
+                source: plan.worker,
                 tick,
-                tally: interval,
+                figures: Figures::Send(interval),
             });
             tick += 1;
             next_tick_at += TICK;
@@ -359,6 +397,11 @@ pub fn run_worker(plan: WorkerPlan) {
         let mut wake_at = next_tick_at.min(next_expiry_at);
         if let Some(deadline) = plan.deadline.filter(|_| sending) {
             wake_at = wake_at.min(deadline);
+        }
+        if sending {
+            for due in connections.iter().filter_map(Connection::next_due) {
+                wake_at = wake_at.min(due.max(now));
+            }
         }
         wait_for_sockets(
             &mut poll_fds,
@@ -381,15 +424,15 @@ pub fn run_worker(plan: WorkerPlan) {
         .iter()
         .filter(|connection| !connection.open)
         .count();
-    let _ = plan.reports.send(WorkerReport::Done {
-        worker: plan.worker,
-        tally,
+    let _ = plan.reports.send(Report::Done {
+        source: plan.worker,
+        figures: Figures::Send(tally),
         finished_at: Instant::now(),
         connections_lost,
     });
 }
 
-/// poll(2) on every open connection: readable always, writable when output is pending.
+/// ppoll(2) on every open connection: readable always, writable when output is pending.
 /// On return `poll_fds` holds one entry per open connection, in order.
 fn wait_for_sockets(poll_fds: &mut Vec<libc::pollfd>, connections: &[Connection], wait: Duration) {
     poll_fds.clear();
@@ -404,17 +447,25 @@ fn wait_for_sockets(poll_fds: &mut Vec<libc::pollfd>, connections: &[Connection]
             revents: 0,
         });
     }
-    // Round up, so the loop does not spin through the last sub-millisecond before a tick.
-    let wait_ms = wait
-        .as_micros()
-        .div_ceil(1000)
-        .min(u128::from(POLL_WAIT_MAX_MS)) as i32;
-    // SAFETY: `poll_fds` is a live, exclusively borrowed array of `poll_fds.len()` entries.
+    poll_with_timeout(poll_fds, wait);
+}
+
+/// ppoll(2) with microsecond precision (an open-loop schedule has sub-millisecond slots);
+/// EINTR leaves every `revents` zero.
+pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
+    let wait = wait.min(POLL_WAIT_MAX);
+    let timeout = libc::timespec {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_nsec: wait.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `poll_fds` is a live, exclusively borrowed array of `poll_fds.len()` entries;
+    // the timeout is a valid timespec and no signal mask is passed.
     let ready = unsafe {
-        libc::poll(
+        libc::ppoll(
             poll_fds.as_mut_ptr(),
             poll_fds.len() as libc::nfds_t,
-            wait_ms,
+            &timeout,
+            std::ptr::null(),
         )
     };
     if ready < 0 {
@@ -428,5 +479,127 @@ fn wait_for_sockets(poll_fds: &mut Vec<libc::pollfd>, connections: &[Connection]
         for poll_fd in poll_fds.iter_mut() {
             poll_fd.revents = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::send_frame::SendFields;
+
+    fn test_connection(
+        in_flight_max: usize,
+        pacing: Option<Pacing>,
+        quota: Option<u64>,
+    ) -> Connection {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let fields = SendFields {
+            producer_group: "g",
+            topic: "T",
+            tag: "t",
+            keys: false,
+            stamp_sent_time: true,
+            batch: 2,
+        };
+        let template = SendTemplate::new(&fields, 0, b"body").unwrap();
+        let plan = ConnectionPlan {
+            index: 0,
+            broker_addr: "test".into(),
+            stream,
+            templates: Arc::new(vec![template]),
+            quota_requests: quota,
+            pacing,
+        };
+        Connection::new(plan, in_flight_max, 1)
+    }
+
+    #[test]
+    fn open_loop_requests_keep_their_scheduled_time_when_the_window_holds_them_back() {
+        let clock = RunClock::start_now();
+        let interval = Duration::from_millis(10);
+        let pacing = Pacing {
+            next_due: clock.start,
+            interval,
+        };
+        let mut connection = test_connection(3, Some(pacing), None);
+        // 100 ms in, ten requests are due but the window lets three go: they carry the
+        // schedule's times, not the time they were sent.
+        let late = clock.start + Duration::from_millis(100);
+        connection.fill(late, &clock);
+        let mut intended: Vec<Duration> = connection
+            .in_flight
+            .values()
+            .map(|(at, messages)| {
+                assert_eq!(*messages, 2, "a batch of two per request");
+                at.duration_since(clock.start)
+            })
+            .collect();
+        intended.sort();
+        assert_eq!(intended, [Duration::ZERO, interval, interval * 2]);
+        assert_eq!(connection.next_due(), None, "the window is full");
+        // One answer frees a slot: the next request still counts from its own slot.
+        let (&opaque, _) = connection.in_flight.iter().next().unwrap();
+        connection.in_flight.remove(&opaque);
+        assert_eq!(connection.next_due(), Some(clock.start + interval * 3));
+        connection.fill(late, &clock);
+        assert!(connection
+            .in_flight
+            .values()
+            .any(|(at, _)| *at == clock.start + interval * 3));
+        // Nothing is sent ahead of its slot.
+        let mut idle = test_connection(100, Some(pacing), None);
+        idle.fill(clock.start + Duration::from_millis(25), &clock);
+        assert_eq!(idle.in_flight.len(), 3, "slots at 0, 10 and 20 ms only");
+    }
+
+    #[test]
+    fn a_busy_answer_backs_off_and_sends_the_request_again() {
+        let clock = RunClock::start_now();
+        let mut connection = test_connection(8, None, Some(2));
+        connection.fill(clock.start, &clock);
+        assert_eq!(connection.in_flight.len(), 2);
+        assert!(!connection.quota_left());
+        let mut opaques: Vec<i32> = connection.in_flight.keys().copied().collect();
+        opaques.sort();
+        let mut answers = Vec::new();
+        shardmq::remoting::FrameEncoder::response(
+            &mut answers,
+            response_code::SERVICE_NOT_AVAILABLE,
+            opaques[0],
+        )
+        .finish(&[]);
+        shardmq::remoting::FrameEncoder::response(&mut answers, response_code::SUCCESS, opaques[1])
+            .finish(&[]);
+        connection.input[..answers.len()].copy_from_slice(&answers);
+        connection.input_filled = answers.len();
+        let mut tally = Tally::new();
+        let now = clock.start + Duration::from_millis(1);
+        connection.complete_responses(now, &mut tally).unwrap();
+        assert_eq!(tally.succeeded, 2, "one request of two messages stored");
+        assert_eq!(tally.response_failed(), 1);
+        assert!(connection.quota_left(), "the busy request is owed again");
+        assert_eq!(connection.next_due(), Some(now + BUSY_BACKOFF));
+        connection.fill(now, &clock);
+        assert!(
+            connection.in_flight.is_empty(),
+            "nothing new during the back-off"
+        );
+        connection.fill(now + BUSY_BACKOFF, &clock);
+        assert_eq!(connection.in_flight.len(), 1);
+        assert!(!connection.quota_left());
+    }
+
+    #[test]
+    fn closed_loop_fills_the_window_up_to_the_quota() {
+        let clock = RunClock::start_now();
+        let mut connection = test_connection(8, None, Some(5));
+        connection.fill(clock.start, &clock);
+        assert_eq!(connection.in_flight.len(), 5);
+        assert!(!connection.quota_left());
+        assert!(connection
+            .in_flight
+            .values()
+            .all(|(at, _)| *at == clock.start));
     }
 }

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{CpuSet, LocalExecutorBuilder, Placement, PoolPlacement};
 
 use crate::mesh::Mesh;
 use crate::ShardId;
@@ -17,11 +17,16 @@ use crate::ShardId;
 pub use glommio::net::{TcpListener, TcpStream};
 pub use glommio::Task;
 
-/// Memory glommio registers with io_uring per shard for its DMA buffers (glommio's default
-/// is 10 MiB; we keep it at that and check RLIMIT_MEMLOCK against it at start).
-pub const IO_MEMORY_BYTES_PER_SHARD: usize = 10 << 20;
-/// io_uring submission ring depth per shard: enough for hundreds of requests in flight.
-pub const RING_DEPTH_ENTRIES: usize = 512;
+/// Default memory glommio registers with io_uring per shard for its DMA buffers (glommio's
+/// own default); locked memory, so RLIMIT_MEMLOCK is checked against it at start.
+pub const IO_MEMORY_DEFAULT_BYTES_PER_SHARD: usize = 10 << 20;
+/// Default io_uring ring depth per shard (each of glommio's three rings): enough for
+/// hundreds of requests in flight.
+pub const RING_DEPTH_DEFAULT_ENTRIES: usize = 512;
+/// The kernel's largest io_uring ring (IORING_MAX_ENTRIES).
+pub const RING_DEPTH_MAX_ENTRIES: usize = 32_768;
+/// Default preemption timer: how long a task runs before the executor polls I/O again.
+pub const PREEMPT_TIMER_DEFAULT_US: u64 = 100;
 /// How often a parked shard is nudged awake. glommio parks an idle executor in
 /// io_uring_enter on its main ring, linked to its latency ring (timers, network receives,
 /// accepts, cross-thread wake-ups) by a POLL_ADD on that ring's fd. On these machines the
@@ -34,11 +39,22 @@ pub const SHARD_NUDGE_INTERVAL_MS: u64 = 5;
 /// Capacity of each shard-to-shard control channel; a full channel is a logged drop.
 pub const MESH_CHANNEL_CAPACITY_MESSAGES: usize = 1024;
 
-/// Where and how a node's shards run.
-#[derive(Debug, Clone)]
+/// Where and how a node's shards run: their cores and their executors' knobs (a tuning
+/// profile sets all of them; `first_cpus` gives the defaults).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardPlacement {
-    /// One entry per shard: the CPU it is pinned to, or None to float (tests, small hosts).
+    /// One entry per shard: the CPU it is pinned to, or None to float.
     pub cpus: Vec<Option<usize>>,
+    /// CPUs floating shards may run on (their thread's affinity); empty: any online CPU.
+    pub float_cpus: Vec<usize>,
+    /// CPUs for each shard's helper thread (glommio's blocking pool: file opens, renames);
+    /// empty: glommio's default (unbound). Profiles give it the reserved cores, so that
+    /// helper work stays off the shard cores.
+    pub helper_cpus: Vec<usize>,
+    /// io_uring ring depth of each of a shard's rings, in entries (1..=RING_DEPTH_MAX_ENTRIES).
+    pub ring_depth_entries: usize,
+    /// Locked memory glommio registers per shard for DMA buffers, in bytes.
+    pub io_memory_bytes: usize,
     /// glommio preemption timer: how long a task runs before I/O is polled again.
     pub preempt_timer_us: u64,
     /// Busy-spin before parking an idle executor (0 = park at once).
@@ -46,7 +62,8 @@ pub struct ShardPlacement {
 }
 
 impl ShardPlacement {
-    /// `count` shards on the first `count` online CPUs (floating when there are fewer CPUs).
+    /// `count` shards on the first `count` online CPUs (floating when there are fewer CPUs),
+    /// with the default executor knobs.
     pub fn first_cpus(count: usize) -> ShardPlacement {
         let online = online_cpus();
         let cpus = (0..count)
@@ -60,10 +77,54 @@ impl ShardPlacement {
             .collect();
         ShardPlacement {
             cpus,
-            preempt_timer_us: 100,
+            float_cpus: Vec::new(),
+            helper_cpus: Vec::new(),
+            ring_depth_entries: RING_DEPTH_DEFAULT_ENTRIES,
+            io_memory_bytes: IO_MEMORY_DEFAULT_BYTES_PER_SHARD,
+            preempt_timer_us: PREEMPT_TIMER_DEFAULT_US,
             spin_before_park_us: 0,
         }
     }
+
+    /// glommio's placement for shard `shard_id`: its fixed CPU, fenced to `float_cpus`, or
+    /// unbound.
+    fn executor_placement(&self, shard_id: ShardId) -> io::Result<Placement> {
+        if let Some(cpu) = self.cpus[shard_id] {
+            return Ok(Placement::Fixed(cpu));
+        }
+        if self.float_cpus.is_empty() {
+            return Ok(Placement::Unbound);
+        }
+        Ok(Placement::Fenced(cpu_set(
+            &self.float_cpus,
+            "shards may float on",
+        )?))
+    }
+
+    /// Where a shard's helper thread runs, when `helper_cpus` says.
+    fn helper_placement(&self) -> io::Result<Option<PoolPlacement>> {
+        if self.helper_cpus.is_empty() {
+            return Ok(None);
+        }
+        let set = cpu_set(&self.helper_cpus, "helper threads may run on")?;
+        Ok(Some(PoolPlacement::Fenced(HELPER_THREADS_PER_SHARD, set)))
+    }
+}
+
+/// glommio's blocking-pool threads per shard (its default).
+const HELPER_THREADS_PER_SHARD: usize = 1;
+
+/// The online CPUs among `cpus`, as glommio's set; an error when none is online.
+fn cpu_set(cpus: &[usize], what: &str) -> io::Result<CpuSet> {
+    let set = CpuSet::online()
+        .map_err(|e| io::Error::other(format!("cannot read the CPU topology: {e}")))?
+        .filter(|location| cpus.contains(&location.cpu));
+    if set.is_empty() {
+        return Err(io::Error::other(format!(
+            "none of the CPUs {cpus:?} that {what} is online"
+        )));
+    }
+    Ok(set)
 }
 
 /// The online CPU ids, in order.
@@ -82,7 +143,8 @@ pub struct ShardContext<M: Send + 'static> {
 }
 
 /// Start-up checks that turn an obscure io_uring failure into an actionable message.
-pub fn check_environment(shard_count: usize) -> Result<(), String> {
+/// `io_memory_bytes` is the locked memory each shard registers (`ShardPlacement`).
+pub fn check_environment(shard_count: usize, io_memory_bytes: usize) -> Result<(), String> {
     if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled") {
         match text.trim() {
             "2" => {
@@ -102,7 +164,7 @@ pub fn check_environment(shard_count: usize) -> Result<(), String> {
             _ => {}
         }
     }
-    let needed_bytes = (IO_MEMORY_BYTES_PER_SHARD * shard_count) as u64;
+    let needed_bytes = io_memory_bytes.saturating_mul(shard_count) as u64;
     let limit_bytes = memlock_limit_bytes();
     if !is_root() && limit_bytes < needed_bytes {
         return Err(format!(
@@ -117,12 +179,14 @@ pub fn check_environment(shard_count: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (root ignores RLIMIT_MEMLOCK).
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
-fn memlock_limit_bytes() -> u64 {
+/// The soft RLIMIT_MEMLOCK of this process, in bytes (u64::MAX: unlimited or unknown).
+pub fn memlock_limit_bytes() -> u64 {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -148,17 +212,17 @@ where
     let meshes = crate::mesh::build::<M>(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
     let nudger = Nudger::start(shard_count)?;
     let mut handles = Vec::with_capacity(shard_count);
-    for ((shard_id, cpu), mesh) in placement.cpus.iter().enumerate().zip(meshes) {
-        let placement_kind = match cpu {
-            Some(cpu) => Placement::Fixed(*cpu),
-            None => Placement::Unbound,
-        };
-        let builder = LocalExecutorBuilder::new(placement_kind)
+    for (shard_id, mesh) in (0..shard_count).zip(meshes) {
+        assert!((1..=RING_DEPTH_MAX_ENTRIES).contains(&placement.ring_depth_entries));
+        let mut builder = LocalExecutorBuilder::new(placement.executor_placement(shard_id)?)
             .name(&format!("shard-{shard_id}"))
-            .io_memory(IO_MEMORY_BYTES_PER_SHARD)
-            .ring_depth(RING_DEPTH_ENTRIES)
+            .io_memory(placement.io_memory_bytes)
+            .ring_depth(placement.ring_depth_entries)
             .preempt_timer(Duration::from_micros(placement.preempt_timer_us))
             .spin_before_park(Duration::from_micros(placement.spin_before_park_us));
+        if let Some(helpers) = placement.helper_placement()? {
+            builder = builder.blocking_thread_pool_placement(helpers);
+        }
         let body = body.clone();
         let nudger = nudger.clone();
         // Our own thread, registered with the nudger before glommio runs anything on it:

@@ -93,6 +93,35 @@ fn async_mode_flushes_within_interval() {
 }
 
 #[test]
+fn async_flush_batch_starts_a_flush_before_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let mut small_batch = config(dir.path(), FlushMode::Async, 1 << 20);
+        small_batch.flush_interval_ms = 60_000;
+        small_batch.flush_dirty_max_bytes = 8192;
+        let store = Store::open(small_batch).await.unwrap();
+        let first = append(&store, "T", 0, 0, 64, "t").end_offset;
+        glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            store.stats().durable_offset < first,
+            "under the batch, a message waits for the 60 s interval"
+        );
+        let mut end = first;
+        for i in 1..=64 {
+            end = append(&store, "T", 0, i, 200, "t").end_offset;
+        }
+        let started = std::time::Instant::now();
+        store.wait_durable(end).await.unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        store.close().await.unwrap();
+    });
+    let mut refused = config(dir.path(), FlushMode::Async, 1 << 20);
+    refused.flush_dirty_max_bytes = 0;
+    let error = run(|| async { Store::open(refused).await.err() });
+    assert!(matches!(error, Some(StoreError::Config(_))), "{error:?}");
+}
+
+#[test]
 fn segments_roll_and_read_back_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let count = 200u64;

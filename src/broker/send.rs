@@ -124,6 +124,15 @@ impl Broker {
             false => header.sys_flag,
         };
         let born_host = to_v4(connection.peer);
+        if messages.len() > 1 {
+            // A batch is stored whole or not at all: refuse it up front when the store has
+            // no room for all of it (RocketMQ stores a batch as one unit).
+            let total: usize = messages
+                .iter()
+                .map(|m| record::encoded_size(m.body.len(), topic.len(), m.properties.len() + 64))
+                .sum();
+            self.store.check_room(total as u64).map_err(store_error)?;
+        }
         let mut results = Vec::with_capacity(messages.len());
         let mut arrived = false;
         for message in &mut messages {

@@ -517,6 +517,7 @@ impl Broker {
             .take(CHECKS_PER_ROUND_MAX)
             .map(|(offset, p)| (*offset, p.clone()))
             .collect();
+        let mut waiting_for_producer: BTreeMap<String, usize> = BTreeMap::new();
         for (half_offset, pending) in due {
             if pending.op_unwritten {
                 if self.append_op_record(half_offset).is_ok() {
@@ -524,9 +525,17 @@ impl Broker {
                 }
             } else if pending.check_times >= config.check_max {
                 self.discard_half(half_offset, &pending);
-            } else {
-                self.check_half(half_offset, &pending).await;
+            } else if !self.check_half(half_offset, &pending).await {
+                *waiting_for_producer
+                    .entry(pending.producer_group.clone())
+                    .or_default() += 1;
             }
+        }
+        for (group, count) in waiting_for_producer {
+            eprintln!(
+                "shardmq: {}: {count} half message(s) of group {group} wait for a live producer                  of the group to check them",
+                self.identity.broker_name
+            );
         }
     }
 
@@ -557,17 +566,29 @@ impl Broker {
         self.transactions.borrow_mut().stats.discarded += 1;
     }
 
-    /// Sends CHECK_TRANSACTION_STATE for one half to a live producer of its group; counts
-    /// the check whether or not a producer is there (as RocketMQ does).
-    async fn check_half(&self, half_offset: u64, pending: &PendingHalf) {
+    /// Sends CHECK_TRANSACTION_STATE for one half to a live producer of its group. A check
+    /// counts towards the limit once it is sent, or when the half cannot be read (so an
+    /// unreadable half ends); while no producer of the group is connected (a producer
+    /// reconnecting after a broker restart heartbeats within 30 s) the half just waits, and
+    /// this returns false. RocketMQ counts those rounds too, and with its 30 s interval
+    /// seldom runs out of them; counting only real checks keeps a half from being discarded
+    /// unasked.
+    async fn check_half(&self, half_offset: u64, pending: &PendingHalf) -> bool {
+        let Some(producer) = self
+            .clients
+            .borrow()
+            .producer_connection(&pending.producer_group)
+        else {
+            return false;
+        };
         let record = self.store.read_record(pending.commitlog_offset).await;
         {
             let mut transactions = self.transactions.borrow_mut();
             let Some(current) = transactions.pending.get_mut(&half_offset) else {
-                return; // ended meanwhile
+                return true; // ended meanwhile
             };
             if current.ending || current.op_unwritten {
-                return;
+                return true;
             }
             current.check_times += 1;
             transactions.dirty = true;
@@ -575,20 +596,19 @@ impl Broker {
         let body = match record {
             Ok(Some(record)) => match check_body(&record) {
                 Some(body) => body,
-                None => return self.log_check_failure(half_offset, "its record is unreadable"),
+                None => {
+                    self.log_check_failure(half_offset, "its record is unreadable");
+                    return true;
+                }
             },
-            Ok(None) => return self.log_check_failure(half_offset, "its record is gone"),
-            Err(error) => return self.log_check_failure(half_offset, &error.to_string()),
-        };
-        let Some(producer) = self
-            .clients
-            .borrow()
-            .producer_connection(&pending.producer_group)
-        else {
-            return self.log_check_failure(
-                half_offset,
-                &format!("no live producer of group {}", pending.producer_group),
-            );
+            Ok(None) => {
+                self.log_check_failure(half_offset, "its record is gone");
+                return true;
+            }
+            Err(error) => {
+                self.log_check_failure(half_offset, &error.to_string());
+                return true;
+            }
         };
         let real_topic = record::decode(&body)
             .map(|m| m.topic.to_string())
@@ -609,6 +629,7 @@ impl Broker {
             frame.finish(&body);
         });
         self.transactions.borrow_mut().stats.checks_sent += 1;
+        true
     }
 
     fn log_check_failure(&self, half_offset: u64, why: &str) {

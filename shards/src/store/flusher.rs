@@ -8,7 +8,7 @@
 //! |---|---|
 //! | exit (final flush + clean checkpoint) | `close` was called |
 //! | checkpoint (flush, sync queues, write) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
-//! | flush | Sync: anything dirty; Async: dirty for `flush_interval_ms` or more than `FLUSH_DIRTY_BYTES_MAX` dirty |
+//! | flush | Sync: anything dirty; Async: dirty for `flush_interval_ms` or more than `flush_dirty_max_bytes` dirty |
 //! | zero-fill one chunk (write + fdatasync) | idle and the next segment is not yet ready |
 //! | wait | for an append, a `wait_durable`, `close` or the next deadline |
 //!
@@ -40,8 +40,9 @@ use super::error::{io_error, os_error_with_context, Poison};
 use super::segments::{align_down, align_up, create_segment, write_buffer_at, BLOCK_BYTES};
 use super::{FlushMode, Inner, StoreError, TAIL_READ_KEEP_BYTES};
 
-/// Async mode: dirty bytes that trigger a flush before the interval ends (one large write
-/// is as cheap as a small one; more would delay durability and grow the write).
+/// Async mode: default dirty bytes that trigger a flush before the interval ends (one large
+/// write is as cheap as a small one; more would delay durability and grow the write).
+/// `StoreConfig::flush_dirty_max_bytes` sets it per store.
 pub const FLUSH_DIRTY_BYTES_MAX: u64 = 4 << 20;
 /// Largest single DMA write: bounds the DMA buffer a flush allocates.
 pub const FLUSH_WRITE_MAX_BYTES: u64 = 8 << 20;
@@ -110,7 +111,7 @@ impl FlushState {
     }
 
     /// Records an append ending at `end`; true when the flusher must be woken.
-    pub(crate) fn note_append(&mut self, mode: FlushMode, end: u64) -> bool {
+    pub(crate) fn note_append(&mut self, mode: FlushMode, end: u64, dirty_max_bytes: u64) -> bool {
         match mode {
             FlushMode::Sync => true,
             FlushMode::Async => {
@@ -118,7 +119,7 @@ impl FlushState {
                 if first_dirty {
                     self.dirty_since = Some(Instant::now());
                 }
-                first_dirty || end - self.durable_end >= FLUSH_DIRTY_BYTES_MAX
+                first_dirty || end - self.durable_end >= dirty_max_bytes
             }
         }
     }
@@ -256,7 +257,8 @@ fn next_action(inner: &Inner) -> Action {
             FlushMode::Async => {
                 let interval = Duration::from_millis(inner.config.flush_interval_ms);
                 let since = flush.dirty_since.unwrap_or(now);
-                if end - flush.durable_end >= FLUSH_DIRTY_BYTES_MAX || now >= since + interval {
+                let dirty_max_bytes = inner.config.flush_dirty_max_bytes;
+                if end - flush.durable_end >= dirty_max_bytes || now >= since + interval {
                     return Action::Flush;
                 }
                 deadlines.push(since + interval);

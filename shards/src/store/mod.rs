@@ -10,7 +10,7 @@
 //!    the dirty block-aligned range of the tail into a DMA buffer, issues one `write_at` and one
 //!    `fdatasync`, then marks everything up to the written end durable and wakes every
 //!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty;
-//!    Async mode within `flush_interval_ms` or when `FLUSH_DIRTY_BYTES_MAX` is passed. When idle
+//!    Async mode within `flush_interval_ms` or when `flush_dirty_max_bytes` is passed. When idle
 //!    it zero-fills the segments ahead of the write position.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every `CHECKPOINT_INTERVAL_MS` the flusher syncs the consume queues and writes the
@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 pub use error::StoreError;
-pub use flusher::InjectedFault;
+pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX};
 pub use index::{
     key_hash, IndexConfig, IndexLastUpdate, MessageKeys, INDEX_ENTRIES_PER_FILE_MIN,
     INDEX_KEYS_PER_MESSAGE_MAX,
@@ -67,6 +67,9 @@ use tail::Tail;
 pub const MESSAGE_SIZE_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Largest encoded properties string (its length is an i16 on the wire).
 pub const PROPERTIES_SIZE_MAX_BYTES: usize = 32767;
+/// Largest async-flush batch: half the undurable tail, so appends never stall on the tail
+/// limit while a flush of a full batch is under way.
+pub const FLUSH_DIRTY_MAX_BYTES_LIMIT: u64 = TAIL_UNDURABLE_MAX_BYTES / 2;
 /// Longest topic name (magic V1 stores the topic length in one signed byte).
 pub const TOPIC_NAME_MAX_BYTES: usize = 127;
 /// Largest record this store writes.
@@ -109,6 +112,9 @@ pub struct StoreConfig {
     pub flush_mode: FlushMode,
     /// Async mode: longest time from an append to the flush that covers it.
     pub flush_interval_ms: u64,
+    /// Async mode: dirty bytes that start a flush before `flush_interval_ms` ends (the
+    /// group-commit batch); at most `FLUSH_DIRTY_MAX_BYTES_LIMIT`.
+    pub flush_dirty_max_bytes: u64,
     /// Written as STOREHOST in every record, used in offset msgIds.
     pub store_host: SocketAddrV4,
     pub consume_queue_units_per_file: u64,
@@ -127,6 +133,7 @@ impl StoreConfig {
             segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
             flush_mode: FlushMode::Async,
             flush_interval_ms: 200,
+            flush_dirty_max_bytes: flusher::FLUSH_DIRTY_BYTES_MAX,
             store_host,
             consume_queue_units_per_file: CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT,
             tags_code_of: record::tags_code_from_properties,
@@ -140,6 +147,14 @@ impl StoreConfig {
             return Err(StoreError::Config(format!(
                 "segment_size_bytes {size} must be a multiple of 4096 and at least \
                  {SEGMENT_SIZE_MIN_BYTES}"
+            )));
+        }
+        let dirty = self.flush_dirty_max_bytes;
+        if !(segments::BLOCK_BYTES..=FLUSH_DIRTY_MAX_BYTES_LIMIT).contains(&dirty) {
+            return Err(StoreError::Config(format!(
+                "flush_dirty_max_bytes {dirty} must be between {} and \
+                 {FLUSH_DIRTY_MAX_BYTES_LIMIT}",
+                segments::BLOCK_BYTES
             )));
         }
         if self.consume_queue_units_per_file == 0 || self.flush_interval_ms == 0 {
@@ -423,7 +438,11 @@ impl Store {
             );
             index.note_indexed(end_offset);
         }
-        let wake_flusher = log.flush.note_append(inner.config.flush_mode, end_offset);
+        let wake_flusher = log.flush.note_append(
+            inner.config.flush_mode,
+            end_offset,
+            inner.config.flush_dirty_max_bytes,
+        );
         drop(log);
         if wake_flusher {
             inner.notify.signal();
@@ -504,6 +523,25 @@ impl Store {
             max_bytes,
         };
         pull::get_messages(&self.inner, &request, filter).await
+    }
+
+    /// Whether `bytes` of records (a batch) can be appended now without hitting the
+    /// undurable-bytes limit: lets a caller refuse a whole batch instead of storing part of
+    /// it. Allows for one segment filler on the way.
+    pub fn check_room(&self, bytes: u64) -> Result<(), StoreError> {
+        let log = self.inner.log.borrow();
+        if let Some(poison) = &log.poison {
+            return Err(poison.to_error());
+        }
+        let unflushed =
+            log.tail.end() + bytes + RECORD_SIZE_MAX_BYTES as u64 - log.flush.durable_end;
+        if unflushed > TAIL_UNDURABLE_MAX_BYTES {
+            return Err(StoreError::Busy {
+                unflushed_bytes: unflushed,
+                limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
+            });
+        }
+        Ok(())
     }
 
     /// The consume-queue unit at `offset` of (topic, queue): (commitlog offset, record size,

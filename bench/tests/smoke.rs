@@ -1,0 +1,245 @@
+//! CI smoke test: the real `shardmq-bench` against the real `shardmq` binary on loopback, a
+//! couple of seconds per mode; each run must write a report with non-zero counts (and the
+//! counts must agree: a catch-up receives exactly what was produced, an end-to-end run
+//! receives every message it sent). Figures are not judged here: they come from real runs.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long the node may take to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Message body size used throughout.
+const MESSAGE_SIZE_BYTES: u64 = 200;
+
+/// The broker binary, built beside this package's binary by `cargo test --workspace`.
+fn shardmq_binary() -> PathBuf {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_shardmq-bench"));
+    let binary = bench.with_file_name("shardmq");
+    assert!(
+        binary.exists(),
+        "{} is missing: build it first (cargo build --release -p shardmq)",
+        binary.display()
+    );
+    binary
+}
+
+/// A command killed if the test process dies first.
+fn command(program: &Path) -> Command {
+    let mut command = Command::new(program);
+    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command
+}
+
+struct Node {
+    child: Child,
+    dir: PathBuf,
+    namesrv: String,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A namesrv port whose block (namesrv, 2 shards × 3 ports) is free right now.
+fn free_ports() -> (u16, u16) {
+    let process_slot = (std::process::id() % 100) as u16;
+    for block in 0..8u16 {
+        let base = 40_000 + process_slot * 25 + block * 2_500;
+        let ports = [base, base + 8, base + 10, base + 18, base + 20];
+        if ports
+            .iter()
+            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        {
+            return (base, base + 10);
+        }
+    }
+    panic!("no free port block");
+}
+
+fn start_node() -> Node {
+    let dir = std::env::temp_dir().join(format!("shardmq-bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (namesrv_port, broker_port) = free_ports();
+    let mut child = command(&shardmq_binary())
+        .args([
+            "serve",
+            "--shards",
+            "2",
+            "--no-pin",
+            "--segment-size-mib",
+            "16",
+        ])
+        .args(["--namesrv-port", &namesrv_port.to_string()])
+        .args(["--broker-port", &broker_port.to_string()])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start shardmq");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        assert!(Instant::now() < deadline, "shardmq never got ready");
+        let line = lines.next().expect("shardmq exited early").unwrap();
+        if line.starts_with("shardmq: ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    Node {
+        child,
+        dir,
+        namesrv: format!("127.0.0.1:{namesrv_port}"),
+    }
+}
+
+/// Runs the bench with `args`; returns its JSON report.
+fn bench(node: &Node, name: &str, args: &[&str]) -> Value {
+    let report = node.dir.join(format!("{name}.json"));
+    let output = command(Path::new(env!("CARGO_BIN_EXE_shardmq-bench")))
+        .args(args)
+        .args(["--namesrv", &node.namesrv, "--no-progress", "--report"])
+        .arg(&report)
+        .output()
+        .expect("run shardmq-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{name}: {args:?} failed\n{stdout}\n{stderr}"
+    );
+    let svg = std::fs::read_to_string(report.with_extension("svg")).expect("a plot");
+    assert!(svg.starts_with("<svg"), "{name}: plot");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("a report")).unwrap();
+    if args.contains(&"--duration-secs") {
+        // A timed run has whole seconds to plot.
+        assert!(svg.contains("<polyline"), "{name}: plot without lines");
+        assert!(!report["intervals"].as_array().unwrap().is_empty());
+    }
+    report
+}
+
+fn count(report: &Value, path: &[&str]) -> u64 {
+    let mut value = report;
+    for key in path {
+        value = &value[*key];
+    }
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{path:?} in {report}"))
+}
+
+#[test]
+fn every_mode_reports_real_counts() {
+    let node = start_node();
+    let size = MESSAGE_SIZE_BYTES.to_string();
+
+    // Producer, closed loop, for two seconds.
+    let report = bench(
+        &node,
+        "producer",
+        &[
+            "producer",
+            "--topic",
+            "SmokeP",
+            "--duration-secs",
+            "2",
+            "--message-size",
+            &size,
+        ],
+    );
+    assert_eq!(report["mode"], "producer");
+    assert!(count(&report, &["producer", "sent"]) > 0);
+    assert_eq!(count(&report, &["producer", "send_failed"]), 0);
+    assert!(count(&report, &["producer", "latency_us", "count"]) > 0);
+    assert!(!report["intervals"].as_array().unwrap().is_empty());
+
+    // A counted batch load with keys, then a catch-up that must read exactly that back.
+    let produced = 3_000;
+    let report = bench(
+        &node,
+        "batches",
+        &[
+            "producer",
+            "--topic",
+            "SmokeC",
+            "--queues",
+            "2",
+            "--messages",
+            "3000",
+            "--batch",
+            "8",
+            "--keys",
+            "--message-size",
+            &size,
+        ],
+    );
+    assert_eq!(count(&report, &["producer", "sent"]), produced);
+    assert_eq!(count(&report, &["producer", "requests"]), produced / 8);
+    let report = bench(
+        &node,
+        "consumer",
+        &["consumer", "--topic", "SmokeC", "--catch-up"],
+    );
+    assert_eq!(report["mode"], "consumer");
+    assert_eq!(count(&report, &["consumer", "consumed"]), produced);
+    assert_eq!(
+        count(&report, &["consumer", "body_bytes"]),
+        produced * MESSAGE_SIZE_BYTES
+    );
+    assert_eq!(count(&report, &["consumer", "malformed_bodies"]), 0);
+
+    // End to end, open loop, for two seconds.
+    let report = bench(
+        &node,
+        "e2e",
+        &[
+            "e2e",
+            "--topic",
+            "SmokeE",
+            "--rate",
+            "2000",
+            "--duration-secs",
+            "2",
+            "--message-size",
+            &size,
+        ],
+    );
+    assert_eq!(report["mode"], "e2e");
+    let sent = count(&report, &["producer", "sent"]);
+    assert!(sent > 0);
+    assert_eq!(count(&report, &["consumer", "consumed"]), sent);
+    assert_eq!(
+        count(&report, &["consumer", "end_to_end_latency_us", "count"]),
+        sent
+    );
+}
+
+#[test]
+fn out_of_bounds_options_are_refused_before_connecting() {
+    let output = command(Path::new(env!("CARGO_BIN_EXE_shardmq-bench")))
+        .args(["producer", "--rate", "0", "--namesrv", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("--rate must be"), "{stderr}");
+}
