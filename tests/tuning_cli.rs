@@ -2,111 +2,25 @@
 //! running shards (their CPU affinity, their io_uring ring depth), a bad profile or flag is
 //! refused naming the key, and `tune` inspects without changing anything.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// How long a node may take to say it is ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+use std::path::Path;
+use std::process::Output;
 
-/// The binary, killed if the test process dies first.
-fn shardmq() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shardmq"));
-    // SAFETY: prctl only sets a flag on the child; it is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    command
-}
+use common::{shardmq, DataDir, Node};
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("shardmq-tuning-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// A fresh directory (created), removed with its contents on drop.
+fn scratch_dir() -> DataDir {
+    let dir = DataDir::fresh();
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-/// A namesrv port whose block (namesrv, 2 shards × 3 ports) is free right now.
-fn free_ports() -> (u16, u16) {
-    static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let process_slot = (std::process::id() % 100) as u16;
-    loop {
-        let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        assert!(block < 20, "no free port block");
-        let base = 12_000 + process_slot * 50 + (block % 2) * 25;
-        let ports = [
-            base,
-            base + 8,
-            base + 10,
-            base + 11,
-            base + 18,
-            base + 20,
-            base + 21,
-        ];
-        if ports
-            .iter()
-            .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        {
-            return (base, base + 10);
-        }
-    }
-}
-
-struct Node {
-    child: Child,
-    dir: PathBuf,
-    /// Everything the node printed up to "ready".
-    startup: Vec<String>,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(name: &str, args: &[&str]) -> Node {
-    let dir = scratch_dir(name);
-    let (namesrv_port, broker_port) = free_ports();
-    let mut child = shardmq()
-        .arg("serve")
-        .args(args)
-        .args(["--segment-size-mib", "4"])
-        .args(["--namesrv-port", &namesrv_port.to_string()])
-        .args(["--broker-port", &broker_port.to_string()])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shardmq");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut startup = Vec::new();
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        assert!(Instant::now() < deadline, "no ready line: {startup:?}");
-        let line = lines
-            .next()
-            .unwrap_or_else(|| panic!("shardmq exited before ready: {startup:?}"))
-            .unwrap();
-        startup.push(line.clone());
-        if line.starts_with("shardmq: ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    Node {
-        child,
-        dir,
-        startup,
-    }
+/// `serve` with `args` (a profile chooses shards, pinning and ring depth) and small segments.
+fn start(args: &[&str]) -> Node {
+    let mut args = args.to_vec();
+    args.extend(["--segment-size-mib", "4"]);
+    Node::serve_as_given(&args)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -118,7 +32,7 @@ fn online_cpus() -> usize {
 }
 
 /// `Cpus_allowed_list` of each thread named `shard-N`.
-fn shard_affinities(pid: u32) -> Vec<(String, String)> {
+fn shard_affinities(pid: i32) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -144,7 +58,7 @@ fn shard_affinities(pid: u32) -> Vec<(String, String)> {
 }
 
 /// Submission ring sizes (SqMask + 1) of every io_uring the process holds.
-fn io_uring_depths(pid: u32) -> Vec<u64> {
+fn io_uring_depths(pid: i32) -> Vec<u64> {
     let mut depths = Vec::new();
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -174,19 +88,19 @@ fn write_profile(dir: &Path, text: &str) -> String {
 #[test]
 fn serve_with_the_small_vm_profile_starts_or_names_the_missing_core() {
     if online_cpus() >= 2 {
-        let node = start("small-vm", &["--profile", "small-vm"]);
+        let node = start(&["--profile", "small-vm"]);
         assert!(
             node.startup[0].contains("2 shard(s), profile small-vm"),
             "{:?}",
             node.startup
         );
         // small-vm floats its two shards over cores 0 and 1.
-        let affinities = shard_affinities(node.child.id());
+        let affinities = shard_affinities(node.pid());
         assert!(!affinities.is_empty());
         for (thread, allowed) in &affinities {
             assert_eq!(allowed, "0-1", "{thread}");
         }
-        assert!(io_uring_depths(node.child.id()).contains(&256));
+        assert!(io_uring_depths(node.pid()).contains(&256));
     } else {
         let output = run(&[
             "serve",
@@ -202,7 +116,7 @@ fn serve_with_the_small_vm_profile_starts_or_names_the_missing_core() {
 
 #[test]
 fn a_profile_file_sets_cores_and_ring_depth_of_the_running_shards() {
-    let dir = scratch_dir("file-profile");
+    let dir = scratch_dir();
     // With a second core, it is kept from shards and runs the shard's helper thread.
     let reserved = if online_cpus() >= 2 { "[1]" } else { "[]" };
     let profile = write_profile(
@@ -212,28 +126,26 @@ fn a_profile_file_sets_cores_and_ring_depth_of_the_running_shards() {
              [runtime]\nring_depth_entries = 64\n"
         ),
     );
-    let node = start("file", &["--profile", &profile]);
+    let node = start(&["--profile", &profile]);
     // One shard: its executor thread pinned to CPU 0, and glommio's helper thread of the
     // same name on the reserved core.
-    let affinities = shard_affinities(node.child.id());
+    let affinities = shard_affinities(node.pid());
     let shard = |allowed: &str| ("shard-0".to_string(), allowed.to_string());
     assert!(affinities.contains(&shard("0")), "{affinities:?}");
     if reserved == "[1]" {
         assert!(affinities.contains(&shard("1")), "{affinities:?}");
     }
     assert!(affinities.iter().all(|(thread, _)| thread == "shard-0"));
-    let depths = io_uring_depths(node.child.id());
+    let depths = io_uring_depths(node.pid());
     assert!(
         !depths.is_empty() && depths.iter().all(|&depth| depth == 64),
         "{depths:?}"
     );
-    drop(node);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn bad_profiles_and_flags_are_refused_naming_the_key() {
-    let dir = scratch_dir("bad");
+    let dir = scratch_dir();
     let cases = [
         (
             "[shards]\ncpus = [0, 4096]\n",
@@ -275,12 +187,11 @@ fn bad_profiles_and_flags_are_refused_naming_the_key() {
     let output = run(&["serve", "--profile", "no-such-profile"]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("not a built-in profile"));
     assert!(!Path::new("/nonexistent").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn tune_inspects_the_host_and_applies_nothing() {
-    let dir = scratch_dir("tune");
+    let dir = scratch_dir();
     let output = run(&["tune", "--data-dir", &dir.to_string_lossy()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
@@ -296,5 +207,4 @@ fn tune_inspects_the_host_and_applies_nothing() {
         assert!(stdout.contains(area), "no {area} in {stdout}");
     }
     assert!(stdout.contains("nothing applied"), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -146,8 +146,9 @@ pub fn wait_for_line(child: &mut Child, needle: &str) {
     }
 }
 
-/// Ok once `needle` is printed; Err(output so far) if the process ends first or 60 s pass.
-fn try_wait_for_line(child: &mut Child, needle: &str) -> Result<(), String> {
+/// The lines printed up to the first containing `needle` (included); Err(output so far) if
+/// the process ends first or 60 s pass.
+fn try_wait_for_line(child: &mut Child, needle: &str) -> Result<Vec<String>, String> {
     use std::io::BufRead;
     let stdout = child.stdout.take().expect("piped stdout");
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
@@ -159,24 +160,29 @@ fn try_wait_for_line(child: &mut Child, needle: &str) -> Result<(), String> {
         }
     });
     let deadline = Instant::now() + START_WAIT;
-    let mut seen = String::new();
+    let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match lines_rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return Ok(()),
             Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
+                let found = line.contains(needle);
+                seen.push(line);
+                if found {
+                    return Ok(seen);
+                }
             }
-            Err(_) => return Err(seen),
+            Err(_) => return Err(seen.join("\n")),
         }
     }
 }
 
 /// What a [`Node`] runs.
 enum Role {
-    /// `serve`: name server and [`SHARDS`] brokers in one process.
+    /// `serve`: name server and [`SHARDS`] brokers in one process, unpinned, 16 MiB segments.
     Serve,
+    /// `serve` with nothing but the ports, the data directory and the caller's options (a
+    /// tuning profile chooses shards, pinning and sizes).
+    ServeAsGiven,
     /// `broker` with one shard named `<broker_name>-0`, registered with `namesrv`.
     Joining {
         namesrv: String,
@@ -196,6 +202,8 @@ pub struct Node {
     /// More command-line options for every start.
     extra_args: Vec<String>,
     ports: PortBlock,
+    /// What the process printed up to its ready line (included), on its last start.
+    pub startup: Vec<String>,
 }
 
 /// `serve` with SYNC flush (a send is acknowledged after its fdatasync) and `extra` options:
@@ -219,6 +227,13 @@ impl Node {
         Node::launch(ports.base, Role::Serve, extra_args, ports)
     }
 
+    /// `shardmq serve` with only the ports and data directory added to `args`: for tests of
+    /// options that choose the shards, their pinning and sizes themselves (tuning profiles).
+    pub fn serve_as_given(args: &[&str]) -> Node {
+        let ports = free_port_block();
+        Node::launch(ports.base, Role::ServeAsGiven, args, ports)
+    }
+
     /// A broker-only node (one shard named `<broker_name>-0`) registered with `namesrv`'s
     /// name server, so routes span two processes.
     pub fn start_broker_joining(namesrv: &Node, broker_name: &str) -> Node {
@@ -238,6 +253,7 @@ impl Node {
             role,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             ports,
+            startup: Vec::new(),
         };
         node.start_again();
         node
@@ -250,8 +266,9 @@ impl Node {
         assert!(self.child.is_none(), "the node is running");
         for attempt in 0.. {
             match self.spawn_once() {
-                Ok(child) => {
+                Ok((child, startup)) => {
                     self.child = Some(child);
+                    self.startup = startup;
                     return;
                 }
                 Err(output) => {
@@ -261,7 +278,7 @@ impl Node {
                     );
                     if attempt >= ATTEMPTS_ON_SAME_PORTS {
                         self.ports = free_port_block();
-                        if matches!(self.role, Role::Serve) {
+                        if !matches!(self.role, Role::Joining { .. }) {
                             self.namesrv_port = self.ports.base;
                         }
                         self.broker_port = self.ports.base + 20;
@@ -272,21 +289,24 @@ impl Node {
         }
     }
 
-    fn spawn_once(&self) -> Result<Child, String> {
+    fn spawn_once(&self) -> Result<(Child, Vec<String>), String> {
         let mut command = shardmq();
+        let namesrv_port = self.namesrv_port.to_string();
         match &self.role {
             Role::Serve => command
                 .args(["serve", "--shards", &SHARDS.to_string()])
-                .args(["--namesrv-port", &self.namesrv_port.to_string()]),
+                .args(["--namesrv-port", &namesrv_port])
+                .args(["--segment-size-mib", "16", "--no-pin"]),
+            Role::ServeAsGiven => command.args(["serve", "--namesrv-port", &namesrv_port]),
             Role::Joining {
                 namesrv,
                 broker_name,
             } => command
                 .args(["broker", "--shards", "1", "--namesrv", namesrv])
-                .args(["--broker-name", broker_name]),
+                .args(["--broker-name", broker_name])
+                .args(["--segment-size-mib", "16", "--no-pin"]),
         };
         let mut child = command
-            .args(["--segment-size-mib", "16", "--no-pin"])
             .args(["--broker-port", &self.broker_port.to_string()])
             .args(&self.extra_args)
             .arg("--data-dir")
@@ -296,7 +316,7 @@ impl Node {
             .spawn()
             .expect("start shardmq");
         match try_wait_for_line(&mut child, READY_LINE) {
-            Ok(()) => Ok(child),
+            Ok(startup) => Ok((child, startup)),
             Err(output) => {
                 let _ = child.kill();
                 let _ = child.wait();
