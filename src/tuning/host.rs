@@ -185,6 +185,12 @@ fn check_io_uring(host: &Host, is_root: bool) -> Finding {
     } else {
         String::new()
     };
+    // Where io_uring is allowed, the test ring decides whether it really works here.
+    let allowed_verdict = if probe.contains("failed") {
+        Verdict::Manual
+    } else {
+        Verdict::Ok
+    };
     match host.read("proc/sys/kernel/io_uring_disabled").as_deref() {
         Some("2") => Finding::new(
             Verdict::Manual,
@@ -200,35 +206,21 @@ fn check_io_uring(host: &Host, is_root: bool) -> Finding {
         )
         .why("this user is not root; shardmq needs io_uring")
         .how("add the user to the group in kernel.io_uring_group, or sysctl -w kernel.io_uring_disabled=0"),
-        Some(value) => {
-            let verdict = if probe.contains("failed") {
-                Verdict::Manual
-            } else {
-                Verdict::Ok
-            };
-            Finding::new(
-                verdict,
-                area,
-                format!("enabled (kernel.io_uring_disabled = {value}){probe}"),
-            )
-            .how_if(
-                verdict == Verdict::Manual,
-                "a container's seccomp profile can block io_uring: allow io_uring_setup, \
-                 io_uring_enter and io_uring_register",
-            )
-        }
-        None => {
-            let verdict = if probe.contains("failed") {
-                Verdict::Manual
-            } else {
-                Verdict::Ok
-            };
-            Finding::new(
-                verdict,
-                area,
-                format!("no kernel.io_uring_disabled switch (kernel before 6.6){probe}"),
-            )
-        }
+        Some(value) => Finding::new(
+            allowed_verdict,
+            area,
+            format!("enabled (kernel.io_uring_disabled = {value}){probe}"),
+        )
+        .how_if(
+            allowed_verdict == Verdict::Manual,
+            "a container's seccomp profile can block io_uring: allow io_uring_setup, \
+             io_uring_enter and io_uring_register",
+        ),
+        None => Finding::new(
+            allowed_verdict,
+            area,
+            format!("no kernel.io_uring_disabled switch (kernel before 6.6){probe}"),
+        ),
     }
 }
 
