@@ -224,7 +224,10 @@ async fn a_thousand_mixed_transactions_across_a_restart() {
         ));
     }
     let committed_twice: Vec<_> = stored.iter().filter(|(_, at)| at.len() > 1).collect();
-    assert!(committed_twice.is_empty(), "committed more than once: {committed_twice:?}");
+    assert!(
+        committed_twice.is_empty(),
+        "committed more than once: {committed_twice:?}"
+    );
     let redelivered = seen.len() - stored.len();
     eprintln!("{redelivered} redeliveries of already consumed messages around the restart");
     consumer.shutdown().await;
