@@ -7,14 +7,17 @@
 //! UNIQ_KEY gets one; `CLUSTER` is added. The record is appended to the store at once; with
 //! SYNC_FLUSH the answer waits for the group commit that covers it.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::rc::Rc;
 
-use shards::store::{self, record, AppendResult, FlushMode, MessageToStore, StoreError};
+use shards::store::{
+    self, record, AppendResult, FlushMode, MessageKeys, MessageToStore, StoreError,
+};
 
 use crate::error::RequestError;
 use crate::protocol::{java_string_hash, parse_properties, property};
-use crate::remoting::{request_code, response_code, ExtFields, FrameEncoder, RemotingCommand};
+use crate::remoting::{request_code, response_code, FieldError, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
 use super::schedule::{divert_for, Divert};
@@ -40,30 +43,127 @@ struct SendHeader<'a> {
     batch: bool,
 }
 
+/// The header fields by wire name: (SEND_MESSAGE's long name, SEND_MESSAGE_V2's letter), in
+/// the order of [`SendHeader::parse`]'s slots. V2's `k` (unitMode) is not read.
+const SEND_FIELDS: [(&str, &str); 12] = [
+    ("producerGroup", "a"),
+    ("topic", "b"),
+    ("defaultTopic", "c"),
+    ("defaultTopicQueueNums", "d"),
+    ("queueId", "e"),
+    ("sysFlag", "f"),
+    ("bornTimestamp", "g"),
+    ("flag", "h"),
+    ("properties", "i"),
+    ("reconsumeTimes", "j"),
+    ("maxReconsumeTimes", "l"),
+    ("batch", "m"),
+];
+
 impl<'a> SendHeader<'a> {
+    /// Reads the header in one pass over its entries (this runs for every message, and a
+    /// lookup per field costs a dozen string compares each). A repeated key keeps its last
+    /// value, as [`ExtFields::get`] does.
     fn parse(request: &'a RemotingCommand<'a>) -> Result<SendHeader<'a>, RequestError> {
-        let ext: &'a ExtFields<'a> = &request.ext_fields;
         let short = request.code != request_code::SEND_MESSAGE;
-        let name = |long: &'static str, letter: &'static str| if short { letter } else { long };
+        let mut values: [Option<&'a str>; SEND_FIELDS.len()] = [None; SEND_FIELDS.len()];
+        for (key, value) in request.ext_fields.iter() {
+            let slot = match (short, key.as_bytes()) {
+                (true, &[letter @ b'a'..=b'j']) => Some(usize::from(letter - b'a')),
+                (true, b"l") => Some(10),
+                (true, b"m") => Some(11),
+                (true, _) => None,
+                (false, _) => SEND_FIELDS.iter().position(|(long, _)| *long == key),
+            };
+            if let Some(slot) = slot {
+                values[slot] = Some(value);
+            }
+        }
+        let name = |slot: usize| match short {
+            true => SEND_FIELDS[slot].1,
+            false => SEND_FIELDS[slot].0,
+        };
+        let required = |slot: usize| values[slot].ok_or(FieldError::Missing(name(slot)));
+        // Absent or "" is None (ExtFields::optional_i32); an int out of range is NotANumber.
+        let optional_i32 = |slot: usize| -> Result<Option<i32>, FieldError> {
+            let text = values[slot].filter(|text| !text.is_empty());
+            text.map(|text| parse_field(name(slot), text)).transpose()
+        };
         Ok(SendHeader {
-            producer_group: ext.required(name("producerGroup", "a"))?,
-            topic: ext.required(name("topic", "b"))?,
-            default_topic: ext
-                .get(name("defaultTopic", "c"))
-                .unwrap_or(topics::AUTO_CREATE_TOPIC_KEY_TOPIC),
-            default_topic_queue_nums: ext
-                .optional_i32(name("defaultTopicQueueNums", "d"))?
-                .unwrap_or(4),
-            queue_id: ext.required_i32(name("queueId", "e"))?,
-            sys_flag: ext.optional_i32(name("sysFlag", "f"))?.unwrap_or(0),
-            born_timestamp_ms: ext.optional_i64(name("bornTimestamp", "g"))?.unwrap_or(0),
-            flag: ext.optional_i32(name("flag", "h"))?.unwrap_or(0),
-            properties: ext.get(name("properties", "i")).unwrap_or(""),
-            reconsume_times: ext.optional_i32(name("reconsumeTimes", "j"))?.unwrap_or(0),
-            max_reconsume_times: ext.optional_i32(name("maxReconsumeTimes", "l"))?,
+            producer_group: required(0)?,
+            topic: required(1)?,
+            default_topic: values[2].unwrap_or(topics::AUTO_CREATE_TOPIC_KEY_TOPIC),
+            default_topic_queue_nums: optional_i32(3)?.unwrap_or(4),
+            queue_id: parse_field(name(4), required(4)?)?,
+            sys_flag: optional_i32(5)?.unwrap_or(0),
+            born_timestamp_ms: match values[6].filter(|text| !text.is_empty()) {
+                None => 0,
+                Some(text) => parse_field(name(6), text)?,
+            },
+            flag: optional_i32(7)?.unwrap_or(0),
+            properties: values[8].unwrap_or(""),
+            reconsume_times: optional_i32(9)?.unwrap_or(0),
+            max_reconsume_times: optional_i32(10)?,
             batch: request.code == request_code::SEND_BATCH_MESSAGE
-                || ext.bool_lenient(name("batch", "m")) == Some(true),
+                || values[11]
+                    .is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1"),
         })
+    }
+}
+
+/// A decimal number (Java's `parseInt`/`parseLong`); other text is `NotANumber`.
+fn parse_field<T: std::str::FromStr>(key: &'static str, text: &str) -> Result<T, FieldError> {
+    text.parse().map_err(|_| FieldError::NotANumber {
+        key,
+        value: text.to_owned(),
+    })
+}
+
+/// What the send path needs from a message's properties, read in one pass.
+#[derive(Default)]
+struct PropertyScan<'a> {
+    /// The first TAGS value.
+    tags: Option<&'a str>,
+    /// The first UNIQ_KEY value.
+    unique_key: Option<&'a str>,
+    /// The first KEYS value (space-separated words, indexed).
+    keys: Option<&'a str>,
+    has_cluster: bool,
+    /// DELAY, a TIMER_* or __STARTDELIVERTIME is present: the message may wait (schedule.rs).
+    may_wait: bool,
+    /// The last TRAN_MSG says "true" (a transactional half).
+    transaction: bool,
+}
+
+impl<'a> PropertyScan<'a> {
+    /// Pairs with an empty name or value are skipped, as `parse_properties` skips them.
+    fn of(properties: &'a str) -> PropertyScan<'a> {
+        let mut scan = PropertyScan::default();
+        for pair in properties.split('\u{2}') {
+            let Some((name, value)) = pair.split_once('\u{1}') else {
+                continue;
+            };
+            if name.is_empty() || value.is_empty() {
+                continue;
+            }
+            match name {
+                property::TAGS => {
+                    scan.tags.get_or_insert(value);
+                }
+                property::UNIQ_KEY => {
+                    scan.unique_key.get_or_insert(value);
+                }
+                property::KEYS => {
+                    scan.keys.get_or_insert(value);
+                }
+                property::CLUSTER => scan.has_cluster = true,
+                property::TRAN_MSG => scan.transaction = value.eq_ignore_ascii_case("true"),
+                property::DELAY | property::START_DELIVER_TIME => scan.may_wait = true,
+                _ if name.starts_with("TIMER_") => scan.may_wait = true,
+                _ => {}
+            }
+        }
+        scan
     }
 }
 
@@ -72,10 +172,14 @@ struct Prepared<'a> {
     flag: i32,
     body: &'a [u8],
     properties: Vec<u8>,
-    unique_id: String,
+    unique_id: Cow<'a, str>,
     tags_code: i64,
     /// Whether (and where) the message waits before its real queue.
     divert: Divert,
+    /// TRAN_MSG=true: a half message, when sent alone (batches carry none).
+    transaction: bool,
+    /// The KEYS value, for the index.
+    keys: Option<&'a str>,
 }
 
 impl Broker {
@@ -113,6 +217,7 @@ impl Broker {
         let first = &mut messages[0];
         let half = !header.batch
             && dead_letter.is_none()
+            && first.transaction
             && self.prepare_half(
                 &mut first.properties,
                 &first.unique_id,
@@ -159,7 +264,11 @@ impl Broker {
                 properties: &message.properties,
                 tags_code,
             };
-            let appended = self.store.append(&to_store).map_err(store_error)?;
+            let keys = MessageKeys::from_parts(Some(&message.unique_id), message.keys);
+            let appended = self
+                .store
+                .append_with_keys(&to_store, keys)
+                .map_err(store_error)?;
             results.push(appended);
         }
         self.stats
@@ -243,7 +352,7 @@ impl Broker {
         &self,
         flag: i32,
         body: &'a [u8],
-        properties: &str,
+        properties: &'a str,
     ) -> Result<Prepared<'a>, RequestError> {
         if body.len() > store::MESSAGE_SIZE_MAX_BYTES {
             return Err(RequestError::MessageIllegal(format!(
@@ -252,15 +361,11 @@ impl Broker {
                 store::MESSAGE_SIZE_MAX_BYTES
             )));
         }
-        let pairs = parse_properties(properties.as_bytes());
-        let lookup = |key: &str| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
-        let tags_code = lookup(property::TAGS).map_or(0, |tag| i64::from(java_string_hash(tag)));
-        let may_wait = pairs.iter().any(|(k, _)| {
-            *k == property::DELAY || k.starts_with("TIMER_") || *k == property::START_DELIVER_TIME
-        });
-        let divert = if may_wait {
+        let scan = PropertyScan::of(properties);
+        let tags_code = scan.tags.map_or(0, |tag| i64::from(java_string_hash(tag)));
+        let divert = if scan.may_wait {
             divert_for(
-                &pairs,
+                &parse_properties(properties.as_bytes()),
                 &self.schedule.borrow().levels,
                 crate::error::now_ms(),
             )?
@@ -272,15 +377,15 @@ impl Broker {
         if !completed.is_empty() && completed.last() != Some(&2) {
             completed.push(2);
         }
-        let unique_id = match lookup(property::UNIQ_KEY) {
-            Some(id) => id.to_string(),
+        let unique_id = match scan.unique_key {
+            Some(id) => Cow::Borrowed(id),
             None => {
                 let id = self.generate_unique_id();
                 push_property(&mut completed, property::UNIQ_KEY, &id);
-                id
+                Cow::Owned(id)
             }
         };
-        if lookup(property::CLUSTER).is_none() {
+        if !scan.has_cluster {
             push_property(
                 &mut completed,
                 property::CLUSTER,
@@ -301,6 +406,8 @@ impl Broker {
             unique_id,
             tags_code,
             divert,
+            transaction: scan.transaction,
+            keys: scan.keys,
         })
     }
 
@@ -371,17 +478,25 @@ impl SendReply {
         messages: &[Prepared<'_>],
         results: &[AppendResult],
     ) -> Self {
-        let msg_ids: Vec<String> = results
-            .iter()
-            .map(|r| record::offset_msg_id(broker.identity.address, r.physical_offset))
-            .collect();
+        let mut msg_id =
+            String::with_capacity(results.len() * (record::OFFSET_MSG_ID_V4_CHARS + 1));
+        for (i, result) in results.iter().enumerate() {
+            if i > 0 {
+                msg_id.push(',');
+            }
+            record::push_offset_msg_id(
+                &mut msg_id,
+                broker.identity.address,
+                result.physical_offset,
+            );
+        }
         SendReply {
-            msg_id: msg_ids.join(","),
+            msg_id,
             queue_id,
             queue_offset: results.first().map_or(0, |r| r.queue_offset),
             transaction_id: messages
                 .first()
-                .map(|m| m.unique_id.clone())
+                .map(|m| m.unique_id.to_string())
                 .unwrap_or_default(),
         }
     }
@@ -424,5 +539,129 @@ pub(super) fn to_v4(addr: SocketAddr) -> SocketAddrV4 {
             ip.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
             addr.port(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remoting::{LanguageCode, SerializeType};
+
+    fn request<'a>(code: i32, fields: &[(&'a str, &'a str)]) -> RemotingCommand<'a> {
+        let mut ext_fields = crate::remoting::ExtFields::new();
+        for (key, value) in fields {
+            ext_fields.push(*key, *value);
+        }
+        RemotingCommand {
+            code,
+            language: LanguageCode::Java,
+            version: 0,
+            opaque: 1,
+            flag: 0,
+            remark: None,
+            ext_fields,
+            body: b"",
+            serialize_type: SerializeType::Json,
+        }
+    }
+
+    fn field_error(result: Result<SendHeader<'_>, RequestError>) -> String {
+        match result {
+            Err(RequestError::Field(error)) => error.to_string(),
+            Err(other) => panic!("not a field error: {other}"),
+            Ok(_) => panic!("parsed"),
+        }
+    }
+
+    #[test]
+    fn v2_letters_and_v1_names_read_the_same_header() {
+        let v2 = request(
+            request_code::SEND_MESSAGE_V2,
+            &[
+                ("a", "G"),
+                ("b", "T"),
+                ("d", "8"),
+                ("e", "3"),
+                ("f", ""),
+                ("g", "1700000000000"),
+                ("i", "UNIQ_KEY\u{1}U\u{2}"),
+                ("j", "2"),
+                ("k", "false"),
+                ("l", "16"),
+                ("m", "1"),
+                ("e", "5"),
+            ],
+        );
+        let header = SendHeader::parse(&v2).unwrap();
+        assert_eq!((header.producer_group, header.topic), ("G", "T"));
+        assert_eq!(header.default_topic, topics::AUTO_CREATE_TOPIC_KEY_TOPIC);
+        assert_eq!(header.default_topic_queue_nums, 8);
+        assert_eq!(header.queue_id, 5, "a repeated key keeps its last value");
+        assert_eq!(header.sys_flag, 0, "an empty number is absent");
+        assert_eq!(header.born_timestamp_ms, 1_700_000_000_000);
+        assert_eq!(header.properties, "UNIQ_KEY\u{1}U\u{2}");
+        assert_eq!(header.reconsume_times, 2);
+        assert_eq!(header.max_reconsume_times, Some(16));
+        assert!(header.batch, "C++ sends booleans as 1/0");
+
+        let v1 = request(
+            request_code::SEND_MESSAGE,
+            &[
+                ("producerGroup", "G"),
+                ("topic", "T"),
+                ("defaultTopic", "D"),
+                ("queueId", "1"),
+                ("sysFlag", "4"),
+                ("flag", "7"),
+                ("a", "ignored: a V2 letter in a V1 header"),
+            ],
+        );
+        let header = SendHeader::parse(&v1).unwrap();
+        assert_eq!(header.producer_group, "G");
+        assert_eq!(header.default_topic, "D");
+        assert_eq!((header.queue_id, header.sys_flag, header.flag), (1, 4, 7));
+        assert_eq!(header.max_reconsume_times, None);
+        assert!(!header.batch);
+    }
+
+    #[test]
+    fn missing_and_malformed_fields_are_named() {
+        let no_group = request(request_code::SEND_MESSAGE_V2, &[("b", "T"), ("e", "0")]);
+        assert!(field_error(SendHeader::parse(&no_group)).contains("<a>"));
+        let no_queue = request(
+            request_code::SEND_MESSAGE,
+            &[("producerGroup", "G"), ("topic", "T")],
+        );
+        assert!(field_error(SendHeader::parse(&no_queue)).contains("<queueId>"));
+        let bad = request(
+            request_code::SEND_MESSAGE_V2,
+            &[("a", "G"), ("b", "T"), ("e", "0"), ("f", "4294967296")],
+        );
+        let error = field_error(SendHeader::parse(&bad));
+        assert!(
+            error.contains("<f>") && error.contains("4294967296"),
+            "{error}"
+        );
+        let empty_queue = request(
+            request_code::SEND_MESSAGE_V2,
+            &[("a", "G"), ("b", "T"), ("e", "")],
+        );
+        assert!(field_error(SendHeader::parse(&empty_queue)).contains("<e>"));
+    }
+
+    #[test]
+    fn one_pass_over_the_properties_finds_what_the_send_path_needs() {
+        let scan = PropertyScan::of(
+            "TAGS\u{1}\u{2}TAGS\u{1}a\u{2}KEYS\u{1}k1 k2\u{2}UNIQ_KEY\u{1}U1\u{2}UNIQ_KEY\u{1}U2\u{2}\
+             TRAN_MSG\u{1}true\u{2}CLUSTER\u{1}c\u{2}TIMER_DELAY_SEC\u{1}3\u{2}junk\u{2}",
+        );
+        assert_eq!(scan.tags, Some("a"), "an empty value is skipped");
+        assert_eq!(scan.unique_key, Some("U1"));
+        assert_eq!(scan.keys, Some("k1 k2"));
+        assert!(scan.transaction && scan.has_cluster && scan.may_wait);
+        let plain = PropertyScan::of("WAIT\u{1}true\u{2}TRAN_MSG\u{1}TRUE\u{2}TRAN_MSG\u{1}false");
+        assert!(!plain.transaction, "the last TRAN_MSG counts");
+        assert!(!plain.may_wait && !plain.has_cluster && plain.unique_key.is_none());
+        assert!(PropertyScan::of("DELAY\u{1}2").may_wait);
     }
 }

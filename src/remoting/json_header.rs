@@ -279,9 +279,19 @@ impl<'a> Scanner<'a> {
 
     /// Index of the next `"` or `\` at or after `pos`; an error when the string never ends.
     fn find_quote_or_backslash(&self) -> Result<usize, DecodeError> {
-        self.text.as_bytes()[self.pos..]
-            .iter()
-            .position(|&byte| byte == b'"' || byte == b'\\')
+        // Most header strings are a few bytes (V2 keys are one letter): a plain loop finds
+        // their end before a SIMD search would have set up; longer ones (properties) go on
+        // with memchr.
+        const SHORT_SCAN_BYTES: usize = 16;
+        let rest = &self.text.as_bytes()[self.pos..];
+        let head = &rest[..rest.len().min(SHORT_SCAN_BYTES)];
+        let is_stop = |byte: &u8| *byte == b'"' || *byte == b'\\';
+        head.iter()
+            .position(is_stop)
+            .or_else(|| {
+                let tail = rest.get(SHORT_SCAN_BYTES..)?;
+                memchr::memchr2(b'"', b'\\', tail).map(|offset| SHORT_SCAN_BYTES + offset)
+            })
             .map(|offset| self.pos + offset)
             .ok_or(DecodeError::MalformedJsonHeader {
                 reason: "unterminated string",

@@ -33,11 +33,11 @@ use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use glommio::io::BufferedFile;
+use glommio::io::{BufferedFile, DmaBuffer, DmaFile};
 
 use super::checkpoint::{self, Checkpoint};
 use super::error::{io_error, os_error_with_context, Poison};
-use super::segments::{align_down, align_up, create_segment, write_buffer_at, BLOCK_BYTES};
+use super::segments::{align_down, align_up, create_segment, write_shared_buffer_at, BLOCK_BYTES};
 use super::{FlushMode, Inner, StoreError, TAIL_READ_KEEP_BYTES};
 
 /// Async mode: default dirty bytes that trigger a flush before the interval ends (one large
@@ -53,9 +53,17 @@ pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
 /// Zeroed space a flush keeps ahead of the write position when the flusher never idles:
 /// below this margin a flush also writes one zero-fill chunk, covered by its own fdatasync.
 pub const ZERO_FILL_AHEAD_MIN_BYTES: u64 = 8 << 20;
+/// Smallest zero-fill chunk a flush carries (a flush carries about as much as it writes).
+pub const ZERO_FILL_CARRIED_MIN_BYTES: u64 = 64 << 10;
+/// Zero-filling on its own waits until no flush has run for this long: between two group
+/// commits of a steady SYNC_FLUSH load the log is clean only while the acked clients send
+/// their next requests, and a 1 MiB zero-fill write + fdatasync slipped in there would delay
+/// the next group commit (under load, flushes carry zero-fill chunks instead).
+pub const ZERO_FILL_IDLE_MS: u64 = 20;
 
 const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
+const _: () = assert!(ZERO_FILL_CARRIED_MIN_BYTES.is_multiple_of(BLOCK_BYTES));
 
 /// A disk failure to simulate on the next commitlog write or fdatasync (fault-injection hook).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +86,13 @@ pub(crate) struct FlushState {
     pub(crate) checkpoint_wanted: bool,
     last_checkpoint_at: Instant,
     last_checkpoint_offset: u64,
+    /// When the last flush of data finished (idle-time zero-fill waits for a quiet spell).
+    last_flush_at: Instant,
     /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
     zero_fill_next: u64,
+    /// Zeroed DMA buffers by size, written again and again by zero-fill (power-of-two sizes
+    /// from `ZERO_FILL_CARRIED_MIN_BYTES` to `ZERO_FILL_CHUNK_BYTES`).
+    zero_buffers: Vec<Rc<DmaBuffer>>,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
     /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
@@ -101,7 +114,9 @@ impl FlushState {
             checkpoint_wanted: false,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
+            last_flush_at: Instant::now() - Duration::from_millis(ZERO_FILL_IDLE_MS),
             zero_fill_next,
+            zero_buffers: Vec::new(),
             messages_at_last_flush: 0,
             fault: None,
             test_flush_delay: None,
@@ -266,7 +281,11 @@ fn next_action(inner: &Inner) -> Action {
         }
     }
     if zero_fill_pending {
-        return Action::ZeroFill;
+        let quiet_from = flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS);
+        if now >= quiet_from {
+            return Action::ZeroFill;
+        }
+        deadlines.push(quiet_from);
     }
     Action::Wait(
         deadlines
@@ -373,27 +392,37 @@ async fn flush_dirty(inner: &Inner) -> bool {
             let piece_end = stop.min(segment + size).min(pos + FLUSH_WRITE_MAX_BYTES);
             let mut buffer = file.alloc_dma_buffer((piece_end - pos) as usize);
             log.tail.copy_out(pos, buffer.as_bytes_mut());
-            jobs.push((file, pos - segment, buffer));
+            jobs.push((file, pos - segment, Rc::new(buffer)));
             pos = piece_end;
         }
     }
-    let zero_fill = zero_fill_job(inner, end);
+    let zero_fill = zero_fill_job(inner, end, end - start);
     let zero_filled_to = zero_fill.as_ref().map(|(_, _, _, stop)| *stop);
     jobs.extend(zero_fill.map(|(file, pos, buffer, _)| (file, pos, buffer)));
-    let mut synced: Vec<Rc<glommio::io::DmaFile>> = Vec::new();
+    let mut synced: Vec<Rc<DmaFile>> = Vec::new();
+    let writes_started = Instant::now();
+    // The writes go to the disk together (the data and the zero-fill chunk ahead of it): a
+    // virtio disk serves a few requests in parallel in about the time of one.
+    let mut writes = Vec::with_capacity(jobs.len());
     for (file, pos, buffer) in jobs {
-        let result = match take_fault(inner, true) {
-            Some(error) => Err(error),
-            None => write_buffer_at(&file, pos, buffer).await,
-        };
+        let fault = take_fault(inner, true);
+        if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
+            synced.push(file.clone());
+        }
+        writes.push(async move {
+            match fault {
+                Some(error) => Err(error),
+                None => write_shared_buffer_at(&file, pos, buffer).await,
+            }
+        });
+    }
+    for result in join_all(writes).await {
         if let Err(error) = result {
             poison(inner, "commitlog write", &error);
             return false;
         }
-        if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
-            synced.push(file);
-        }
     }
+    let syncs_started = Instant::now();
     for file in synced {
         let result = match take_fault(inner, false) {
             Some(error) => Err(error),
@@ -403,6 +432,11 @@ async fn flush_dirty(inner: &Inner) -> bool {
             poison(inner, "commitlog fdatasync", &error);
             return false;
         }
+    }
+    {
+        let stats = &mut inner.log.borrow_mut().stats;
+        stats.flush_write_micros += micros(syncs_started - writes_started);
+        stats.flush_sync_micros += micros(syncs_started.elapsed());
     }
     mark_durable(inner, end, messages);
     if let Some(stop) = zero_filled_to {
@@ -421,24 +455,45 @@ async fn flush_dirty(inner: &Inner) -> bool {
 fn zero_fill_job(
     inner: &Inner,
     end: u64,
-) -> Option<(Rc<glommio::io::DmaFile>, u64, glommio::io::DmaBuffer, u64)> {
-    let log = inner.log.borrow();
+    flushed_bytes: u64,
+) -> Option<(Rc<DmaFile>, u64, Rc<DmaBuffer>, u64)> {
+    let mut log = inner.log.borrow_mut();
     let data_end = align_up(end, BLOCK_BYTES);
     let pos = log.flush.zero_fill_next.max(data_end);
     if pos - data_end >= ZERO_FILL_AHEAD_MIN_BYTES {
         return None;
     }
+    // As much as this flush writes (the margin keeps pace with the data), in a piece that
+    // costs about what the data write costs, so the two finish together.
+    let chunk = flushed_bytes
+        .next_power_of_two()
+        .clamp(ZERO_FILL_CARRIED_MIN_BYTES, ZERO_FILL_CHUNK_BYTES);
     let size = inner.config.segment_size_bytes;
-    let stop = (pos + ZERO_FILL_CHUNK_BYTES)
+    let stop = (pos + chunk)
         .min(align_down(pos, size) + size)
         .min(zero_fill_target(inner, end));
     if pos >= stop {
         return None;
     }
     let (segment, file) = log.segments.file_for(pos)?;
-    let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
-    buffer.as_bytes_mut().fill(0);
+    let buffer = zeros(&mut log.flush, &file, stop - pos);
     Some((file, pos - segment, buffer, stop))
+}
+
+/// A zeroed DMA buffer of `len` bytes: a kept one for the usual sizes, else a new one.
+fn zeros(flush: &mut FlushState, file: &DmaFile, len: u64) -> Rc<DmaBuffer> {
+    let kept = len.is_power_of_two()
+        && (ZERO_FILL_CARRIED_MIN_BYTES..=ZERO_FILL_CHUNK_BYTES).contains(&len);
+    if let Some(buffer) = flush.zero_buffers.iter().find(|b| b.len() as u64 == len) {
+        return buffer.clone();
+    }
+    let mut buffer = file.alloc_dma_buffer(len as usize);
+    buffer.as_bytes_mut().fill(0);
+    let buffer = Rc::new(buffer);
+    if kept {
+        flush.zero_buffers.push(buffer.clone());
+    }
+    buffer
 }
 
 fn mark_durable(inner: &Inner, end: u64, messages: u64) {
@@ -448,6 +503,7 @@ fn mark_durable(inner: &Inner, end: u64, messages: u64) {
         "the durable end never goes backwards"
     );
     log.flush.durable_end = end;
+    log.flush.last_flush_at = Instant::now();
     log.stats.flushes += 1;
     log.stats.flushed_messages += messages - log.flush.messages_at_last_flush;
     log.flush.messages_at_last_flush = messages;
@@ -455,6 +511,37 @@ fn mark_durable(inner: &Inner, end: u64, messages: u64) {
     log.flush.wake_waiters_up_to(end);
     let keep_from = align_down(end, BLOCK_BYTES).saturating_sub(TAIL_READ_KEEP_BYTES);
     log.tail.drop_before(keep_from);
+}
+
+/// Runs `futures` together on this shard; their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut all_done = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => all_done = false,
+                }
+            }
+        }
+        if all_done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("every future finished"))
+        .collect()
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn store_io(error: StoreError) -> io::Error {
@@ -485,9 +572,8 @@ async fn zero_fill_step(inner: &Inner) {
     let Some((segment, file)) = inner.log.borrow().segments.file_for(pos) else {
         return;
     };
-    let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
-    buffer.as_bytes_mut().fill(0);
-    let written = write_buffer_at(&file, pos - segment, buffer).await;
+    let buffer = zeros(&mut inner.log.borrow_mut().flush, &file, stop - pos);
+    let written = write_shared_buffer_at(&file, pos - segment, buffer).await;
     let synced = match written {
         Ok(()) => file.fdatasync().await.map_err(io_error),
         Err(error) => Err(error),

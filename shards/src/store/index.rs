@@ -217,6 +217,12 @@ impl<'a> MessageKeys<'a> {
                 words = std::str::from_utf8(value).ok();
             }
         }
+        MessageKeys::from_parts(unique, words)
+    }
+
+    /// The keys of a message whose UNIQ_KEY and KEYS values the caller has already read (the
+    /// send path scans the properties once for everything it needs).
+    pub fn from_parts(unique: Option<&'a str>, words: Option<&'a str>) -> MessageKeys<'a> {
         let mut keys = MessageKeys::none();
         let words = words.into_iter().flat_map(|k| k.split(KEY_SEPARATOR));
         for key in unique.into_iter().chain(words) {

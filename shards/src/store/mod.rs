@@ -224,6 +224,10 @@ pub struct StoreStats {
     pub write_offset: u64,
     pub zero_filled_bytes: u64,
     pub checkpoints: u64,
+    /// Time flushes spent in their writes and in their fdatasyncs (where a SYNC_FLUSH
+    /// send's wait goes), in microseconds.
+    pub flush_write_micros: u64,
+    pub flush_sync_micros: u64,
 }
 
 impl StoreStats {
@@ -317,6 +321,16 @@ impl Store {
     /// Appends one message (synchronous: no I/O waits). The message is readable at once and
     /// durable once `wait_durable(result.end_offset)` resolves.
     pub fn append(&self, msg: &MessageToStore<'_>) -> Result<AppendResult, StoreError> {
+        self.append_with_keys(msg, MessageKeys::of(msg.properties))
+    }
+
+    /// [`Store::append`] with the message's index keys already read from its properties by
+    /// the caller (they must be what [`MessageKeys::of`] finds in them).
+    pub fn append_with_keys(
+        &self,
+        msg: &MessageToStore<'_>,
+        keys: MessageKeys<'_>,
+    ) -> Result<AppendResult, StoreError> {
         validate_topic(msg.topic)?;
         if msg.body.len() > MESSAGE_SIZE_MAX_BYTES {
             return Err(StoreError::MessageTooLarge {
@@ -370,7 +384,7 @@ impl Store {
             });
         }
         let keys = if index::indexes_sys_flag(msg.sys_flag) {
-            MessageKeys::of(msg.properties)
+            keys
         } else {
             MessageKeys::none()
         };

@@ -368,12 +368,32 @@ pub fn decode_all(buf: &[u8]) -> Result<Vec<StoredMessage<'_>>, RecordError> {
 
 /// Offset msgId (REMOTING.md §5.7): hex of store IP, port (i32) and commitlog offset (i64).
 pub fn offset_msg_id(store_host: SocketAddrV4, physical_offset: u64) -> String {
-    format!(
-        "{:08X}{:08X}{:016X}",
-        u32::from(*store_host.ip()),
-        u32::from(store_host.port()),
-        physical_offset
-    )
+    let mut id = String::with_capacity(OFFSET_MSG_ID_V4_CHARS);
+    push_offset_msg_id(&mut id, store_host, physical_offset);
+    id
+}
+
+/// Characters of an IPv4 offset msgId: host, port and offset in upper-case hex.
+pub const OFFSET_MSG_ID_V4_CHARS: usize = 32;
+
+/// Appends the offset msgId of [`offset_msg_id`] to `out` (the send path's reply, without
+/// going through `fmt`).
+pub fn push_offset_msg_id(out: &mut String, store_host: SocketAddrV4, physical_offset: u64) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut id = [0u8; OFFSET_MSG_ID_V4_CHARS];
+    let fields = [
+        (u64::from(u32::from(*store_host.ip())), 8),
+        (u64::from(store_host.port()), 8),
+        (physical_offset, 16),
+    ];
+    let mut at = 0;
+    for (value, digits) in fields {
+        for shift in (0..digits).rev() {
+            id[at] = HEX[((value >> (shift * 4)) & 0xF) as usize];
+            at += 1;
+        }
+    }
+    out.push_str(std::str::from_utf8(&id).expect("hex digits are ASCII"));
 }
 
 /// Parses an offset msgId (32 hex chars for IPv4, 56 for IPv6) back into (host, offset).

@@ -163,10 +163,19 @@ pub(crate) async fn read_exact_at(file: &DmaFile, pos: u64, out: &mut [u8]) -> i
 
 /// Writes a whole DMA buffer at the aligned position `pos`; a short write is an error.
 pub(crate) async fn write_buffer_at(file: &DmaFile, pos: u64, buffer: DmaBuffer) -> io::Result<()> {
+    write_shared_buffer_at(file, pos, Rc::new(buffer)).await
+}
+
+/// [`write_buffer_at`] with a buffer that may be written again elsewhere (the flusher's zeros).
+pub(crate) async fn write_shared_buffer_at(
+    file: &DmaFile,
+    pos: u64,
+    buffer: Rc<DmaBuffer>,
+) -> io::Result<()> {
     let len = buffer.len();
     assert_eq!(pos % BLOCK_BYTES, 0, "DMA writes start on a block");
     assert_eq!(len as u64 % BLOCK_BYTES, 0, "DMA writes cover whole blocks");
-    let written = file.write_at(buffer, pos).await.map_err(io_error)?;
+    let written = file.write_rc_at(buffer, pos).await.map_err(io_error)?;
     if written != len {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
