@@ -187,20 +187,39 @@ fn avalanche(mut hash: u64) -> u64 {
 }
 
 /// The keys RocketMQ indexes for a message: its UNIQ_KEY, then every non-empty word of KEYS;
-/// at most `INDEX_KEYS_PER_MESSAGE_MAX`, duplicates dropped. Held inline: the append path
-/// computes it for every message and must not allocate for it.
+/// at most `INDEX_KEYS_PER_MESSAGE_MAX`, duplicates dropped. The append path computes it for
+/// every message, so the usual few keys are held inline (small enough to pass around by
+/// value); a message with more spills them into a `Vec`.
 pub struct MessageKeys<'a> {
-    keys: [&'a str; INDEX_KEYS_PER_MESSAGE_MAX],
+    inline: [&'a str; MESSAGE_KEYS_INLINE],
     len: usize,
+    /// Every key, once there are more than `MESSAGE_KEYS_INLINE`.
+    spilled: Vec<&'a str>,
 }
+
+/// Keys a message carries without allocating for them (UNIQ_KEY and a few KEYS words).
+const MESSAGE_KEYS_INLINE: usize = 6;
 
 impl<'a> MessageKeys<'a> {
     /// No keys (a record that is not indexed).
     pub fn none() -> MessageKeys<'a> {
         MessageKeys {
-            keys: [""; INDEX_KEYS_PER_MESSAGE_MAX],
+            inline: [""; MESSAGE_KEYS_INLINE],
             len: 0,
+            spilled: Vec::new(),
         }
+    }
+
+    fn push(&mut self, key: &'a str) {
+        if self.spilled.is_empty() && self.len < MESSAGE_KEYS_INLINE {
+            self.inline[self.len] = key;
+        } else {
+            if self.spilled.is_empty() {
+                self.spilled.extend_from_slice(&self.inline);
+            }
+            self.spilled.push(key);
+        }
+        self.len += 1;
     }
 
     /// The keys of an encoded properties string, found in one pass over it.
@@ -230,15 +249,18 @@ impl<'a> MessageKeys<'a> {
                 break;
             }
             if !key.is_empty() && !keys.as_slice().contains(&key) {
-                keys.keys[keys.len] = key;
-                keys.len += 1;
+                keys.push(key);
             }
         }
         keys
     }
 
     pub fn as_slice(&self) -> &[&'a str] {
-        &self.keys[..self.len]
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
     }
 }
 
@@ -876,6 +898,12 @@ mod tests {
         let props = format!("KEYS\u{1}{many}\u{2}");
         let keys = MessageKeys::of(props.as_bytes());
         assert_eq!(keys.as_slice().len(), INDEX_KEYS_PER_MESSAGE_MAX);
+        let expected: Vec<String> = (0..INDEX_KEYS_PER_MESSAGE_MAX)
+            .map(|i| format!("k{i}"))
+            .collect();
+        assert_eq!(keys.as_slice(), expected);
+        let seven = MessageKeys::from_parts(Some("U"), Some("a b c d e f a"));
+        assert_eq!(seven.as_slice(), ["U", "a", "b", "c", "d", "e", "f"]);
         assert!(indexes_sys_flag(0x8));
         assert!(!indexes_sys_flag(0xC));
         assert_ne!(key_hash("T", "a#b"), key_hash("T#a", "b"));

@@ -434,10 +434,8 @@ impl Store {
             properties: msg.properties,
         };
         let mut scratch = std::mem::take(&mut log.scratch);
-        scratch.clear();
-        let written = record::encode_into(&stored, &mut scratch);
-        assert_eq!(written, size, "record size equals its computed size");
-        log.tail.push(&scratch);
+        log.tail
+            .push_with(size, &mut scratch, |out| record::encode_to(&stored, out));
         log.scratch = scratch;
         log.stats.put_messages += 1;
         log.stats.put_bytes += size as u64;

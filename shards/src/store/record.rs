@@ -117,18 +117,42 @@ pub fn body_crc(body: &[u8]) -> u32 {
     crc32fast::hash(body) & 0x7FFF_FFFF
 }
 
-fn put_host(out: &mut Vec<u8>, addr: &SocketAddr) {
-    match addr {
-        SocketAddr::V4(a) => out.extend_from_slice(&a.ip().octets()),
-        SocketAddr::V6(a) => out.extend_from_slice(&a.ip().octets()),
-    }
-    out.extend_from_slice(&i32::from(addr.port()).to_be_bytes());
+/// A writer over a slice sized exactly for one record (overrunning it is a bug: panics).
+struct SliceWriter<'o> {
+    out: &'o mut [u8],
+    pos: usize,
 }
 
-/// Appends `msg` to `out` with magic V1. TOTALSIZE and BODYCRC are computed here (the given
-/// ones are ignored); the two host-family SYSFLAG bits are set from the hosts. Returns the size.
-/// Panics if the topic exceeds 255 bytes or properties 32767 (callers check limits first).
+impl SliceWriter<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.out[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+        self.pos += bytes.len();
+    }
+
+    fn put_host(&mut self, addr: &SocketAddr) {
+        match addr {
+            SocketAddr::V4(a) => self.put(&a.ip().octets()),
+            SocketAddr::V6(a) => self.put(&a.ip().octets()),
+        }
+        self.put(&i32::from(addr.port()).to_be_bytes());
+    }
+}
+
+/// Appends `msg` to `out` with magic V1; see [`encode_to`]. Returns the size.
 pub fn encode_into(msg: &StoredMessage<'_>, out: &mut Vec<u8>) -> usize {
+    let size = encoded_size_of(msg);
+    let start = out.len();
+    out.resize(start + size, 0);
+    encode_to(msg, &mut out[start..]);
+    size
+}
+
+/// Writes `msg` with magic V1 into `out`, which must be exactly [`encoded_size_of`] bytes
+/// (the append path hands out room in the commitlog tail itself). TOTALSIZE and BODYCRC are
+/// computed here (the given ones are ignored); the two host-family SYSFLAG bits are set from
+/// the hosts. Panics if the topic exceeds 255 bytes or properties 32767 (callers check
+/// limits first) or if `out` has another size.
+pub fn encode_to(msg: &StoredMessage<'_>, out: &mut [u8]) {
     assert!(
         msg.topic.len() <= usize::from(u8::MAX),
         "topic length checked by the caller"
@@ -138,7 +162,7 @@ pub fn encode_into(msg: &StoredMessage<'_>, out: &mut Vec<u8>) -> usize {
         "properties length checked by the caller"
     );
     let size = encoded_size_of(msg);
-    let start = out.len();
+    assert_eq!(out.len(), size, "room for exactly one record");
     let mut sys_flag = msg.sys_flag & !(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG);
     if msg.born_host.is_ipv6() {
         sys_flag |= BORNHOST_V6_FLAG;
@@ -146,33 +170,28 @@ pub fn encode_into(msg: &StoredMessage<'_>, out: &mut Vec<u8>) -> usize {
     if msg.store_host.is_ipv6() {
         sys_flag |= STOREHOST_V6_FLAG;
     }
-    out.reserve(size);
-    out.extend_from_slice(&(size as i32).to_be_bytes());
-    out.extend_from_slice(&MAGIC_CODE_V1.to_be_bytes());
-    out.extend_from_slice(&body_crc(msg.body).to_be_bytes());
-    out.extend_from_slice(&msg.queue_id.to_be_bytes());
-    out.extend_from_slice(&msg.flag.to_be_bytes());
-    out.extend_from_slice(&msg.queue_offset.to_be_bytes());
-    out.extend_from_slice(&msg.physical_offset.to_be_bytes());
-    out.extend_from_slice(&sys_flag.to_be_bytes());
-    out.extend_from_slice(&msg.born_timestamp_ms.to_be_bytes());
-    put_host(out, &msg.born_host);
-    out.extend_from_slice(&msg.store_timestamp_ms.to_be_bytes());
-    put_host(out, &msg.store_host);
-    out.extend_from_slice(&msg.reconsume_times.to_be_bytes());
-    out.extend_from_slice(&msg.prepared_transaction_offset.to_be_bytes());
-    out.extend_from_slice(&(msg.body.len() as i32).to_be_bytes());
-    out.extend_from_slice(msg.body);
-    out.push(msg.topic.len() as u8);
-    out.extend_from_slice(msg.topic.as_bytes());
-    out.extend_from_slice(&(msg.properties.len() as i16).to_be_bytes());
-    out.extend_from_slice(msg.properties);
-    assert_eq!(
-        out.len() - start,
-        size,
-        "record size equals its computed size"
-    );
-    size
+    let mut w = SliceWriter { out, pos: 0 };
+    w.put(&(size as i32).to_be_bytes());
+    w.put(&MAGIC_CODE_V1.to_be_bytes());
+    w.put(&body_crc(msg.body).to_be_bytes());
+    w.put(&msg.queue_id.to_be_bytes());
+    w.put(&msg.flag.to_be_bytes());
+    w.put(&msg.queue_offset.to_be_bytes());
+    w.put(&msg.physical_offset.to_be_bytes());
+    w.put(&sys_flag.to_be_bytes());
+    w.put(&msg.born_timestamp_ms.to_be_bytes());
+    w.put_host(&msg.born_host);
+    w.put(&msg.store_timestamp_ms.to_be_bytes());
+    w.put_host(&msg.store_host);
+    w.put(&msg.reconsume_times.to_be_bytes());
+    w.put(&msg.prepared_transaction_offset.to_be_bytes());
+    w.put(&(msg.body.len() as i32).to_be_bytes());
+    w.put(msg.body);
+    w.put(&[msg.topic.len() as u8]);
+    w.put(msg.topic.as_bytes());
+    w.put(&(msg.properties.len() as i16).to_be_bytes());
+    w.put(msg.properties);
+    assert_eq!(w.pos, size, "record size equals its computed size");
 }
 
 /// A bounds-checked big-endian reader over one record.

@@ -65,6 +65,30 @@ impl Tail {
         }
     }
 
+    /// Appends `len` bytes written by `fill` straight into the last chunk when they fit in
+    /// it (the usual case: no staging copy); otherwise `fill` writes into `scratch`, which is
+    /// then pushed.
+    pub(crate) fn push_with(
+        &mut self,
+        len: usize,
+        scratch: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8]),
+    ) {
+        let (index, within) = self.locate(self.end);
+        if index == self.chunks.len() {
+            self.chunks.push_back(new_chunk());
+        }
+        if within + len <= TAIL_CHUNK_BYTES as usize {
+            fill(&mut self.chunks[index][within..within + len]);
+            self.end += len as u64;
+            return;
+        }
+        scratch.clear();
+        scratch.resize(len, 0);
+        fill(scratch);
+        self.push(scratch);
+    }
+
     /// Advances `end` by `count` zero bytes (the body of a blank filler).
     pub(crate) fn push_zeros(&mut self, count: u64) {
         let new_end = self.end + count;
@@ -128,5 +152,18 @@ mod tests {
         assert_eq!(out, [9, 9, 0, 0, 0, 0]);
         tail.drop_before(2 * TAIL_CHUNK_BYTES + 1);
         assert_eq!(tail.base(), 2 * TAIL_CHUNK_BYTES);
+        let mut scratch = Vec::new();
+        tail.push_with(3, &mut scratch, |out| out.copy_from_slice(&[7, 8, 9]));
+        tail.copy_out(tail.end() - 4, &mut out[..4]);
+        assert_eq!(out[..4], [0, 7, 8, 9]);
+        let across = TAIL_CHUNK_BYTES as usize - (tail.end() % TAIL_CHUNK_BYTES) as usize + 2;
+        tail.push_with(across, &mut scratch, |out| out.fill(5));
+        let mut two = [0u8; 4];
+        tail.copy_out(tail.end() - 3, &mut two[..3]);
+        assert_eq!(
+            two[..3],
+            [5, 5, 5],
+            "a record across chunks goes through the scratch"
+        );
     }
 }
