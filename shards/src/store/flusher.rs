@@ -17,13 +17,14 @@
 //! `fdatasync`, then sets `durable_end = end` and wakes every waiter at or below it. Because
 //! appends go on during a flush, the next flush carries all of them: that is the group commit.
 //!
-//! Zero-filling runs on its own when nothing is dirty. Under load that never pauses (Sync
-//! mode at depth) the flusher is never idle, so a flush whose zeroed margin ahead of the
-//! write position is below `ZERO_FILL_AHEAD_MIN_BYTES` also writes the next zero-fill chunk
-//! before its fdatasync: data keeps landing on written extents, and the extent conversion
-//! that makes fdatasync over fallocated-but-unwritten space ~30% dearer (ARCHITECTURE §3) is
-//! paid by one sync per chunk instead of by every sync. A zero-fill chunk in progress
-//! delays the next flush by one 1 MiB write + fdatasync.
+//! Zero-filling runs on its own when no flush has run for `ZERO_FILL_IDLE_MS`. Under load
+//! that never pauses (Sync mode at depth) the flusher is never idle, so a Sync flush whose
+//! zeroed margin ahead of the write position is below `ZERO_FILL_AHEAD_MIN_BYTES` also writes
+//! a zero-fill chunk about as large as its data, together with it, before its fdatasync:
+//! data keeps landing on written extents, and the extent conversion that makes fdatasync over
+//! fallocated-but-unwritten space ~30% dearer (ARCHITECTURE §3) is paid once per chunk, not
+//! by every sync. An idle-time zero-fill chunk in progress delays the next flush by one
+//! 1 MiB write + fdatasync.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -396,7 +397,12 @@ async fn flush_dirty(inner: &Inner) -> bool {
             pos = piece_end;
         }
     }
-    let zero_fill = zero_fill_job(inner, end, end - start);
+    // Only SYNC_FLUSH waits on fdatasync per group commit; ASYNC flushes are rare and large,
+    // and carrying zeros would double what they write (idle-time zero-fill still runs).
+    let zero_fill = match inner.config.flush_mode {
+        FlushMode::Sync => zero_fill_job(inner, end, end - start),
+        FlushMode::Async => None,
+    };
     let zero_filled_to = zero_fill.as_ref().map(|(_, _, _, stop)| *stop);
     jobs.extend(zero_fill.map(|(file, pos, buffer, _)| (file, pos, buffer)));
     let mut synced: Vec<Rc<DmaFile>> = Vec::new();

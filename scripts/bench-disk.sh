@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Batched produce against the disk's own O_DIRECT sequential write bandwidth, in one run:
+# fio (1 MiB writes, depth 4, io_uring, O_DIRECT) on the filesystem that holds the broker's
+# data, then `shardmq-bench producer --batch` against a one-shard broker on the same
+# filesystem, for a few message sizes; prints MB/s and the ratio to fio's.
+#   scripts/bench-disk.sh [SECONDS] [PROFILE] [DATA_PARENT_DIR]
+# Needs fio (`apt-get install fio`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-6}; profile=${2:-default}; parent=${3:-${TMPDIR:-/tmp}}
+command -v fio >/dev/null || { echo "bench-disk: fio is not installed (apt-get install fio)" >&2; exit 1; }
+cargo build --release -q -p shardmq -p shardmq-bench
+ticks=$(getconf CLK_TCK)
+scratch=$(mktemp -d "$parent/bench-disk.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+fio_mbs=$(fio --name=seqwrite --filename="$scratch/fio.dat" --size=4G --bs=1M --rw=write \
+    --direct=1 --ioengine=io_uring --iodepth=4 --runtime="$seconds" --time_based \
+    --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"]/1e6))')
+rm -f "$scratch/fio.dat"
+echo "fio O_DIRECT sequential write (1 MiB, depth 4): $fio_mbs MB/s"
+printf "%-28s %10s %8s %14s %12s\n" "workload" "msgs/s" "MB/s" "of fio's MB/s" "busy cores"
+for cfg in "1024 64 16" "4096 32 16" "16384 16 16"; do
+    set -- $cfg
+    dir="$scratch/data-$1"
+    target/release/shardmq serve --profile "$profile" --shards 1 --data-dir "$dir" \
+        --namesrv-port 39876 --broker-port 40911 > "$scratch/broker.log" 2>&1 &
+    broker=$!
+    until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
+    c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
+    out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic BenchDisk \
+        --message-size "$1" --batch "$2" --in-flight "$3" --duration-secs "$seconds" --no-progress 2>&1)
+    t1=$(date +%s.%N); c1=$(awk '{print $14 + $15}' /proc/$broker/stat)
+    kill "$broker"; wait "$broker" || true
+    rm -rf "$dir"
+    msgs=$(echo "$out" | grep -oP 'Throughput: \K[0-9]+')
+    mbs=$(echo "$out" | grep -oP 'msgs/s \K[0-9.]+(?= MB/s)')
+    busy=$(echo "scale=2; ($c1 - $c0) / $ticks / ($t1 - $t0)" | bc)
+    printf "%-28s %10s %8s %13s%% %12s\n" "$1 B x $2 per batch, $3 in flight" "$msgs" "$mbs" \
+        "$(echo "scale=0; 100 * $mbs / $fio_mbs" | bc)" "$busy"
+done
