@@ -11,6 +11,8 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::rc::Rc;
 
+use smallvec::{smallvec, SmallVec};
+
 use shards::store::{
     self, record, AppendResult, FlushMode, MessageKeys, MessageToStore, StoreError,
 };
@@ -198,10 +200,10 @@ impl Broker {
             )));
         }
         let queue_id = self.resolve_queue(&header)?;
-        let mut messages = if header.batch {
-            self.prepare_batch(request.body, header.properties)?
+        let mut messages: SmallVec<[Prepared<'_>; 1]> = if header.batch {
+            SmallVec::from_vec(self.prepare_batch(request.body, header.properties)?)
         } else {
-            vec![self.prepare_one(header.flag, request.body, header.properties)?]
+            smallvec![self.prepare_one(header.flag, request.body, header.properties)?]
         };
         // A retry past its group's limit goes to the dead-letter queue, undelayed.
         let dead_letter = self.retry_or_dead_letter(
@@ -238,7 +240,7 @@ impl Broker {
                 .sum();
             self.store.check_room(total as u64).map_err(store_error)?;
         }
-        let mut results = Vec::with_capacity(messages.len());
+        let mut results: SmallVec<[AppendResult; 1]> = SmallVec::with_capacity(messages.len());
         let mut arrived = false;
         for message in &mut messages {
             let (mut store_topic, mut store_queue, mut tags_code) =
@@ -280,10 +282,10 @@ impl Broker {
         if arrived {
             self.notify_message_arrived(topic, queue_id);
         }
-        let reply = SendReply::new(self, queue_id, &messages, &results);
         if request.is_oneway() {
             return Ok(());
         }
+        let reply = SendReply::new(self, queue_id, &messages, &results);
         let opaque = request.opaque;
         match self.store.flush_mode() {
             FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
@@ -292,6 +294,7 @@ impl Broker {
                 let broker = self.clone();
                 let in_flight = connection.in_flight();
                 let connection = connection.clone();
+                let reply = reply.into_owned();
                 shards::runtime::spawn_detached(async move {
                     let _in_flight = in_flight;
                     match broker.store.wait_durable(end_offset).await {
@@ -463,19 +466,20 @@ fn push_property(out: &mut Vec<u8>, key: &str, value: &str) {
     out.push(2);
 }
 
-/// What a send answers: ids and offsets of what was stored.
-struct SendReply {
+/// What a send answers: ids and offsets of what was stored. Borrows the first message's
+/// UNIQ_KEY until it must outlive the request (SYNC_FLUSH answers after the group commit).
+struct SendReply<'a> {
     msg_id: String,
     queue_id: u32,
     queue_offset: u64,
-    transaction_id: String,
+    transaction_id: Cow<'a, str>,
 }
 
-impl SendReply {
+impl<'a> SendReply<'a> {
     fn new(
         broker: &Broker,
         queue_id: u32,
-        messages: &[Prepared<'_>],
+        messages: &'a [Prepared<'_>],
         results: &[AppendResult],
     ) -> Self {
         let mut msg_id =
@@ -496,8 +500,16 @@ impl SendReply {
             queue_offset: results.first().map_or(0, |r| r.queue_offset),
             transaction_id: messages
                 .first()
-                .map(|m| m.unique_id.to_string())
-                .unwrap_or_default(),
+                .map_or(Cow::Borrowed(""), |m| Cow::Borrowed(m.unique_id.as_ref())),
+        }
+    }
+
+    fn into_owned(self) -> SendReply<'static> {
+        SendReply {
+            msg_id: self.msg_id,
+            queue_id: self.queue_id,
+            queue_offset: self.queue_offset,
+            transaction_id: Cow::Owned(self.transaction_id.into_owned()),
         }
     }
 
