@@ -37,7 +37,11 @@ pub(crate) fn decode<'a>(
     let text = std::str::from_utf8(header).map_err(|error| DecodeError::JsonHeaderNotUtf8 {
         at: error.valid_up_to(),
     })?;
-    let mut scanner = Scanner { text, pos: 0 };
+    let mut scanner = Scanner {
+        text,
+        pos: 0,
+        fault: "",
+    };
     let mut command = RemotingCommand {
         code: 0,
         language: LanguageCode::Java,
@@ -60,6 +64,17 @@ pub(crate) fn decode<'a>(
 struct Scanner<'a> {
     text: &'a str,
     pos: usize,
+    /// Why the last [`Scanner::raw_string`] returned `None` (its position is `pos`).
+    fault: &'static str,
+}
+
+/// A string's text between its quotes, found without decoding it: small enough to come back
+/// in registers (header strings are found by the dozen per SEND).
+#[derive(Debug, Clone, Copy)]
+struct RawString {
+    start: u32,
+    end: u32,
+    escaped: bool,
 }
 
 impl<'a> Scanner<'a> {
@@ -197,6 +212,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// One extFields value as text; `None` for null (the entry is dropped).
+    #[inline(always)]
     fn ext_value(&mut self) -> Result<Option<Cow<'a, str>>, DecodeError> {
         let start = self.pos;
         let value = match self.peek() {
@@ -259,44 +275,84 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string starting at `"`: borrowed when it has no escapes.
+    #[inline(always)]
     fn string(&mut self) -> Result<Cow<'a, str>, DecodeError> {
         if self.peek() != Some(b'"') {
             return Err(self.error("expected a string"));
         }
-        self.pos += 1;
-        let start = self.pos;
-        let end = self.find_quote_or_backslash()?;
-        if self.text.as_bytes()[end] == b'"' {
-            self.pos = end + 1;
-            return Ok(Cow::Borrowed(self.slice(start, end)?));
+        let Some(raw) = self.raw_string() else {
+            return Err(self.error(self.fault));
+        };
+        if raw.escaped {
+            return self.unescape(raw).map(Cow::Owned);
         }
-        self.pos = end;
+        Ok(Cow::Borrowed(
+            self.slice(raw.start as usize, raw.end as usize)?,
+        ))
+    }
+
+    /// With `pos` at an opening quote: moves past the closing one and returns the text
+    /// between. Escapes are only stepped over here (their backslash and the ASCII byte after
+    /// it); [`Scanner::unescape`] decodes and checks them. `None` with `fault` set when the
+    /// string or an escape never ends, or an escape is not ASCII.
+    #[inline(always)]
+    fn raw_string(&mut self) -> Option<RawString> {
+        let bytes = self.text.as_bytes();
+        let start = self.pos + 1;
+        let mut at = start;
+        let mut escaped = false;
+        loop {
+            let Some(stop) = find_quote_or_backslash(bytes, at) else {
+                self.pos = at;
+                self.fault = "unterminated string";
+                return None;
+            };
+            if bytes[stop] == b'"' {
+                self.pos = stop + 1;
+                // Headers are under 16 MiB (checked before decoding), so offsets fit in u32.
+                return Some(RawString {
+                    start: start as u32,
+                    end: stop as u32,
+                    escaped,
+                });
+            }
+            escaped = true;
+            match bytes.get(stop + 1) {
+                Some(byte) if byte.is_ascii() => at = stop + 2,
+                Some(_) => {
+                    self.pos = stop + 1;
+                    self.fault = "invalid escape";
+                    return None;
+                }
+                None => {
+                    self.pos = stop + 1;
+                    self.fault = "unterminated escape";
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Decodes a string with escapes that [`Scanner::raw_string`] found; `pos` ends up just
+    /// past its closing quote again.
+    #[inline(never)]
+    fn unescape(&mut self, raw: RawString) -> Result<String, DecodeError> {
+        let (start, end) = (raw.start as usize, raw.end as usize);
         let mut owned = String::with_capacity(end - start + 16);
-        owned.push_str(self.slice(start, end)?);
+        self.pos = start;
         self.unescape_rest(&mut owned)?;
-        Ok(Cow::Owned(owned))
+        debug_assert_eq!(self.pos, end + 1, "unescaping ends at the closing quote");
+        Ok(owned)
     }
 
     /// Index of the next `"` or `\` at or after `pos`; an error when the string never ends.
     fn find_quote_or_backslash(&self) -> Result<usize, DecodeError> {
-        // Most header strings are a few bytes (V2 keys are one letter): a plain loop finds
-        // their end before a SIMD search would have set up; longer ones (properties) go on
-        // with memchr.
-        const SHORT_SCAN_BYTES: usize = 16;
-        let rest = &self.text.as_bytes()[self.pos..];
-        let head = &rest[..rest.len().min(SHORT_SCAN_BYTES)];
-        let is_stop = |byte: &u8| *byte == b'"' || *byte == b'\\';
-        head.iter()
-            .position(is_stop)
-            .or_else(|| {
-                let tail = rest.get(SHORT_SCAN_BYTES..)?;
-                memchr::memchr2(b'"', b'\\', tail).map(|offset| SHORT_SCAN_BYTES + offset)
-            })
-            .map(|offset| self.pos + offset)
-            .ok_or(DecodeError::MalformedJsonHeader {
+        find_quote_or_backslash(self.text.as_bytes(), self.pos).ok_or(
+            DecodeError::MalformedJsonHeader {
                 reason: "unterminated string",
                 at: self.pos,
-            })
+            },
+        )
     }
 
     /// With `pos` at a backslash inside a string: decodes up to and past the closing quote.
@@ -416,27 +472,82 @@ impl<'a> Scanner<'a> {
 
     /// Skips a string without decoding it (escapes are checked only for their backslash).
     fn skip_string(&mut self) -> Result<(), DecodeError> {
-        self.pos += 1;
-        loop {
-            let end = self.find_quote_or_backslash()?;
-            self.pos = end + 1;
-            if self.text.as_bytes()[end] == b'"' {
-                return Ok(());
-            }
-            if self.peek().is_none() {
-                return Err(self.error("unterminated escape"));
-            }
-            // The escaped byte is ASCII in valid JSON; a multi-byte char here is malformed.
-            if !self.peek().is_some_and(|byte| byte.is_ascii()) {
-                return Err(self.error("invalid escape"));
-            }
-            self.pos += 1;
+        match self.raw_string() {
+            Some(_) => Ok(()),
+            None => Err(self.error(self.fault)),
         }
     }
+}
+
+/// Index of the next `"` or `\` at or after `from`.
+///
+/// Most header strings are short (V2 keys are one letter), where a SIMD search costs more to
+/// set up than it saves; they are scanned eight bytes at a time in a `u64` (SWAR: a byte
+/// equal to the target becomes zero, and the borrow trick flags the lowest zero byte of a
+/// word exactly). Past `SWAR_SCAN_BYTES` without a stop (long properties) memchr goes on.
+#[inline(always)]
+fn find_quote_or_backslash(bytes: &[u8], from: usize) -> Option<usize> {
+    const SWAR_SCAN_BYTES: usize = 64;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    let mut at = from;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let (quote, backslash) = (word ^ QUOTES, word ^ BACKSLASHES);
+        let zero_bytes = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash))
+            & HIGHS;
+        if zero_bytes != 0 {
+            return Some(at + (zero_bytes.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+        if at - from >= SWAR_SCAN_BYTES {
+            let rest = bytes.get(at..)?;
+            return memchr::memchr2(b'"', b'\\', rest).map(|offset| at + offset);
+        }
+    }
+    let rest = bytes.get(at..)?;
+    rest.iter()
+        .position(|&byte| byte == b'"' || byte == b'\\')
+        .map(|offset| at + offset)
 }
 
 fn set_if_present(slot: &mut i32, value: Option<i32>) {
     if let Some(value) = value {
         *slot = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::find_quote_or_backslash;
+
+    fn naive(bytes: &[u8], from: usize) -> Option<usize> {
+        (from..bytes.len()).find(|&i| bytes[i] == b'"' || bytes[i] == b'\\')
+    }
+
+    proptest! {
+        #[test]
+        fn the_word_at_a_time_search_finds_what_a_byte_loop_finds(
+            bytes in proptest::collection::vec(
+                prop_oneof![Just(b'"'), Just(b'\\'), Just(b'!'), Just(b'#'), Just(0x22 ^ 0x80), Just(0x5C + 1), any::<u8>()],
+                0..200,
+            ),
+            sparse in any::<bool>(),
+            from in 0usize..210,
+        ) {
+            // Sparse inputs keep stops rare, so the memchr tail past 64 bytes is reached too.
+            let bytes: Vec<u8> = if sparse {
+                bytes.iter().enumerate().map(|(i, &b)| if i % 97 == 96 { b } else { b'a' }).collect()
+            } else {
+                bytes
+            };
+            let from = from.min(bytes.len());
+            prop_assert_eq!(find_quote_or_backslash(&bytes, from), naive(&bytes, from));
+        }
     }
 }
