@@ -388,11 +388,14 @@ impl Store {
         } else {
             MessageKeys::none()
         };
-        // Room in the index first: after this nothing below can fail half-way.
-        inner
-            .index
-            .borrow_mut()
-            .prepare(keys.as_slice().len(), physical_offset)?;
+        // Room in the index first: after this nothing below can fail half-way. The keys' hash
+        // slots are then fetched into cache while the record is encoded (each is a random line
+        // of the slot table, a cache miss when touched cold).
+        let hashes = {
+            let mut index = inner.index.borrow_mut();
+            index.prepare(keys.as_slice().len(), physical_offset)?;
+            index.hash_and_prefetch(msg.topic, keys.as_slice())
+        };
         let unit = Unit {
             physical_offset,
             size_bytes: size as u32,
@@ -442,12 +445,7 @@ impl Store {
         let end_offset = log.tail.end();
         {
             let mut index = inner.index.borrow_mut();
-            index.add(
-                msg.topic,
-                keys.as_slice(),
-                physical_offset,
-                store_timestamp_ms,
-            );
+            index.add_hashed(&hashes, physical_offset, store_timestamp_ms);
             index.note_indexed(end_offset);
         }
         let wake_flusher = log.flush.note_append(
