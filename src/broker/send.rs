@@ -141,10 +141,21 @@ impl<'a> PropertyScan<'a> {
     /// Pairs with an empty name or value are skipped, as `parse_properties` skips them.
     fn of(properties: &'a str) -> PropertyScan<'a> {
         let mut scan = PropertyScan::default();
-        for pair in properties.split('\u{2}') {
-            let Some((name, value)) = pair.split_once('\u{1}') else {
+        // Split at byte positions: the separators are ASCII, so every cut is on a char
+        // boundary, and a plain loop beats a char searcher on strings this short.
+        let bytes = properties.as_bytes();
+        let mut start = 0;
+        while start < bytes.len() {
+            let end = bytes[start..]
+                .iter()
+                .position(|&byte| byte == 2)
+                .map_or(bytes.len(), |offset| start + offset);
+            let pair = &properties[start..end];
+            start = end + 1;
+            let Some(at) = pair.bytes().position(|byte| byte == 1) else {
                 continue;
             };
+            let (name, value) = (&pair[..at], &pair[at + 1..]);
             if name.is_empty() || value.is_empty() {
                 continue;
             }
