@@ -115,7 +115,10 @@ impl FlushState {
             checkpoint_wanted: false,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
-            last_flush_at: Instant::now() - Duration::from_millis(ZERO_FILL_IDLE_MS),
+            // As if the last flush were long past: a fresh store zero-fills at once.
+            last_flush_at: Instant::now()
+                .checked_sub(Duration::from_millis(ZERO_FILL_IDLE_MS))
+                .unwrap_or_else(Instant::now),
             zero_fill_next,
             zero_buffers: Vec::new(),
             messages_at_last_flush: 0,
