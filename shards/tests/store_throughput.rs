@@ -5,7 +5,7 @@ mod store_support;
 
 use std::time::Instant;
 
-use shards::store::{FlushMode, Store};
+use shards::store::{FlushMode, MessageToStore, Store};
 use store_support::*;
 
 #[test]
@@ -87,5 +87,58 @@ fn dma_write_and_fdatasync_latency() {
             syncs[syncs.len() / 2]
         );
         file.close().await.unwrap();
+    });
+}
+
+/// A figure, not an assertion: how fast the ASYNC flusher writes when appends of 16 KiB come
+/// as fast as one task can make them (no network), next to the flush counters.
+#[test]
+#[ignore]
+fn async_append_bandwidth_16kib() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Async, 1 << 30))
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut appended = 0u64;
+        let body = body_of(0, 16 << 10);
+        let props = properties("t", "k");
+        for i in 0..(1u64 << 16) {
+            let msg = MessageToStore {
+                topic: "Bench",
+                queue_id: (i % 8) as u32,
+                flag: 0,
+                sys_flag: 0,
+                born_timestamp_ms: 1_000,
+                born_host: BORN_HOST.parse().unwrap(),
+                reconsume_times: 0,
+                prepared_transaction_offset: 0,
+                body: &body,
+                properties: &props,
+                tags_code: 0,
+            };
+            match store.append(&msg) {
+                Ok(_) => appended += 1,
+                // Busy: 32 MiB wait for the disk; let the flusher catch up.
+                Err(_) => glommio::timer::sleep(std::time::Duration::from_micros(100)).await,
+            }
+            if i % 64 == 0 {
+                glommio::yield_if_needed().await;
+            }
+        }
+        let last = store.stats().write_offset;
+        store.wait_durable(last).await.unwrap();
+        let seconds = started.elapsed().as_secs_f64();
+        let stats = store.stats();
+        println!(
+            "async 16 KiB appends: {:.0} MB/s stored durably ({appended} appended), {} flushes, \
+             writes {:.0} MB/s of their own time, {:.0}% of the run writing",
+            stats.put_bytes as f64 / seconds / 1e6,
+            stats.flushes,
+            stats.put_bytes as f64 / (stats.flush_write_micros as f64 / 1e6) / 1e6,
+            100.0 * stats.flush_write_micros as f64 / 1e6 / seconds,
+        );
+        store.close().await.unwrap();
     });
 }
