@@ -19,7 +19,10 @@ use shards::store::{
 
 use crate::error::RequestError;
 use crate::protocol::{java_string_hash, parse_properties, property};
-use crate::remoting::{request_code, response_code, FieldError, FrameEncoder, RemotingCommand};
+use crate::remoting::{
+    parse_bool_lenient, parse_number, request_code, response_code, FieldError, FrameEncoder,
+    RemotingCommand,
+};
 use crate::server::Connection;
 
 use super::schedule::{divert_for, Divert};
@@ -89,36 +92,27 @@ impl<'a> SendHeader<'a> {
         // Absent or "" is None (ExtFields::optional_i32); an int out of range is NotANumber.
         let optional_i32 = |slot: usize| -> Result<Option<i32>, FieldError> {
             let text = values[slot].filter(|text| !text.is_empty());
-            text.map(|text| parse_field(name(slot), text)).transpose()
+            text.map(|text| parse_number(name(slot), text)).transpose()
         };
         Ok(SendHeader {
             producer_group: required(0)?,
             topic: required(1)?,
             default_topic: values[2].unwrap_or(topics::AUTO_CREATE_TOPIC_KEY_TOPIC),
             default_topic_queue_nums: optional_i32(3)?.unwrap_or(4),
-            queue_id: parse_field(name(4), required(4)?)?,
+            queue_id: parse_number(name(4), required(4)?)?,
             sys_flag: optional_i32(5)?.unwrap_or(0),
             born_timestamp_ms: match values[6].filter(|text| !text.is_empty()) {
                 None => 0,
-                Some(text) => parse_field(name(6), text)?,
+                Some(text) => parse_number(name(6), text)?,
             },
             flag: optional_i32(7)?.unwrap_or(0),
             properties: values[8].unwrap_or(""),
             reconsume_times: optional_i32(9)?.unwrap_or(0),
             max_reconsume_times: optional_i32(10)?,
             batch: request.code == request_code::SEND_BATCH_MESSAGE
-                || values[11]
-                    .is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1"),
+                || values[11].is_some_and(parse_bool_lenient),
         })
     }
-}
-
-/// A decimal number (Java's `parseInt`/`parseLong`); other text is `NotANumber`.
-fn parse_field<T: std::str::FromStr>(key: &'static str, text: &str) -> Result<T, FieldError> {
-    text.parse().map_err(|_| FieldError::NotANumber {
-        key,
-        value: text.to_owned(),
-    })
 }
 
 /// What the send path needs from a message's properties, read in one pass.

@@ -228,8 +228,7 @@ impl<'a> ExtFields<'a> {
     /// `"true"`/`"false"` in any case and C++'s `"1"`/`"0"`; any other text is `false`, as
     /// Java's `Boolean.parseBoolean` reads it. `None` only when the key is absent.
     pub fn bool_lenient(&self, key: &str) -> Option<bool> {
-        self.get(key)
-            .map(|value| value.eq_ignore_ascii_case("true") || value == "1")
+        self.get(key).map(parse_bool_lenient)
     }
 
     /// Every entry in wire order, repeated keys included.
@@ -256,7 +255,15 @@ impl<'a> ExtFields<'a> {
     }
 }
 
-fn parse_number<T: std::str::FromStr>(key: &'static str, value: &str) -> Result<T, FieldError> {
+/// `"true"`/`"false"` in any case and C++'s `"1"`/`"0"`; any other text is `false`
+/// ([`ExtFields::bool_lenient`] for a value already looked up).
+pub fn parse_bool_lenient(value: &str) -> bool {
+    value.eq_ignore_ascii_case("true") || value == "1"
+}
+
+/// A decimal number (Java's `parseInt`/`parseLong`) of field `key`; other text is
+/// `NotANumber` ([`ExtFields::required_i32`] and friends for a value already looked up).
+pub fn parse_number<T: std::str::FromStr>(key: &'static str, value: &str) -> Result<T, FieldError> {
     value.parse().map_err(|_| FieldError::NotANumber {
         key,
         value: value.to_owned(),

@@ -30,7 +30,8 @@ mod tests;
 pub use blocking::{read_frame, ReadFrameError};
 pub use codes::{request_code, request_code_name, response_code, response_code_name};
 pub use command::{
-    ExtFields, FieldError, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE,
+    parse_bool_lenient, parse_number, ExtFields, FieldError, LanguageCode, RemotingCommand,
+    SerializeType, FLAG_ONEWAY, FLAG_RESPONSE,
 };
 pub use encode::FrameEncoder;
 pub use frame::{
