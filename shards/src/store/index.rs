@@ -772,7 +772,7 @@ impl Index {
         physical_offset: u64,
         store_timestamp_ms: i64,
     ) {
-        let hashes: Vec<u64> = keys.iter().map(|key| key_hash(topic, key)).collect();
+        let hashes = self.hash_and_prefetch(topic, keys);
         self.add_hashed(&hashes, physical_offset, store_timestamp_ms);
     }
 
@@ -780,12 +780,11 @@ impl Index {
     /// `prepare` made ready asked into the CPU cache. Call after `prepare`.
     pub(crate) fn hash_and_prefetch(&self, topic: &str, keys: &[&str]) -> KeyHashes {
         let mut hashes = KeyHashes::default();
-        let Some(last) = self.files.back() else {
-            return hashes;
-        };
         for key in keys {
             let hash = key_hash(topic, key);
-            prefetch(&last.map[last.slot_at(hash)..]);
+            if let Some(last) = self.files.back() {
+                prefetch(&last.map[last.slot_at(hash)..]);
+            }
             hashes.push(hash);
         }
         hashes
