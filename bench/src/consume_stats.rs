@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use shardmq::remoting::response_code_name;
 
 use crate::stats::{
-    per_second, round3, LatencySummary, ResponseFailures, SendFailure, BYTES_PER_MB,
-    LATENCY_HIGHEST_TRACKABLE_US, LATENCY_SIGNIFICANT_DIGITS,
+    per_second, response_failures_json, round3, send_failures_json, LatencySummary,
+    ResponseFailures, SendFailure, BYTES_PER_MB, LATENCY_HIGHEST_TRACKABLE_US,
+    LATENCY_SIGNIFICANT_DIGITS,
 };
 
 /// Sum, count and maximum of whole-millisecond delays (B2C, S2C).
@@ -261,16 +262,8 @@ impl ConsumeSummary<'_> {
         if e2e.count > 0 {
             let _ = write!(
                 text,
-                "\nEnd-to-end latency (us, from intended send time): min {} p50 {} p90 {} \
-                 p99 {} p99.9 {} p99.99 {} max {} mean {:.1}",
-                e2e.min_us,
-                e2e.p50_us,
-                e2e.p90_us,
-                e2e.p99_us,
-                e2e.p99_9_us,
-                e2e.p99_99_us,
-                e2e.max_us,
-                e2e.mean_us
+                "\nEnd-to-end latency (us, from intended send time): {}",
+                e2e.to_text()
             );
         }
         text
@@ -278,23 +271,8 @@ impl ConsumeSummary<'_> {
 
     pub fn to_json(&self, config: Value) -> Value {
         let total = self.total;
-        let failures: serde_json::Map<String, Value> = total
-            .pull_failures
-            .iter()
-            .map(|(code, failures)| {
-                let entry = json!({
-                    "name": response_code_name(*code),
-                    "count": failures.count,
-                    "first_remark": failures.first_remark,
-                });
-                (code.to_string(), entry)
-            })
-            .collect();
-        let send_failures: serde_json::Map<String, Value> = total
-            .pull_send_failures
-            .iter()
-            .map(|(kind, count)| (kind.name().to_owned(), json!(count)))
-            .collect();
+        let failures = response_failures_json(&total.pull_failures);
+        let send_failures = send_failures_json(&total.pull_send_failures);
         json!({
             "config": config,
             "consumed": total.messages,

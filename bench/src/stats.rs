@@ -186,6 +186,21 @@ impl LatencySummary {
         }
     }
 
+    /// `min … p50 … p90 … p99 … p99.9 … p99.99 … max … mean …`: the summary lines' figures.
+    pub fn to_text(self) -> String {
+        format!(
+            "min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {} mean {:.1}",
+            self.min_us,
+            self.p50_us,
+            self.p90_us,
+            self.p99_us,
+            self.p99_9_us,
+            self.p99_99_us,
+            self.max_us,
+            self.mean_us
+        )
+    }
+
     pub fn to_json(self) -> Value {
         json!({
             "count": self.count,
@@ -273,41 +288,15 @@ impl RunSummary<'_> {
             self.payload_mb_per_second(),
             self.message_size_bytes
         );
-        let _ = write!(
-            text,
-            "Send latency (us): min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {} mean {:.1}",
-            latency.min_us,
-            latency.p50_us,
-            latency.p90_us,
-            latency.p99_us,
-            latency.p99_9_us,
-            latency.p99_99_us,
-            latency.max_us,
-            latency.mean_us
-        );
+        let _ = write!(text, "Send latency (us): {}", latency.to_text());
         text
     }
 
     /// The same figures as `to_text`, with `config` (the producer's options) alongside.
     pub fn to_json(&self, config: Value) -> Value {
         let total = self.total;
-        let response_failures: serde_json::Map<String, Value> = total
-            .response_failures
-            .iter()
-            .map(|(code, failures)| {
-                let entry = json!({
-                    "name": response_code_name(*code),
-                    "count": failures.count,
-                    "first_remark": failures.first_remark,
-                });
-                (code.to_string(), entry)
-            })
-            .collect();
-        let send_failures: serde_json::Map<String, Value> = total
-            .send_failures
-            .iter()
-            .map(|(kind, count)| (kind.name().to_owned(), json!(count)))
-            .collect();
+        let response_failures = response_failures_json(&total.response_failures);
+        let send_failures = send_failures_json(&total.send_failures);
         json!({
             "config": config,
             "sent": total.succeeded,
@@ -323,6 +312,32 @@ impl RunSummary<'_> {
             "latency_us": LatencySummary::of(&total.latency_us).to_json(),
         })
     }
+}
+
+/// Failure responses by code, as the JSON reports show them: `{"<code>": {name, count,
+/// first_remark}}`.
+pub fn response_failures_json(failures: &BTreeMap<i32, ResponseFailures>) -> Value {
+    let by_code: serde_json::Map<String, Value> = failures
+        .iter()
+        .map(|(code, failures)| {
+            let entry = json!({
+                "name": response_code_name(*code),
+                "count": failures.count,
+                "first_remark": failures.first_remark,
+            });
+            (code.to_string(), entry)
+        })
+        .collect();
+    Value::Object(by_code)
+}
+
+/// Requests that got no answer, by reason: `{"<reason>": count}`.
+pub fn send_failures_json(failures: &BTreeMap<SendFailure, u64>) -> Value {
+    let by_reason: serde_json::Map<String, Value> = failures
+        .iter()
+        .map(|(kind, count)| (kind.name().to_owned(), json!(count)))
+        .collect();
+    Value::Object(by_reason)
 }
 
 pub fn per_second(count: u64, length: Duration) -> f64 {
