@@ -19,16 +19,14 @@
 //! bounded as in the producer worker.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::{
-    decode_frame, peek_frame_size_bytes, request_code, response_code, FrameEncoder, RemotingCommand,
-};
+use shardmq::remoting::{decode_frame, request_code, response_code, FrameEncoder, RemotingCommand};
 
 use crate::clock::RunClock;
 use crate::collect::{Figures, Report};
@@ -36,14 +34,13 @@ use crate::consume_stats::ConsumeTally;
 use crate::records::records;
 use crate::send_frame::{SENT_MICROS_MIN, SENT_MICROS_PROPERTY};
 use crate::stats::SendFailure;
-use crate::worker::{poll_with_timeout, TICK};
+use crate::worker::{poll_with_timeout, read_some, READS_PER_WAKEUP_MAX, TICK};
 
 /// Pause before pulling a queue again after a failed pull.
 const PULL_FAILURE_BACKOFF: Duration = Duration::from_millis(100);
 /// Bytes asked for per read(2): a pull answer carries up to 256 KiB of messages.
 const READ_CHUNK_BYTES: usize = 1024 * 1024;
 /// Reads per connection per wake-up, so one busy connection cannot starve the others.
-const READS_PER_WAKEUP_MAX: usize = 16;
 /// PullSysFlag bits (§3.3).
 const PULL_FLAG_SUSPEND: i32 = 0x2;
 const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
@@ -211,25 +208,10 @@ impl PullConnection {
 
     fn receive(&mut self, context: &mut PullContext<'_>) -> io::Result<()> {
         for _ in 0..READS_PER_WAKEUP_MAX {
-            if self.input_filled == self.input.len() {
-                let size = peek_frame_size_bytes(&self.input[..self.input_filled])
-                    .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
-                    .expect("a full buffer holds a length prefix");
-                self.input.resize(size, 0);
+            if !read_some(&self.stream, &mut self.input, &mut self.input_filled)? {
+                break;
             }
-            match (&self.stream).read(&mut self.input[self.input_filled..]) {
-                Ok(0) => {
-                    let message = "the broker closed the connection";
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
-                }
-                Ok(read) => {
-                    self.input_filled += read;
-                    self.complete(Instant::now(), context)?;
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
+            self.complete(Instant::now(), context)?;
         }
         Ok(())
     }

@@ -41,7 +41,7 @@ const OUT_PENDING_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes asked for per read(2); many small responses arrive per read.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Reads per connection per wake-up, so one busy connection cannot starve the others.
-const READS_PER_WAKEUP_MAX: usize = 16;
+pub(crate) const READS_PER_WAKEUP_MAX: usize = 16;
 /// The loop wakes at least this often to check ticks, timeouts and the deadline.
 pub const POLL_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Expired requests are looked for this often.
@@ -233,37 +233,11 @@ impl Connection {
     /// Reads and completes every response that has arrived.
     fn receive(&mut self, tally: &mut Tally) -> io::Result<()> {
         for _ in 0..READS_PER_WAKEUP_MAX {
-            self.make_room_for_frame()?;
-            match (&self.stream).read(&mut self.input[self.input_filled..]) {
-                Ok(0) => {
-                    let message = "the broker closed the connection";
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
-                }
-                Ok(read) => {
-                    self.input_filled += read;
-                    self.complete_responses(Instant::now(), tally)?;
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
+            if !read_some(&self.stream, &mut self.input, &mut self.input_filled)? {
+                break;
             }
+            self.complete_responses(Instant::now(), tally)?;
         }
-        Ok(())
-    }
-
-    /// A full input buffer holds the start of one frame bigger than the buffer: grow to it.
-    fn make_room_for_frame(&mut self) -> io::Result<()> {
-        if self.input_filled < self.input.len() {
-            return Ok(());
-        }
-        let frame_size_bytes = peek_frame_size_bytes(&self.input[..self.input_filled])
-            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
-            .expect("a full buffer holds a length prefix");
-        assert!(
-            frame_size_bytes > self.input.len(),
-            "complete frames were consumed"
-        );
-        self.input.resize(frame_size_bytes, 0);
         Ok(())
     }
 
@@ -478,6 +452,42 @@ pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
         );
         for poll_fd in poll_fds.iter_mut() {
             poll_fd.revents = 0;
+        }
+    }
+}
+
+/// One read from a non-blocking connection into `input[filled..]`: true when bytes came,
+/// false when none are waiting. A full buffer holds the start of one frame bigger than it
+/// (complete frames are consumed after every read), so it first grows to that frame's size.
+/// The broker closing the connection is an error.
+pub(crate) fn read_some(
+    stream: &TcpStream,
+    input: &mut Vec<u8>,
+    filled: &mut usize,
+) -> io::Result<bool> {
+    if *filled == input.len() {
+        let frame_size_bytes = peek_frame_size_bytes(&input[..*filled])
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
+            .expect("a full buffer holds a length prefix");
+        assert!(
+            frame_size_bytes > input.len(),
+            "complete frames were consumed"
+        );
+        input.resize(frame_size_bytes, 0);
+    }
+    loop {
+        match (&*stream).read(&mut input[*filled..]) {
+            Ok(0) => {
+                let message = "the broker closed the connection";
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+            }
+            Ok(read) => {
+                *filled += read;
+                return Ok(true);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
         }
     }
 }
