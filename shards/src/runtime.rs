@@ -101,6 +101,24 @@ impl ShardPlacement {
         )?))
     }
 
+    /// CPUs where the kernel's io_uring workers may run the commitlog writes of every shard
+    /// (`store::commit_ring`): the helper CPUs when the profile names them, else the online
+    /// CPUs that run no shard; none (writes are issued on the shard's own core) when every
+    /// online CPU runs a shard or shards float.
+    pub fn io_worker_cpus(&self) -> Vec<usize> {
+        if !self.helper_cpus.is_empty() {
+            return self.helper_cpus.clone();
+        }
+        let pinned: Option<Vec<usize>> = self.cpus.iter().copied().collect();
+        match pinned {
+            Some(pinned) => online_cpus()
+                .into_iter()
+                .filter(|cpu| !pinned.contains(cpu))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// Where a shard's helper thread runs, when `helper_cpus` says.
     fn helper_placement(&self) -> io::Result<Option<PoolPlacement>> {
         if self.helper_cpus.is_empty() {
@@ -225,12 +243,14 @@ where
         }
         let body = body.clone();
         let nudger = nudger.clone();
+        let io_worker_cpus = placement.io_worker_cpus();
         // Our own thread, registered with the nudger before glommio runs anything on it:
         // glommio's own `spawn` once parked a fresh executor before it polled its first task.
         let handle = std::thread::Builder::new()
             .name(format!("shard-{shard_id}"))
             .spawn(move || {
                 nudger.register_current_thread(shard_id);
+                IO_WORKER_CPUS.with(|cpus| *cpus.borrow_mut() = io_worker_cpus);
                 let executor = builder
                     .make()
                     .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
@@ -323,6 +343,52 @@ pub fn spawn_detached<T: 'static>(future: impl Future<Output = T> + 'static) {
 /// Spawns a task on the current shard; dropping the returned handle cancels it.
 pub fn spawn<T: 'static>(future: impl Future<Output = T> + 'static) -> Task<T> {
     glommio::spawn_local(future)
+}
+
+/// Gives the executor back if glommio asks for it (its preemption timer fired, or an event
+/// arrived on its latency ring: a timer, a socket that became readable, the commitlog ring's
+/// wake-up); a memory compare otherwise. Long-running loops call it between steps.
+pub async fn yield_if_needed() {
+    glommio::yield_if_needed().await
+}
+
+thread_local! {
+    /// `ShardPlacement::io_worker_cpus` of the shard running on this thread.
+    static IO_WORKER_CPUS: std::cell::RefCell<Vec<usize>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// This shard's poll hooks (see `run_poll_hooks`).
+    static POLL_HOOKS: std::cell::RefCell<Vec<std::rc::Weak<dyn Fn()>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// CPUs where io_uring workers may issue this shard's commitlog writes (empty: on this
+/// thread, inline; also outside `run_shards`, as in store tests).
+pub fn io_worker_cpus() -> Vec<usize> {
+    IO_WORKER_CPUS.with(|cpus| cpus.borrow().clone())
+}
+
+/// Registers `hook` to be called by `run_poll_hooks` on this shard until its last strong
+/// reference goes (the owner keeps the `Rc`).
+pub fn register_poll_hook(hook: &std::rc::Rc<dyn Fn()>) {
+    POLL_HOOKS.with(|hooks| hooks.borrow_mut().push(std::rc::Rc::downgrade(hook)));
+}
+
+/// Runs this shard's poll hooks: completion checks of I/O that glommio does not drive (the
+/// commitlog ring), cheap when there is nothing to collect. Busy loops call it between steps
+/// so that such completions are seen without waiting for the executor's next I/O poll.
+pub fn run_poll_hooks() {
+    let mut index = 0;
+    while let Some(hook) = POLL_HOOKS.with(|hooks| hooks.borrow().get(index).cloned()) {
+        match hook.upgrade() {
+            Some(hook) => {
+                hook();
+                index += 1;
+            }
+            None => POLL_HOOKS.with(|hooks| {
+                hooks.borrow_mut().swap_remove(index);
+            }),
+        }
+    }
 }
 
 /// Sleeps on the current shard's timer.

@@ -177,6 +177,61 @@ fn segments_roll_and_read_back_after_reopen() {
     });
 }
 
+/// SYNC_FLUSH load that never pauses, across several segments: group commits follow one
+/// another while zero-fill runs in the next segment, paced with the writes (its chunks end at
+/// offsets derived from an odd write position and must still be whole blocks), and every
+/// acknowledged message reads back after a reopen.
+#[test]
+fn sync_load_across_segments_with_paced_zero_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = 1u64 << 20;
+    let (writers, per_writer) = (32u64, 160u64);
+    let size = |i: u64| 1000 + (i % 13) as usize;
+    let written = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, segment))
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let store = store.clone();
+                glommio::spawn_local(async move {
+                    for k in 0..per_writer {
+                        let i = w + writers * k;
+                        let end = append(&store, "Paced", w as u32 % 4, i, size(i), "t").end_offset;
+                        store.wait_durable(end).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+        let stats = store.stats();
+        assert!(stats.write_offset > 4 * segment, "{stats:?}");
+        assert_eq!(stats.durable_offset, stats.write_offset);
+        assert!(stats.zero_filled_bytes > 0, "{stats:?}");
+        assert!(
+            stats.flushes < stats.put_messages,
+            "group commit: {stats:?}"
+        );
+        store.close().await.unwrap();
+        stats.write_offset
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, segment))
+            .await
+            .unwrap();
+        assert_eq!(store.max_physical_offset(), written);
+        let mut seen = 0;
+        for q in 0..4u32 {
+            let bodies = pull_all(&store, "Paced", q, 0).await;
+            seen += bodies.len() as u64;
+        }
+        assert_eq!(seen, writers * per_writer);
+        store.close().await.unwrap();
+    });
+}
+
 #[test]
 fn freshly_created_segment_reads_back_through_dma() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,45 +1,54 @@
-//! The flusher: the one task per store that writes commitlog files, and group commit.
+//! The flusher: group commit, zero-fill ahead of the writes, and checkpoints.
 //!
-//! Runs on the store's executor, spawned by `Store::open`; it holds only a weak reference, so
-//! a store dropped without `close` stops it (what a crash leaves behind, for tests). Each turn
-//! it does one thing, in this order of priority:
+//! Commitlog files are written only through the store's own io_uring ring (`commit_ring.rs`),
+//! in chains of two kinds, at most one of each in flight:
+//! - a flush of data: the dirty range `[align_down(durable_end), align_up(end))` (re-writing
+//!   the partial last block), one RWF_DSYNC write per segment split at
+//!   `FLUSH_WRITE_MAX_BYTES`. When the reaper (`reap`) collects it, it sets
+//!   `durable_end = end` and wakes every waiter at or below it. Because appends go on while a
+//!   chain runs, the next flush carries all of them: that is the group commit.
+//! - a zero-fill: `ZERO_FILL_CHUNK_BYTES` of zeros ahead of the write position, then an
+//!   fdatasync. Data written over space that was written before makes a cheap durable write;
+//!   over space only fallocated, every durable write also commits the extent conversion to
+//!   the journal (~2x dearer here, ARCHITECTURE §3). A flush whose range reaches a zero-fill
+//!   in flight waits for it (the zero-fill's end starts it), so zeros never land on data.
+//!
+//! Who starts a flush: the append itself (`kick`) when one is due (SYNC_FLUSH: anything dirty;
+//! ASYNC_FLUSH: `flush_dirty_max_bytes` dirty) and no flush is in flight; the reaper when a
+//! chain ends and one is due, so group commits follow one another without waiting for a task
+//! to be scheduled; and the flusher task (one per store, spawned by `Store::open`; it holds
+//! only a weak reference, so a store dropped without `close` stops it, which is what a crash
+//! leaves behind for tests), each turn doing one thing in this order of priority:
 //!
 //! | Action | When |
 //! |---|---|
 //! | exit (final flush + clean checkpoint) | `close` was called |
 //! | checkpoint (flush, sync queues, write) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
-//! | flush | Sync: anything dirty; Async: dirty for `flush_interval_ms` or more than `flush_dirty_max_bytes` dirty |
-//! | zero-fill one chunk (write + fdatasync) | idle and the next segment is not yet ready |
-//! | wait | for an append, a `wait_durable`, `close` or the next deadline |
+//! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
+//! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
+//! | wait | for an append, a chain's end, a `wait_durable`, `close` or the next deadline |
 //!
-//! A flush writes `[align_down(durable_end), align_up(end))` (re-writing the partial last
-//! block) in one `write_at` per segment (split at `FLUSH_WRITE_MAX_BYTES`), then one
-//! `fdatasync`, then sets `durable_end = end` and wakes every waiter at or below it. Because
-//! appends go on during a flush, the next flush carries all of them: that is the group commit.
-//!
-//! Zero-filling runs on its own when no flush has run for `ZERO_FILL_IDLE_MS`. Under load
-//! that never pauses (Sync mode at depth) the flusher is never idle, so a Sync flush whose
-//! zeroed margin ahead of the write position is below `ZERO_FILL_AHEAD_MIN_BYTES` also writes
-//! a zero-fill chunk about as large as its data, together with it, before its fdatasync:
-//! data keeps landing on written extents, and the extent conversion that makes fdatasync over
-//! fallocated-but-unwritten space ~30% dearer (ARCHITECTURE §3) is paid once per chunk, not
-//! by every sync. An idle-time zero-fill chunk in progress delays the next flush by one
-//! 1 MiB write + fdatasync.
+//! A store past its first segment under steady SYNC load thus writes data only over zeroed
+//! space. The first segment of a new store is zeroed while the store is quiet; data that
+//! outruns that lands on fallocated space (slower durable writes, still correct).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::{poll_fn, Future};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use glommio::io::{BufferedFile, DmaBuffer, DmaFile};
+use glommio::net::UnixStream;
 
 use super::checkpoint::{self, Checkpoint};
+use super::commit_ring::{ChainWrite, Slot};
 use super::error::{io_error, os_error_with_context, Poison};
-use super::segments::{align_down, align_up, create_segment, write_shared_buffer_at, BLOCK_BYTES};
-use super::{FlushMode, Inner, StoreError, TAIL_READ_KEEP_BYTES};
+use super::segments::{align_down, align_up, create_segment, BLOCK_BYTES};
+use super::{FlushMode, Inner, LogState, StoreError, TAIL_READ_KEEP_BYTES};
 
 /// Async mode: default dirty bytes that trigger a flush before the interval ends (one large
 /// write is as cheap as a small one; more would delay durability and grow the write).
@@ -47,37 +56,35 @@ use super::{FlushMode, Inner, StoreError, TAIL_READ_KEEP_BYTES};
 pub const FLUSH_DIRTY_BYTES_MAX: u64 = 4 << 20;
 /// Largest single DMA write: bounds the DMA buffer a flush allocates.
 pub const FLUSH_WRITE_MAX_BYTES: u64 = 8 << 20;
-/// Zero-fill write size: large enough to be efficient, small enough not to delay a flush.
-pub const ZERO_FILL_CHUNK_BYTES: u64 = 1 << 20;
+/// Zero-fill write size: one fdatasync (one journal commit of converted extents) per chunk.
+pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
+/// Under SYNC_FLUSH load, how far zero-fill of the next segment runs ahead of the writes'
+/// progress through theirs (at most a quarter of a segment).
+pub const ZERO_FILL_PACE_LEAD_BYTES: u64 = 64 << 20;
 /// How often consume queues are synced and the checkpoint written (bounds recovery work).
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
-/// Zeroed space a flush keeps ahead of the write position when the flusher never idles:
-/// below this margin a flush also writes one zero-fill chunk, covered by its own fdatasync.
-pub const ZERO_FILL_AHEAD_MIN_BYTES: u64 = 8 << 20;
-/// Smallest zero-fill chunk a flush carries (a flush carries about as much as it writes).
-pub const ZERO_FILL_CARRIED_MIN_BYTES: u64 = 64 << 10;
-/// Zero-filling on its own waits until no flush has run for this long: between two group
-/// commits of a steady SYNC_FLUSH load the log is clean only while the acked clients send
-/// their next requests, and a 1 MiB zero-fill write + fdatasync slipped in there would delay
-/// the next group commit (under load, flushes carry zero-fill chunks instead).
+/// The reaper looks at the ring at least this often, wake-up byte or not.
+const REAP_FALLBACK_MS: u64 = 50;
+/// ASYNC_FLUSH: zero-filling waits until no flush has run for this long.
 pub const ZERO_FILL_IDLE_MS: u64 = 20;
 
 const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
-const _: () = assert!(ZERO_FILL_CARRIED_MIN_BYTES.is_multiple_of(BLOCK_BYTES));
+const _: () = assert!(ZERO_FILL_PACE_LEAD_BYTES.is_multiple_of(BLOCK_BYTES));
 
 /// A disk failure to simulate on the next commitlog write or fdatasync (fault-injection hook).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InjectedFault {
     /// The next write fails with this errno (e.g. libc::EIO, libc::ENOSPC).
     WriteError { errno: i32 },
-    /// The next fdatasync fails with this errno.
+    /// The next fdatasync (for a flush of data: the sync part of its durable write) fails
+    /// with this errno.
     FdatasyncError { errno: i32 },
 }
 
 /// Flush bookkeeping, inside the store's `LogState`.
 pub(crate) struct FlushState {
-    /// Everything below this commitlog offset is written and fdatasync'ed.
+    /// Everything below this commitlog offset is written and durable.
     pub(crate) durable_end: u64,
     /// `wait_durable` callers by the offset they wait for.
     waiters: BTreeMap<u64, Vec<Waker>>,
@@ -87,13 +94,12 @@ pub(crate) struct FlushState {
     pub(crate) checkpoint_wanted: bool,
     last_checkpoint_at: Instant,
     last_checkpoint_offset: u64,
-    /// When the last flush of data finished (idle-time zero-fill waits for a quiet spell).
+    /// When the last flush of data finished (Async zero-fill waits for a quiet spell).
     last_flush_at: Instant,
     /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
     zero_fill_next: u64,
-    /// Zeroed DMA buffers by size, written again and again by zero-fill (power-of-two sizes
-    /// from `ZERO_FILL_CARRIED_MIN_BYTES` to `ZERO_FILL_CHUNK_BYTES`).
-    zero_buffers: Vec<Rc<DmaBuffer>>,
+    /// A zeroed `ZERO_FILL_CHUNK_BYTES` DMA buffer, written again and again by zero-fill.
+    zero_buffer: Option<Rc<DmaBuffer>>,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
     /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
@@ -101,6 +107,12 @@ pub(crate) struct FlushState {
     /// When the flush under way started (None between flushes): how long the disk has kept
     /// the appends since it waiting, which the broker's overload check reads.
     pub(crate) flush_started_at: Option<Instant>,
+    /// The flush of data in flight: up to `end`, with `messages` appended by then.
+    data_in_flight: Option<(u64, u64)>,
+    /// The zero-fill in flight: `[pos, stop)`.
+    zero_in_flight: Option<(u64, u64)>,
+    /// Woken when a chain ends (and when the store is poisoned).
+    chain_waiters: Vec<Waker>,
     /// The flusher has exited (after `close`); the result `close` reports.
     done: Option<Result<(), Poison>>,
 }
@@ -120,16 +132,20 @@ impl FlushState {
                 .checked_sub(Duration::from_millis(ZERO_FILL_IDLE_MS))
                 .unwrap_or_else(Instant::now),
             zero_fill_next,
-            zero_buffers: Vec::new(),
+            zero_buffer: None,
             messages_at_last_flush: 0,
             fault: None,
             test_flush_delay: None,
             flush_started_at: None,
+            data_in_flight: None,
+            zero_in_flight: None,
+            chain_waiters: Vec::new(),
             done: None,
         }
     }
 
-    /// Records an append ending at `end`; true when the flusher must be woken.
+    /// Records an append ending at `end`; true when a flush may be due (`kick` decides) or
+    /// the flusher task must learn of it (the Async deadline starts).
     pub(crate) fn note_append(&mut self, mode: FlushMode, end: u64, dirty_max_bytes: u64) -> bool {
         match mode {
             FlushMode::Sync => true,
@@ -158,6 +174,13 @@ impl FlushState {
             waker.wake();
         }
         for waker in self.close_waiters.drain(..) {
+            waker.wake();
+        }
+        self.wake_chain_waiters();
+    }
+
+    fn wake_chain_waiters(&mut self) {
+        for waker in self.chain_waiters.drain(..) {
             waker.wake();
         }
     }
@@ -198,10 +221,39 @@ enum Action {
     Wait(Option<Duration>),
 }
 
-pub(crate) fn spawn(inner: &Rc<Inner>) {
+pub(crate) fn spawn(inner: &Rc<Inner>, wake_rx: UnixStream) {
     let weak = Rc::downgrade(inner);
     let notify = inner.notify.clone();
-    glommio::spawn_local(run(weak, notify)).detach();
+    glommio::spawn_local(run(weak.clone(), notify)).detach();
+    glommio::spawn_local(reaper(weak, wake_rx)).detach();
+}
+
+/// Reads the wake-up bytes the commitlog ring's chains end with and reaps them. Ends when the
+/// store is gone (the ring's end of the socket pair closes with it). Also reaps every
+/// `REAP_FALLBACK_MS` without a wake-up, so that a lost wake-up byte cannot leave a chain
+/// unreaped.
+async fn reaper(weak: Weak<Inner>, mut wake_rx: UnixStream) {
+    use futures_lite::AsyncReadExt;
+    let mut bytes = [0u8; 64];
+    loop {
+        let woken =
+            futures_lite::future::or(async { Some(wake_rx.read(&mut bytes).await) }, async {
+                glommio::timer::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
+                None
+            })
+            .await;
+        match woken {
+            // The ring (and its end of the pair) went with the store.
+            Some(Ok(0)) => return,
+            Some(Err(error)) => {
+                eprintln!("shardmq: store: reading the commitlog ring's wake-ups: {error}");
+                glommio::timer::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
+            }
+            _ => {}
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        reap(&inner);
+    }
 }
 
 async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
@@ -227,17 +279,11 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
             Action::Exit => return exit(&inner).await,
             Action::Flush => {
                 flush(&inner).await;
-                drop(inner);
-                // Let the tasks this flush woke append again before deciding what is next, so
-                // that an idle-time zero-fill does not slip in front of their flush.
-                futures_lite::future::yield_now().await;
             }
             Action::Checkpoint => {
                 checkpoint(&inner, false).await;
             }
-            Action::ZeroFill => {
-                zero_fill_step(&inner).await;
-            }
+            Action::ZeroFill => zero_fill_step(&inner).await,
             Action::Wait(_) => {}
         }
     }
@@ -254,10 +300,6 @@ fn next_action(inner: &Inner) -> Action {
     }
     let now = Instant::now();
     let end = log.tail.end();
-    let dirty = end > flush.durable_end;
-    let zero_fill_target = zero_fill_target(inner, end);
-    let zero_fill_next = flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
-    let zero_fill_pending = zero_fill_next < zero_fill_target;
     let mut deadlines = Vec::new();
     // Checkpoints come before flushes (a checkpoint flushes first): under constant Sync load
     // the log is always dirty, and recovery work must stay bounded all the same.
@@ -270,26 +312,29 @@ fn next_action(inner: &Inner) -> Action {
         }
         deadlines.push(due);
     }
-    if dirty {
+    // A flush in flight or held up by a zero-fill is started again by the reaper.
+    let flush_free = !log.ring.busy(Slot::Data) && flush.zero_in_flight.is_none();
+    if end > flush.durable_end && flush_free {
         match inner.config.flush_mode {
             FlushMode::Sync => return Action::Flush,
             FlushMode::Async => {
                 let interval = Duration::from_millis(inner.config.flush_interval_ms);
                 let since = flush.dirty_since.unwrap_or(now);
-                let dirty_max_bytes = inner.config.flush_dirty_max_bytes;
-                if end - flush.durable_end >= dirty_max_bytes || now >= since + interval {
+                if flush_due(inner, &log) || now >= since + interval {
                     return Action::Flush;
                 }
                 deadlines.push(since + interval);
             }
         }
     }
-    if zero_fill_pending {
-        let quiet_from = flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS);
-        if now >= quiet_from {
+    if !log.ring.busy(Slot::ZeroFill) {
+        let quiet = quiet(flush, now);
+        if zero_fill_range(inner, &log, quiet).is_some() {
             return Action::ZeroFill;
         }
-        deadlines.push(quiet_from);
+        if !quiet && zero_fill_range(inner, &log, true).is_some() {
+            deadlines.push(flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS));
+        }
     }
     Action::Wait(
         deadlines
@@ -305,6 +350,46 @@ fn zero_fill_target(inner: &Inner, end: u64) -> u64 {
     align_down(end, size) + 2 * size
 }
 
+/// No flush of data has ended for `ZERO_FILL_IDLE_MS`: zero-fill may go anywhere ahead.
+fn quiet(flush: &FlushState, now: Instant) -> bool {
+    now >= flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS)
+}
+
+/// The next zero-fill chunk, `[pos, stop)` inside one segment, if one is due:
+/// - when `quiet` (either mode): from the write position up to the end of the next segment;
+/// - under SYNC_FLUSH load: only in the next segment, paced with the writes (as far into it as
+///   they are into theirs, plus `ZERO_FILL_PACE_LEAD_BYTES`). The next segment is another
+///   file, so its extent changes never hold up a durable write to the one being written, and
+///   pacing spreads its zeroing over the segment instead of one burst at the roll;
+/// - under ASYNC_FLUSH load: none (zeroing ahead of a steady load would double the bytes
+///   written, and its durable writes are few and large).
+fn zero_fill_range(inner: &Inner, log: &LogState, quiet: bool) -> Option<(u64, u64)> {
+    let end = log.tail.end();
+    let size = inner.config.segment_size_bytes;
+    let segment = align_down(end, size);
+    let target = zero_fill_target(inner, end);
+    let (from, limit) = match (quiet, inner.config.flush_mode) {
+        (true, _) => (align_up(end, BLOCK_BYTES), target),
+        (false, FlushMode::Sync) => (
+            segment + size,
+            target.min(align_down(
+                segment + size + (end - segment) + ZERO_FILL_PACE_LEAD_BYTES.min(size / 4),
+                BLOCK_BYTES,
+            )),
+        ),
+        (false, FlushMode::Async) => return None,
+    };
+    let pos = log.flush.zero_fill_next.max(from);
+    let stop = (pos + ZERO_FILL_CHUNK_BYTES)
+        .min(align_down(pos, size) + size)
+        .min(limit);
+    assert!(
+        pos % BLOCK_BYTES == 0 && stop % BLOCK_BYTES == 0,
+        "zero-fill writes whole blocks"
+    );
+    (pos < stop).then_some((pos, stop))
+}
+
 fn poison(inner: &Inner, context: &str, error: &io::Error) {
     let poison = Poison::from_io(context, error);
     eprintln!(
@@ -315,6 +400,7 @@ fn poison(inner: &Inner, context: &str, error: &io::Error) {
     if log.poison.is_none() {
         log.poison = Some(poison);
     }
+    log.flush.flush_started_at = None;
     log.flush.wake_everyone();
 }
 
@@ -339,170 +425,223 @@ async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), Stor
     Ok(())
 }
 
-fn take_fault(inner: &Inner, write: bool) -> Option<io::Error> {
-    let mut log = inner.log.borrow_mut();
-    let errno = match log.flush.fault {
+/// The injected fault for the next write (or fdatasync), taken.
+fn take_fault(flush: &mut FlushState, write: bool) -> Option<i32> {
+    let errno = match flush.fault {
         Some(InjectedFault::WriteError { errno }) if write => errno,
         Some(InjectedFault::FdatasyncError { errno }) if !write => errno,
         _ => return None,
     };
-    log.flush.fault = None;
-    Some(io::Error::from_raw_os_error(errno))
+    flush.fault = None;
+    Some(errno)
 }
 
-/// One flush of everything dirty now. Returns false when the store is (or got) poisoned.
-pub(crate) async fn flush(inner: &Inner) -> bool {
-    inner.log.borrow_mut().flush.flush_started_at = Some(Instant::now());
-    let flushed = flush_dirty(inner).await;
-    inner.log.borrow_mut().flush.flush_started_at = None;
-    flushed
+/// A flush is due now: Sync, anything dirty; Async, `flush_dirty_max_bytes` dirty.
+fn flush_due(inner: &Inner, log: &LogState) -> bool {
+    let dirty = log.tail.end() - log.flush.durable_end;
+    match inner.config.flush_mode {
+        FlushMode::Sync => dirty > 0,
+        FlushMode::Async => dirty >= inner.config.flush_dirty_max_bytes,
+    }
 }
 
-async fn flush_dirty(inner: &Inner) -> bool {
-    let (start, end, messages) = {
-        let log = inner.log.borrow();
-        if log.poison.is_some() {
-            return false;
-        }
-        (
-            align_down(log.flush.durable_end, BLOCK_BYTES),
-            log.tail.end(),
-            log.stats.put_messages,
-        )
-    };
-    if end == inner.log.borrow().flush.durable_end {
-        return true;
-    }
-    let test_delay = inner.log.borrow().flush.test_flush_delay;
-    if let Some(delay) = test_delay {
-        glommio::timer::sleep(delay).await;
-    }
-    if let Err(error) = ensure_segments(inner, start, end).await {
-        poison(inner, "creating a commitlog segment", &store_io(error));
-        return false;
-    }
-    let size = inner.config.segment_size_bytes;
-    let mut jobs = Vec::new();
-    {
-        let log = inner.log.borrow();
-        let stop = align_up(end, BLOCK_BYTES);
-        let mut pos = start;
-        while pos < stop {
-            let Some((segment, file)) = log.segments.file_for(pos) else {
-                drop(log);
-                poison(inner, "flush", &io::Error::other("segment vanished"));
-                return false;
-            };
-            let piece_end = stop.min(segment + size).min(pos + FLUSH_WRITE_MAX_BYTES);
-            let mut buffer = file.alloc_dma_buffer((piece_end - pos) as usize);
-            log.tail.copy_out(pos, buffer.as_bytes_mut());
-            jobs.push((file, pos - segment, Rc::new(buffer)));
-            pos = piece_end;
-        }
-    }
-    // Only SYNC_FLUSH waits on fdatasync per group commit; ASYNC flushes are rare and large,
-    // and carrying zeros would double what they write (idle-time zero-fill still runs).
-    let zero_fill = match inner.config.flush_mode {
-        FlushMode::Sync => zero_fill_job(inner, end, end - start),
-        FlushMode::Async => None,
-    };
-    let zero_filled_to = zero_fill.as_ref().map(|(_, _, _, stop)| *stop);
-    jobs.extend(zero_fill.map(|(file, pos, buffer, _)| (file, pos, buffer)));
-    let mut synced: Vec<Rc<DmaFile>> = Vec::new();
-    let writes_started = Instant::now();
-    // The writes go to the disk together (the data and the zero-fill chunk ahead of it): a
-    // virtio disk serves a few requests in parallel in about the time of one.
-    let mut writes = Vec::with_capacity(jobs.len());
-    for (file, pos, buffer) in jobs {
-        let fault = take_fault(inner, true);
-        if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
-            synced.push(file.clone());
-        }
-        writes.push(async move {
-            match fault {
-                Some(error) => Err(error),
-                None => write_shared_buffer_at(&file, pos, buffer).await,
-            }
-        });
-    }
-    for result in join_all(writes).await {
-        if let Err(error) = result {
-            poison(inner, "commitlog write", &error);
-            return false;
-        }
-    }
-    let syncs_started = Instant::now();
-    for file in synced {
-        let result = match take_fault(inner, false) {
-            Some(error) => Err(error),
-            None => file.fdatasync().await.map_err(io_error),
-        };
-        if let Err(error) = result {
-            poison(inner, "commitlog fdatasync", &error);
-            return false;
-        }
-    }
-    {
-        let stats = &mut inner.log.borrow_mut().stats;
-        stats.flush_write_micros += micros(syncs_started - writes_started);
-        stats.flush_sync_micros += micros(syncs_started.elapsed());
-    }
-    mark_durable(inner, end, messages);
-    if let Some(stop) = zero_filled_to {
-        let mut log = inner.log.borrow_mut();
-        let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
-        log.flush.zero_fill_next = log.flush.zero_fill_next.max(stop);
-        log.stats.zero_filled_bytes += stop.saturating_sub(pos);
-    }
-    true
+/// What `start_flush` did.
+enum Started {
+    /// A flush is in flight (this one, or one already running), or one will start when the
+    /// zero-fill in flight ends.
+    Running,
+    /// Nothing is dirty.
+    Clean,
+    /// The dirty range reaches `[start, end)` where a segment file is still to be created
+    /// (asynchronously, by the flusher task).
+    NeedsSegments {
+        start: u64,
+        end: u64,
+    },
+    Poisoned,
 }
 
-/// The zero-fill chunk a flush of data ending at `end` carries along, if the zeroed margin
-/// ahead of it is short: (file, position in file, zeroed buffer, commitlog offset it ends at).
-/// The chunk stays inside the segment already created for the position (creating files is
-/// left to idle-time zero-fill and to flushes of data).
-fn zero_fill_job(
-    inner: &Inner,
-    end: u64,
-    flushed_bytes: u64,
-) -> Option<(Rc<DmaFile>, u64, Rc<DmaBuffer>, u64)> {
+/// Starts a flush of everything dirty now, unless one is already in flight. Synchronous: the
+/// chain goes to the kernel before this returns.
+fn start_flush(inner: &Inner) -> Started {
     let mut log = inner.log.borrow_mut();
-    let data_end = align_up(end, BLOCK_BYTES);
-    let pos = log.flush.zero_fill_next.max(data_end);
-    if pos - data_end >= ZERO_FILL_AHEAD_MIN_BYTES {
-        return None;
+    if log.poison.is_some() {
+        return Started::Poisoned;
     }
-    // As much as this flush writes (the margin keeps pace with the data), in a piece that
-    // costs about what the data write costs, so the two finish together.
-    let chunk = flushed_bytes
-        .next_power_of_two()
-        .clamp(ZERO_FILL_CARRIED_MIN_BYTES, ZERO_FILL_CHUNK_BYTES);
+    if log.ring.busy(Slot::Data) {
+        return Started::Running;
+    }
+    let durable_end = log.flush.durable_end;
+    let end = log.tail.end();
+    if end == durable_end {
+        return Started::Clean;
+    }
+    let start = align_down(durable_end, BLOCK_BYTES);
+    let stop = align_up(end, BLOCK_BYTES);
+    if log.flush.zero_in_flight.is_some_and(|(pos, _)| stop > pos) {
+        // Zeros are on their way to part of this range: the zero-fill's end starts the flush.
+        return Started::Running;
+    }
     let size = inner.config.segment_size_bytes;
-    let stop = (pos + chunk)
-        .min(align_down(pos, size) + size)
-        .min(zero_fill_target(inner, end));
-    if pos >= stop {
-        return None;
+    let mut writes = Vec::new();
+    let mut pos = start;
+    while pos < stop {
+        let Some((segment, file)) = log.segments.file_for(pos) else {
+            return Started::NeedsSegments { start: pos, end };
+        };
+        let piece_end = stop.min(segment + size).min(pos + FLUSH_WRITE_MAX_BYTES);
+        let mut buffer = file.alloc_dma_buffer((piece_end - pos) as usize);
+        log.tail.copy_out(pos, buffer.as_bytes_mut());
+        writes.push(ChainWrite {
+            fd: file.as_raw_fd(),
+            position: pos - segment,
+            buffer: Rc::new(buffer),
+            fail_with: take_fault(&mut log.flush, true),
+        });
+        pos = piece_end;
     }
-    let (segment, file) = log.segments.file_for(pos)?;
-    let buffer = zeros(&mut log.flush, &file, stop - pos);
-    Some((file, pos - segment, buffer, stop))
+    // Durable writes need no fdatasync; an injected fdatasync failure stands in for the
+    // sync part of the first one.
+    let sync_fault: Vec<_> = take_fault(&mut log.flush, false)
+        .map(|errno| (writes[0].fd, Some(errno)))
+        .into_iter()
+        .collect();
+    if let Err(error) = log.ring.submit(Slot::Data, writes, &sync_fault) {
+        drop(log);
+        poison(inner, "commitlog ring submit", &error);
+        return Started::Poisoned;
+    }
+    let messages = log.stats.put_messages;
+    log.flush.data_in_flight = Some((end, messages));
+    log.flush.flush_started_at.get_or_insert_with(Instant::now);
+    Started::Running
 }
 
-/// A zeroed DMA buffer of `len` bytes: a kept one for the usual sizes, else a new one.
-fn zeros(flush: &mut FlushState, file: &DmaFile, len: u64) -> Rc<DmaBuffer> {
-    let kept = len.is_power_of_two()
-        && (ZERO_FILL_CARRIED_MIN_BYTES..=ZERO_FILL_CHUNK_BYTES).contains(&len);
-    if let Some(buffer) = flush.zero_buffers.iter().find(|b| b.len() as u64 == len) {
-        return buffer.clone();
+/// After an append (or a chain's end): starts a flush at once if one is due and none is in
+/// flight. True when a flush is in flight afterwards or will start when the zero-fill in
+/// flight ends; false when the flusher task must see to it (nothing due yet, a segment file
+/// to create, a test delay).
+pub(crate) fn kick(inner: &Inner) -> bool {
+    {
+        let log = inner.log.borrow();
+        if log.flush.test_flush_delay.is_some() || log.closing || !flush_due(inner, &log) {
+            return false;
+        }
     }
-    let mut buffer = file.alloc_dma_buffer(len as usize);
-    buffer.as_bytes_mut().fill(0);
-    let buffer = Rc::new(buffer);
-    if kept {
-        flush.zero_buffers.push(buffer.clone());
+    matches!(start_flush(inner), Started::Running)
+}
+
+/// Collects the commitlog ring's completions; for each chain that ended applies it (durable
+/// end, zero-fill mark, or poison), wakes whoever waits on it, and starts the next flush if
+/// one is due. Called by the reaper task, and from busy request loops through the store's
+/// poll hook (`runtime::run_poll_hooks`).
+pub(crate) fn reap(inner: &Inner) {
+    let ended = inner.log.borrow_mut().ring.reap();
+    if ended.is_empty() {
+        return;
     }
-    buffer
+    for (slot, outcome) in ended {
+        let mut log = inner.log.borrow_mut();
+        let data = match slot {
+            Slot::Data => {
+                if let Some(started) = log.flush.flush_started_at.take() {
+                    log.stats.flush_micros += micros(started.elapsed());
+                }
+                log.flush.data_in_flight.take()
+            }
+            Slot::ZeroFill => None,
+        };
+        let zeros = match slot {
+            Slot::ZeroFill => log.flush.zero_in_flight.take(),
+            Slot::Data => None,
+        };
+        drop(log);
+        if let Err(failure) = outcome {
+            poison(inner, failure.context, &failure.error);
+            continue;
+        }
+        if let Some((end, messages)) = data {
+            mark_durable(inner, end, messages);
+        }
+        if let Some((pos, stop)) = zeros {
+            let mut log = inner.log.borrow_mut();
+            log.flush.zero_fill_next = log.flush.zero_fill_next.max(stop);
+            log.stats.zero_filled_bytes += stop - pos;
+        }
+    }
+    inner.log.borrow_mut().flush.wake_chain_waiters();
+    kick(inner);
+    // The flusher task decides what else is due (a deadline flush, the next zero-fill).
+    inner.notify.signal();
+}
+
+/// Resolves once the chain in `slot` has ended (reaped; a failed chain ends too).
+async fn chain_ended(inner: &Inner, slot: Slot) {
+    poll_fn(|cx| {
+        let mut log = inner.log.borrow_mut();
+        if !log.ring.busy(slot) {
+            return Poll::Ready(());
+        }
+        log.flush.chain_waiters.push(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
+/// Makes everything appended so far durable. Returns false when the store is (or got)
+/// poisoned.
+pub(crate) async fn flush(inner: &Inner) -> bool {
+    let target = inner.log.borrow().tail.end();
+    let mut delayed = false;
+    loop {
+        {
+            let log = inner.log.borrow();
+            if log.poison.is_some() {
+                return false;
+            }
+            if log.flush.durable_end >= target {
+                return true;
+            }
+        }
+        let test_delay = inner.log.borrow().flush.test_flush_delay;
+        if let (Some(delay), false) = (test_delay, delayed) {
+            // The slow disk is under way: appends wait on it from now (the overload check).
+            inner.log.borrow_mut().flush.flush_started_at = Some(Instant::now());
+            delayed = true;
+            glommio::timer::sleep(delay).await;
+            continue;
+        }
+        let started = start_flush(inner);
+        let zero_fill_ahead = inner.log.borrow().flush.zero_in_flight.is_some();
+        match started {
+            Started::Running if inner.log.borrow().ring.busy(Slot::Data) => {
+                chain_ended(inner, Slot::Data).await
+            }
+            // Held up by a zero-fill in flight.
+            Started::Running if zero_fill_ahead => chain_ended(inner, Slot::ZeroFill).await,
+            Started::Running => {}
+            Started::Clean => return true,
+            Started::Poisoned => return false,
+            Started::NeedsSegments { start, end } => {
+                if let Err(error) = ensure_segments(inner, start, end).await {
+                    poison(inner, "creating a commitlog segment", &store_io(error));
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The zeroed chunk buffer (allocated once).
+fn zeros(flush: &mut FlushState, file: &DmaFile) -> Rc<DmaBuffer> {
+    flush
+        .zero_buffer
+        .get_or_insert_with(|| {
+            let mut buffer = file.alloc_dma_buffer(ZERO_FILL_CHUNK_BYTES as usize);
+            buffer.as_bytes_mut().fill(0);
+            Rc::new(buffer)
+        })
+        .clone()
 }
 
 fn mark_durable(inner: &Inner, end: u64, messages: u64) {
@@ -522,33 +661,6 @@ fn mark_durable(inner: &Inner, end: u64, messages: u64) {
     log.tail.drop_before(keep_from);
 }
 
-/// Runs `futures` together on this shard; their outputs in order.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pending: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    poll_fn(|cx| {
-        let mut all_done = true;
-        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *output = Some(value),
-                    Poll::Pending => all_done = false,
-                }
-            }
-        }
-        if all_done {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    outputs
-        .into_iter()
-        .map(|output| output.expect("every future finished"))
-        .collect()
-}
-
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
@@ -561,39 +673,59 @@ fn store_io(error: StoreError) -> io::Error {
     }
 }
 
-/// Writes zeros over the next chunk of segment space ahead of the write position.
+/// Starts zero-filling the next chunk ahead of the write position (creating its segment file
+/// first if needed); its end is reaped like a flush's.
 async fn zero_fill_step(inner: &Inner) {
-    let (pos, stop) = {
+    let range = {
         let log = inner.log.borrow();
-        let end = log.tail.end();
-        let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
-        let size = inner.config.segment_size_bytes;
-        let stop = (pos + ZERO_FILL_CHUNK_BYTES).min(align_down(pos, size) + size);
-        (pos, stop.min(zero_fill_target(inner, end)))
+        zero_fill_range(inner, &log, quiet(&log.flush, Instant::now()))
     };
-    if pos >= stop {
+    let Some((pos, stop)) = range else {
         return;
-    }
+    };
     if let Err(error) = ensure_segments(inner, pos, stop).await {
         poison(inner, "creating a commitlog segment", &store_io(error));
         return;
     }
-    let Some((segment, file)) = inner.log.borrow().segments.file_for(pos) else {
-        return;
-    };
-    let buffer = zeros(&mut inner.log.borrow_mut().flush, &file, stop - pos);
-    let written = write_shared_buffer_at(&file, pos - segment, buffer).await;
-    let synced = match written {
-        Ok(()) => file.fdatasync().await.map_err(io_error),
-        Err(error) => Err(error),
-    };
-    if let Err(error) = synced {
-        poison(inner, "commitlog zero-fill", &error);
+    let mut log = inner.log.borrow_mut();
+    if log.poison.is_some() || log.ring.busy(Slot::ZeroFill) {
         return;
     }
-    let mut log = inner.log.borrow_mut();
-    log.flush.zero_fill_next = log.flush.zero_fill_next.max(stop);
-    log.stats.zero_filled_bytes += stop - pos;
+    // Appends may have moved on while the file was created: take the range afresh.
+    let quiet = quiet(&log.flush, Instant::now());
+    let Some((pos, stop)) = zero_fill_range(inner, &log, quiet) else {
+        return;
+    };
+    let Some((segment, file)) = log.segments.file_for(pos) else {
+        return;
+    };
+    // A flush in flight stays below the write position, and zero-fill starts at or past it.
+    debug_assert!(log
+        .flush
+        .data_in_flight
+        .is_none_or(|(end, _)| align_up(end, BLOCK_BYTES) <= pos));
+    let mut buffer = zeros(&mut log.flush, &file);
+    if stop - pos < ZERO_FILL_CHUNK_BYTES {
+        let mut short = file.alloc_dma_buffer((stop - pos) as usize);
+        short.as_bytes_mut().fill(0);
+        buffer = Rc::new(short);
+    }
+    let write = ChainWrite {
+        fd: file.as_raw_fd(),
+        position: pos - segment,
+        buffer,
+        fail_with: None,
+    };
+    let submitted = log
+        .ring
+        .submit(Slot::ZeroFill, vec![write], &[(file.as_raw_fd(), None)]);
+    match submitted {
+        Ok(()) => log.flush.zero_in_flight = Some((pos, stop)),
+        Err(error) => {
+            drop(log);
+            poison(inner, "commitlog ring submit", &error);
+        }
+    }
 }
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
@@ -668,6 +800,9 @@ pub(crate) async fn sync_file(path: &std::path::Path) -> io::Result<()> {
 
 async fn exit(inner: &Inner) {
     let ok = flush(inner).await && checkpoint(inner, true).await;
+    // No chain may still be writing to the files about to close.
+    chain_ended(inner, Slot::ZeroFill).await;
+    chain_ended(inner, Slot::Data).await;
     let files: Vec<_> = {
         let mut log = inner.log.borrow_mut();
         std::mem::take(&mut log.segments.files)

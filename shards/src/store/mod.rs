@@ -6,12 +6,14 @@
 //! 1. `append` (synchronous) assigns the queue offset and the commitlog offset, encodes the
 //!    record in RocketMQ's stored format into the in-memory tail (`tail.rs`) and writes the
 //!    20-byte consume-queue unit (`consume_queue.rs`); the message is readable at once.
-//! 2. The flusher task (`flusher.rs`, one per store, the only writer of commitlog files) copies
-//!    the dirty block-aligned range of the tail into a DMA buffer, issues one `write_at` and one
-//!    `fdatasync`, then marks everything up to the written end durable and wakes every
-//!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty;
-//!    Async mode within `flush_interval_ms` or when `flush_dirty_max_bytes` is passed. When idle
-//!    it zero-fills the segments ahead of the write position.
+//! 2. A flush (`flusher.rs`) copies the dirty block-aligned range of the tail into DMA buffers
+//!    and hands their durable (RWF_DSYNC) writes and a wake-up to the kernel as one chain on
+//!    the store's own io_uring ring (`commit_ring.rs`, the only writer of commitlog files);
+//!    the reaper then marks everything up to the written end durable and wakes every
+//!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty
+//!    (the append starts it, the end of one flush starts the next); Async mode within
+//!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed. Zero-fill chains (write
+//!    + fdatasync) keep segment space written ahead of the write position.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every `CHECKPOINT_INTERVAL_MS` the flusher syncs the consume queues and writes the
 //!    checkpoint (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
@@ -29,6 +31,7 @@
 //! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`).
 
 mod checkpoint;
+mod commit_ring;
 mod consume_queue;
 mod error;
 mod flusher;
@@ -56,6 +59,7 @@ pub use pull::{
     GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
 };
 
+use commit_ring::CommitRing;
 use consume_queue::{QueueTable, Unit};
 use error::Poison;
 use flusher::{FlushState, Notify};
@@ -224,10 +228,9 @@ pub struct StoreStats {
     pub write_offset: u64,
     pub zero_filled_bytes: u64,
     pub checkpoints: u64,
-    /// Time flushes spent in their writes and in their fdatasyncs (where a SYNC_FLUSH
-    /// send's wait goes), in microseconds.
-    pub flush_write_micros: u64,
-    pub flush_sync_micros: u64,
+    /// Time flushes took from submission to reaping (their writes, fdatasyncs and the
+    /// wake-up of the reaper: where a SYNC_FLUSH send's wait goes), in microseconds.
+    pub flush_micros: u64,
 }
 
 impl StoreStats {
@@ -251,6 +254,8 @@ pub(crate) struct LogState {
     pub(crate) poison: Option<Poison>,
     pub(crate) closing: bool,
     pub(crate) flush: FlushState,
+    /// The only path commitlog files are written through (see `commit_ring.rs`).
+    pub(crate) ring: CommitRing,
     scratch: Vec<u8>,
 }
 
@@ -261,6 +266,8 @@ pub(crate) struct Inner {
     pub(crate) queues: RefCell<QueueTable>,
     pub(crate) index: RefCell<index::Index>,
     pub(crate) notify: Rc<Notify>,
+    /// Reaps the commitlog ring from busy loops (`runtime::run_poll_hooks`).
+    reap_hook: RefCell<Option<Rc<dyn Fn()>>>,
 }
 
 /// One shard's store. Cloning is cheap (a reference count).
@@ -295,6 +302,13 @@ impl Store {
     ) -> Result<Store, StoreError> {
         config.validate()?;
         let recovered = recovery::recover(&config).await?;
+        let (ring, wake_rx) =
+            CommitRing::new(&crate::runtime::io_worker_cpus()).map_err(|error| {
+                StoreError::Io(error::os_error_with_context(
+                    error.raw_os_error().unwrap_or(libc::EIO),
+                    "setting up the commitlog's io_uring ring".to_string(),
+                ))
+            })?;
         let log = LogState {
             tail: recovered.tail,
             segments: recovered.segments,
@@ -304,6 +318,7 @@ impl Store {
             poison: None,
             closing: false,
             flush: FlushState::new(recovered.durable_end, recovered.zero_fill_next),
+            ring,
             scratch: Vec::new(),
         };
         let inner = Rc::new(Inner {
@@ -313,8 +328,17 @@ impl Store {
             queues: RefCell::new(recovered.queues),
             index: RefCell::new(recovered.index),
             notify: Rc::new(Notify::default()),
+            reap_hook: RefCell::new(None),
         });
-        flusher::spawn(&inner);
+        let weak = Rc::downgrade(&inner);
+        let hook: Rc<dyn Fn()> = Rc::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                flusher::reap(&inner);
+            }
+        });
+        crate::runtime::register_poll_hook(&hook);
+        *inner.reap_hook.borrow_mut() = Some(hook);
+        flusher::spawn(&inner, wake_rx);
         Ok(Store { inner })
     }
 
@@ -454,7 +478,9 @@ impl Store {
             inner.config.flush_dirty_max_bytes,
         );
         drop(log);
-        if wake_flusher {
+        // SYNC_FLUSH: the group commit starts now unless one is under way (whose end starts
+        // the next); otherwise the flusher task decides.
+        if wake_flusher && !flusher::kick(inner) {
             inner.notify.signal();
         }
         Ok(AppendResult {
@@ -650,6 +676,11 @@ impl Store {
     /// Queue ids of the topic that hold (or held) messages in this store.
     pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
         self.inner.queues.borrow().queue_ids(topic)
+    }
+
+    /// Everything below this commitlog offset is durable.
+    pub fn durable_offset(&self) -> u64 {
+        self.inner.log.borrow().flush.durable_end
     }
 
     /// Commitlog end: the offset the next record is appended at (after a filler).

@@ -1,0 +1,478 @@
+//! The commitlog's own io_uring ring: a flush's writes and a wake-up byte go to the kernel as
+//! one linked chain the moment the flush is built, and the kernel runs the links in order
+//! without coming back to user space between them.
+//!
+//! Why not glommio's rings: glommio hands queued I/O to the kernel, and collects completions,
+//! only between task-queue runs, that is when the running task gives the executor back. A
+//! connection task that keeps finding requests in its socket holds the executor through a
+//! whole client window, so a SYNC_FLUSH write waited for the window to be handled, and its
+//! fdatasync for the next hand-back: the shard handled requests and flushed them in turns
+//! (0.51-0.58 of ASYNC_FLUSH throughput at 256 in flight). Here submission is one
+//! non-blocking io_uring_enter made by the code that builds the flush.
+//!
+//! Durability: data writes carry RWF_DSYNC (each is durable when it completes, as with
+//! O_DSYNC: the kernel writes, then flushes the device cache and any metadata needed to read
+//! the data back), so a flush needs no fdatasync and no io-wq worker: on these virtio disks a
+//! 128 KiB RWF_DSYNC write over written space takes ~125 µs where write + fdatasync linked
+//! takes ~185 µs. Zero-fill chains write without it and end with one fdatasync.
+//!
+//! Completion: the chain's last link sends one byte on a socket pair whose other end the
+//! store's reaper task reads through glommio. The byte lands on glommio's latency ring, which
+//! wakes a parked shard and makes glommio's preemption check fire, so a busy connection task
+//! that calls `yield_if_needed` lets the reaper run. Every link is a hard link, so the wake-up
+//! byte is sent even when a step fails (the reaper then reads the error).
+//!
+//! Two chains at most are in flight, one per `Slot`: a flush of data and a zero-fill. The
+//! caller keeps their ranges apart. Buffers stay owned by their chain until its last
+//! completion is reaped; dropping the ring waits for the chains in flight.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::rc::Rc;
+
+use glommio::io::DmaBuffer;
+use glommio::net::UnixStream;
+use io_uring::{opcode, squeue, types, IoUring};
+
+/// Ring entries: two chains of a few writes (a flush splits at `FLUSH_WRITE_MAX_BYTES` and at
+/// segment ends), an fdatasync per file and a wake-up send each.
+const RING_ENTRIES: u32 = 64;
+
+/// io_uring_enter flag: collect completions (the kernel's uapi value).
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
+/// What the kernel sends on the wake-up socket when a chain ends.
+static WAKE_BYTE: [u8; 1] = [1];
+
+/// Which of the two chains a submission is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// A flush of data: RWF_DSYNC writes.
+    Data = 0,
+    /// Zeros ahead of the write position: plain writes, then an fdatasync per file.
+    ZeroFill = 1,
+}
+
+/// One write of a chain: `buffer` at `position` of the file `fd`.
+pub(crate) struct ChainWrite {
+    pub(crate) fd: RawFd,
+    pub(crate) position: u64,
+    pub(crate) buffer: Rc<DmaBuffer>,
+    /// Fault injection: the write is not issued and fails with this errno.
+    pub(crate) fail_with: Option<i32>,
+}
+
+/// How a chain went wrong: which step, and the error.
+#[derive(Debug)]
+pub(crate) struct ChainFailure {
+    pub(crate) context: &'static str,
+    pub(crate) error: io::Error,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A write of this many bytes.
+    Write(usize),
+    Sync,
+    Wake,
+}
+
+struct Chain {
+    steps: Vec<Step>,
+    /// Each step's result (bytes or -errno) once reaped.
+    results: Vec<Option<i32>>,
+    remaining: usize,
+    /// Kept alive until the kernel is done with them.
+    _buffers: Vec<Rc<DmaBuffer>>,
+}
+
+pub(crate) struct CommitRing {
+    ring: IoUring,
+    /// The end the kernel sends the wake-up byte on (the reaper reads the other end).
+    wake_tx: std::os::unix::net::UnixStream,
+    chains: [Option<Chain>; 2],
+    /// Chains start on an io_uring worker (IOSQE_ASYNC) bound to other CPUs.
+    offload: bool,
+}
+
+/// user_data of a step: its slot and its index in the chain.
+fn user_data(slot: usize, index: usize) -> u64 {
+    ((slot as u64) << 32) | index as u64
+}
+
+impl CommitRing {
+    /// A ring, and the socket end the reaper task reads to learn that a chain ended. With
+    /// `io_worker_cpus`, each chain is started by an io_uring worker on those CPUs instead of
+    /// inline in the submitting call.
+    pub(crate) fn new(io_worker_cpus: &[usize]) -> io::Result<(CommitRing, UnixStream)> {
+        // Completions do not interrupt the shard (no IPI while it runs): their task work runs
+        // at its next system call, or when `reap` sees the kernel's flag that some is pending;
+        // a parked shard is still woken. Only the shard's thread submits.
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .setup_single_issuer()
+            .build(RING_ENTRIES)?;
+        let offload = !io_worker_cpus.is_empty() && {
+            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET only writes inside it.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            for &cpu in io_worker_cpus {
+                unsafe { libc::CPU_SET(cpu, &mut set) };
+            }
+            ring.submitter().register_iowq_aff(&set).is_ok()
+        };
+        let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        // SAFETY: the descriptor is a freshly made socket handed over whole.
+        let wake_rx = unsafe { UnixStream::from_raw_fd(wake_rx.into_raw_fd()) };
+        Ok((
+            CommitRing {
+                ring,
+                wake_tx,
+                chains: [None, None],
+                offload,
+            },
+            wake_rx,
+        ))
+    }
+
+    /// A chain is in flight in `slot`.
+    pub(crate) fn busy(&self, slot: Slot) -> bool {
+        self.chains[slot as usize].is_some()
+    }
+
+    /// Any chain is in flight.
+    pub(crate) fn any_busy(&self) -> bool {
+        self.chains.iter().any(Option::is_some)
+    }
+
+    /// Hands a chain to the kernel: `writes` one after the other, then (zero-fill) an
+    /// fdatasync of each of `sync_fds`, then the wake-up send. `slot` must be free.
+    pub(crate) fn submit(
+        &mut self,
+        slot: Slot,
+        writes: Vec<ChainWrite>,
+        sync_fds: &[(RawFd, Option<i32>)],
+    ) -> io::Result<()> {
+        let s = slot as usize;
+        assert!(self.chains[s].is_none(), "one chain per slot at a time");
+        assert!(!writes.is_empty());
+        let count = writes.len() + sync_fds.len() + 1;
+        assert!(
+            count <= RING_ENTRIES as usize / 2,
+            "a chain fits its half of the ring"
+        );
+        let mut steps = Vec::with_capacity(count);
+        // Each step's result: an injected fault's errno at once (its step is a no-op).
+        let mut results = Vec::with_capacity(count);
+        let mut entries = Vec::with_capacity(count);
+        let mut buffers = Vec::with_capacity(writes.len());
+        let rw_flags = match slot {
+            Slot::Data => libc::RWF_DSYNC,
+            Slot::ZeroFill => 0,
+        };
+        for write in writes {
+            let len = write.buffer.len();
+            entries.push(match write.fail_with {
+                Some(_) => opcode::Nop::new().build(),
+                None => opcode::Write::new(types::Fd(write.fd), write.buffer.as_ptr(), len as u32)
+                    .offset(write.position)
+                    .rw_flags(rw_flags)
+                    .build(),
+            });
+            steps.push(Step::Write(len));
+            results.push(write.fail_with.map(|errno| -errno));
+            buffers.push(write.buffer);
+        }
+        for &(fd, fail_with) in sync_fds {
+            entries.push(match fail_with {
+                Some(_) => opcode::Nop::new().build(),
+                None => opcode::Fsync::new(types::Fd(fd))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build(),
+            });
+            steps.push(Step::Sync);
+            results.push(fail_with.map(|errno| -errno));
+        }
+        let wake_fd = types::Fd(self.wake_tx.as_raw_fd());
+        entries.push(opcode::Send::new(wake_fd, WAKE_BYTE.as_ptr(), 1).build());
+        steps.push(Step::Wake);
+        results.push(None);
+        {
+            let mut queue = self.ring.submission();
+            let last = entries.len() - 1;
+            for (index, entry) in entries.into_iter().enumerate() {
+                let entry = entry.user_data(user_data(s, index));
+                let mut flags = if index < last {
+                    squeue::Flags::IO_HARDLINK
+                } else {
+                    squeue::Flags::empty()
+                };
+                // Issuing an O_DIRECT write (pinning pages, building the request, notifying
+                // the virtio disk, a VM exit) costs ~25 µs of the submitting core here.
+                if index == 0 && self.offload {
+                    flags |= squeue::Flags::ASYNC;
+                }
+                let entry = entry.flags(flags);
+                // SAFETY: the buffers written from are kept in the chain until every
+                // completion is reaped (`drop` waits for that); WAKE_BYTE is static.
+                unsafe { queue.push(&entry) }.expect("a chain fits its half of the ring");
+            }
+        }
+        loop {
+            match self.ring.submit() {
+                Ok(_) => break,
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
+                // The caller poisons the store: nothing is submitted on this ring again.
+                Err(error) => return Err(error),
+            }
+        }
+        self.chains[s] = Some(Chain {
+            remaining: steps.len(),
+            steps,
+            results,
+            _buffers: buffers,
+        });
+        Ok(())
+    }
+
+    /// Collects completions; the chains that ended, each with its first failure, if any.
+    /// Cheap when nothing is in flight or nothing has completed (a few memory reads).
+    pub(crate) fn reap(&mut self) -> Vec<(Slot, Result<(), ChainFailure>)> {
+        if !self.any_busy() {
+            return Vec::new();
+        }
+        if self.ring.submission().taskrun() {
+            // Completions are waiting for this thread to run their task work: enter the
+            // kernel to post them (no waiting).
+            // SAFETY: no submissions, no argument.
+            let entered = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
+            };
+            if let Err(error) = entered {
+                if error.raw_os_error() != Some(libc::EINTR) {
+                    eprintln!("shardmq: store: collecting commitlog completions failed: {error}");
+                }
+            }
+        }
+        for cqe in self.ring.completion() {
+            let slot = (cqe.user_data() >> 32) as usize;
+            let index = (cqe.user_data() & u32::MAX as u64) as usize;
+            let Some(chain) = self.chains.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if let Some(result) = chain.results.get_mut(index) {
+                // An injected fault keeps its errno whatever the no-op returned.
+                if result.is_none() {
+                    *result = Some(cqe.result());
+                }
+                chain.remaining -= 1;
+            }
+        }
+        let mut ended = Vec::new();
+        for (s, slot) in [(0, Slot::Data), (1, Slot::ZeroFill)] {
+            if self.chains[s].as_ref().is_some_and(|c| c.remaining == 0) {
+                let chain = self.chains[s].take().expect("checked");
+                ended.push((slot, outcome(&chain)));
+            }
+        }
+        ended
+    }
+
+    /// Blocks until the chains in flight have ended: their buffers may then be freed.
+    fn wait_idle(&mut self) {
+        while self.any_busy() {
+            let remaining: usize = self.chains.iter().flatten().map(|c| c.remaining).sum();
+            match self.ring.submit_and_wait(remaining.min(1)) {
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+                Err(error) => {
+                    eprintln!("shardmq: store: waiting for the commitlog ring failed: {error}");
+                    // Leak the buffers rather than free memory the kernel may still read.
+                    for chain in &mut self.chains {
+                        std::mem::forget(chain.take());
+                    }
+                    return;
+                }
+            }
+            let _ = self.reap();
+        }
+    }
+}
+
+impl Drop for CommitRing {
+    fn drop(&mut self) {
+        self.wait_idle();
+    }
+}
+
+fn outcome(chain: &Chain) -> Result<(), ChainFailure> {
+    for (step, result) in chain.steps.iter().zip(&chain.results) {
+        let result = result.expect("every step reaped");
+        let context = match step {
+            Step::Write(_) => "commitlog write",
+            Step::Sync => "commitlog fdatasync",
+            // A lost wake-up byte costs nothing once the chain is reaped.
+            Step::Wake => continue,
+        };
+        if result < 0 {
+            return Err(ChainFailure {
+                context,
+                error: io::Error::from_raw_os_error(-result),
+            });
+        }
+        if let Step::Write(len) = step {
+            if (result as usize) < *len {
+                return Err(ChainFailure {
+                    context,
+                    error: io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!("short write: {result} of {len} bytes"),
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::AsyncReadExt;
+    use glommio::io::{DmaFile, OpenOptions};
+
+    /// Waits for wake-up bytes until `count` chains have ended; their outcomes by slot.
+    async fn ended(
+        ring: &mut CommitRing,
+        wake_rx: &mut UnixStream,
+        count: usize,
+    ) -> Vec<(Slot, Result<(), ChainFailure>)> {
+        let mut all = Vec::new();
+        while all.len() < count {
+            let mut bytes = [0u8; 8];
+            assert!(wake_rx.read(&mut bytes).await.unwrap() > 0);
+            all.extend(ring.reap());
+        }
+        assert!(!ring.any_busy());
+        all
+    }
+
+    fn filled(file: &DmaFile, len: usize, byte: u8) -> Rc<DmaBuffer> {
+        let mut buffer = file.alloc_dma_buffer(len);
+        buffer.as_bytes_mut().fill(byte);
+        Rc::new(buffer)
+    }
+
+    fn write(file: &DmaFile, position: u64, buffer: Rc<DmaBuffer>) -> ChainWrite {
+        ChainWrite {
+            fd: file.as_raw_fd(),
+            position,
+            buffer,
+            fail_with: None,
+        }
+    }
+
+    async fn open(path: &std::path::Path) -> DmaFile {
+        OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .dma_open(path)
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn chains_of_both_slots_land_and_wake_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        glommio::LocalExecutor::default().run(async {
+            let file = open(&dir.path().join("log")).await;
+            let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
+            let writes = vec![
+                write(&file, 0, filled(&file, 4096, b'a')),
+                write(&file, 4096, filled(&file, 8192, b'b')),
+            ];
+            ring.submit(Slot::Data, writes, &[]).unwrap();
+            let zeros = vec![write(&file, 1 << 20, filled(&file, 4096, 0))];
+            ring.submit(Slot::ZeroFill, zeros, &[(file.as_raw_fd(), None)])
+                .unwrap();
+            assert!(ring.busy(Slot::Data) && ring.busy(Slot::ZeroFill));
+            let outcomes = ended(&mut ring, &mut wake_rx, 2).await;
+            assert_eq!(outcomes.len(), 2);
+            for (_, outcome) in &outcomes {
+                assert!(outcome.is_ok(), "{outcome:?}");
+            }
+            // Read back without glommio: its first DMA file on a device decides whether reads
+            // are polled (ARCHITECTURE §5), and this one was empty.
+            let read = std::fs::read(dir.path().join("log")).unwrap();
+            assert!(read[..4096].iter().all(|&b| b == b'a'));
+            assert!(read[4096..12288].iter().all(|&b| b == b'b'));
+            assert_eq!(read.len(), (1 << 20) + 4096);
+            file.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_failed_step_is_reported_and_the_chain_still_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        glommio::LocalExecutor::default().run(async {
+            let path = dir.path().join("log");
+            let file = open(&path).await;
+            let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
+            // An injected fault: the step is not issued and fails with its errno.
+            let mut faulty = write(&file, 0, filled(&file, 4096, 1));
+            faulty.fail_with = Some(libc::EIO);
+            ring.submit(Slot::Data, vec![faulty], &[]).unwrap();
+            let (slot, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
+            assert_eq!(slot, Slot::Data);
+            let failure = outcome.unwrap_err();
+            assert_eq!(failure.context, "commitlog write");
+            assert_eq!(failure.error.raw_os_error(), Some(libc::EIO));
+            // A real failure (writing through a read-only descriptor): the hard links still run
+            // the fdatasync and the wake-up after it.
+            let read_only = std::fs::File::open(&path).unwrap();
+            let mut rejected = write(&file, 0, filled(&file, 4096, 2));
+            rejected.fd = read_only.as_raw_fd();
+            ring.submit(Slot::ZeroFill, vec![rejected], &[(file.as_raw_fd(), None)])
+                .unwrap();
+            let (slot, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
+            assert_eq!(slot, Slot::ZeroFill);
+            let failure = outcome.unwrap_err();
+            assert_eq!(failure.context, "commitlog write");
+            assert_eq!(failure.error.raw_os_error(), Some(libc::EBADF));
+            // An injected fdatasync fault after a good write.
+            let good = write(&file, 0, filled(&file, 4096, 3));
+            ring.submit(
+                Slot::Data,
+                vec![good],
+                &[(file.as_raw_fd(), Some(libc::EIO))],
+            )
+            .unwrap();
+            let (_, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
+            assert_eq!(outcome.unwrap_err().context, "commitlog fdatasync");
+            file.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn dropping_the_ring_waits_for_a_chain_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        glommio::LocalExecutor::default().run(async {
+            let file = open(&dir.path().join("log")).await;
+            let (mut ring, _wake_rx) = CommitRing::new(&[]).unwrap();
+            let buffer = filled(&file, 1 << 20, 7);
+            ring.submit(Slot::Data, vec![write(&file, 0, buffer.clone())], &[])
+                .unwrap();
+            drop(ring);
+            // The chain's reference went with it: the kernel is done with the buffer.
+            assert_eq!(Rc::strong_count(&buffer), 1);
+            let read = std::fs::read(dir.path().join("log")).unwrap();
+            assert!(read.len() == 1 << 20 && read.iter().all(|&b| b == 7));
+            file.close().await.unwrap();
+        });
+    }
+}
