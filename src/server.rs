@@ -307,6 +307,11 @@ async fn read_loop(
             buffer.truncate(chunk_bytes);
             buffer.shrink_to(2 * chunk_bytes);
         }
+        // A socket that keeps having data never makes this task wait: collect finished
+        // commitlog flushes now, and let timers and other connections in when glommio has
+        // something for them.
+        runtime::run_poll_hooks();
+        runtime::yield_if_needed().await;
     }
 }
 
@@ -324,6 +329,9 @@ fn decode_and_dispatch(
                 if !command.is_response() {
                     handler.handle(&command, connection);
                 }
+                // A finished commitlog flush is collected (and the next one started) at once,
+                // not at the end of the read.
+                runtime::run_poll_hooks();
             }
             Ok(None) => return Ok(consumed),
             Err(error) => return Err(format!("undecodable frame: {error}")),
