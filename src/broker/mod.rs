@@ -7,6 +7,7 @@
 
 mod admin;
 mod clients;
+mod durable;
 mod filters;
 pub mod groups;
 mod locks;
@@ -103,6 +104,8 @@ pub struct Broker {
     /// Asks the registration task to re-register with the namesrv now.
     pub register_now: Rc<shards::sync::Signal>,
     pub stats: BrokerStats,
+    /// SYNC_FLUSH answers waiting for their group commit (durable.rs).
+    pub durable_replies: Rc<durable::DurableReplies>,
     /// The namesrv replica of this shard when the node runs both roles, and the number of
     /// brokers (shards) of this node: a topic change is answered once the route shows it
     /// on every shard, as a Java broker answers after registering it with the namesrv.
@@ -166,6 +169,7 @@ impl Broker {
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
+            durable_replies: Rc::default(),
             local_routes: None,
             client_languages: RefCell::new(query::ClientLanguages::default()),
             next_unique_id: Cell::new(0),

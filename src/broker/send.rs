@@ -296,17 +296,10 @@ impl Broker {
             FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
             FlushMode::Sync => {
                 let end_offset = results.last().map_or(0, |r| r.end_offset);
-                let broker = self.clone();
-                let in_flight = connection.in_flight();
-                let connection = connection.clone();
-                let reply = reply.into_owned();
-                shards::runtime::spawn_detached(async move {
-                    let _in_flight = in_flight;
-                    match broker.store.wait_durable(end_offset).await {
-                        Ok(()) => reply.send(&connection, opaque, response_code::SUCCESS),
-                        Err(error) => store_error(error).respond(&connection, opaque),
-                    }
-                });
+                self.durable_replies
+                    .push(&self.store, end_offset, connection, opaque, |out| {
+                        reply.encode(out, opaque, response_code::SUCCESS)
+                    });
             }
         }
         Ok(())
@@ -471,13 +464,13 @@ fn push_property(out: &mut Vec<u8>, key: &str, value: &str) {
     out.push(2);
 }
 
-/// What a send answers: ids and offsets of what was stored. Borrows the first message's
-/// UNIQ_KEY until it must outlive the request (SYNC_FLUSH answers after the group commit).
+/// What a send answers: ids and offsets of what was stored, and the first message's
+/// UNIQ_KEY (SYNC_FLUSH answers are encoded at once and sent after the group commit).
 struct SendReply<'a> {
     msg_id: String,
     queue_id: u32,
     queue_offset: u64,
-    transaction_id: Cow<'a, str>,
+    transaction_id: &'a str,
 }
 
 impl<'a> SendReply<'a> {
@@ -503,33 +496,25 @@ impl<'a> SendReply<'a> {
             msg_id,
             queue_id,
             queue_offset: results.first().map_or(0, |r| r.queue_offset),
-            transaction_id: messages
-                .first()
-                .map_or(Cow::Borrowed(""), |m| Cow::Borrowed(m.unique_id.as_ref())),
-        }
-    }
-
-    fn into_owned(self) -> SendReply<'static> {
-        SendReply {
-            msg_id: self.msg_id,
-            queue_id: self.queue_id,
-            queue_offset: self.queue_offset,
-            transaction_id: Cow::Owned(self.transaction_id.into_owned()),
+            transaction_id: messages.first().map_or("", |m| m.unique_id.as_ref()),
         }
     }
 
     fn send(&self, connection: &Connection, opaque: i32, code: i32) {
-        connection.send_with(|out| {
-            let mut frame = FrameEncoder::response(out, code, opaque);
-            frame
-                .ext("msgId", &self.msg_id)
-                .ext_i64("queueId", i64::from(self.queue_id))
-                .ext_i64("queueOffset", self.queue_offset as i64)
-                .ext("transactionId", &self.transaction_id)
-                .ext("MSG_REGION", "DefaultRegion")
-                .ext("TRACE_ON", "true");
-            frame.finish(&[]);
-        });
+        connection.send_with(|out| self.encode(out, opaque, code));
+    }
+
+    /// The answer frame, appended to `out`.
+    fn encode(&self, out: &mut Vec<u8>, opaque: i32, code: i32) {
+        let mut frame = FrameEncoder::response(out, code, opaque);
+        frame
+            .ext("msgId", &self.msg_id)
+            .ext_i64("queueId", i64::from(self.queue_id))
+            .ext_i64("queueOffset", self.queue_offset as i64)
+            .ext("transactionId", self.transaction_id)
+            .ext("MSG_REGION", "DefaultRegion")
+            .ext("TRACE_ON", "true");
+        frame.finish(&[]);
     }
 }
 
