@@ -274,6 +274,9 @@ async fn serve_connection(
     writer_task.await;
 }
 
+/// Reads between two checks whether a connection's grown read buffer can shrink back.
+const READS_BEFORE_SHRINK: u32 = 256;
+
 async fn read_loop(
     mut reader: futures_lite::io::ReadHalf<TcpStream>,
     connection: &Rc<Connection>,
@@ -282,6 +285,9 @@ async fn read_loop(
     let chunk_bytes = connection.limits.read_chunk_bytes;
     let mut buffer: Vec<u8> = Vec::with_capacity(chunk_bytes);
     let mut filled = 0usize;
+    // The most the buffer had to hold (pending bytes + a read) since the last shrink check.
+    let mut needed = 0usize;
+    let mut reads_since_check = 0u32;
     loop {
         while connection.must_pause() && !connection.is_closed() {
             connection.output_drained.wait().await;
@@ -303,9 +309,20 @@ async fn read_loop(
         let consumed = decode_and_dispatch(&buffer[..filled], connection, handler)?;
         buffer.copy_within(consumed..filled, 0);
         filled -= consumed;
-        if buffer.len() > 4 * chunk_bytes && filled < chunk_bytes {
-            buffer.truncate(chunk_bytes);
-            buffer.shrink_to(2 * chunk_bytes);
+        // A buffer grown for large frames (batches) stays while they keep coming: shrinking
+        // after each one made every batch grow it again (allocation, page faults, zeroing).
+        // It goes back to its usual size after READS_BEFORE_SHRINK reads that needed less,
+        // or at once past 16 reads' worth (a rare huge message must not stay resident).
+        needed = needed.max(filled + chunk_bytes);
+        reads_since_check += 1;
+        let huge = buffer.len() > 16 * chunk_bytes && filled < chunk_bytes;
+        if huge || reads_since_check == READS_BEFORE_SHRINK {
+            if huge || (buffer.len() > 4 * chunk_bytes && needed <= 2 * chunk_bytes) {
+                buffer.truncate(2 * chunk_bytes);
+                buffer.shrink_to(2 * chunk_bytes);
+            }
+            reads_since_check = 0;
+            needed = 0;
         }
         // A socket that keeps having data never makes this task wait: collect finished
         // commitlog flushes now, and let timers and other connections in when glommio has

@@ -53,11 +53,12 @@ pub(crate) enum Slot {
     ZeroFill = 1,
 }
 
-/// One write of a chain: `buffer` at `position` of the file `fd`.
+/// One write of a chain: the first `len` bytes of `buffer` at `position` of the file `fd`.
 pub(crate) struct ChainWrite {
     pub(crate) fd: RawFd,
     pub(crate) position: u64,
     pub(crate) buffer: Rc<DmaBuffer>,
+    pub(crate) len: usize,
     /// Fault injection: the write is not issued and fails with this errno.
     pub(crate) fail_with: Option<i32>,
 }
@@ -173,7 +174,12 @@ impl CommitRing {
             Slot::ZeroFill => 0,
         };
         for write in writes {
-            let len = write.buffer.len();
+            let len = write.len;
+            assert!(len <= write.buffer.len(), "a write stays inside its buffer");
+            assert!(
+                (len as u64).is_multiple_of(4096) && write.position.is_multiple_of(4096),
+                "O_DIRECT writes whole aligned blocks"
+            );
             entries.push(match write.fail_with {
                 Some(_) => opcode::Nop::new().build(),
                 None => opcode::Write::new(types::Fd(write.fd), write.buffer.as_ptr(), len as u32)
@@ -371,6 +377,7 @@ mod tests {
         ChainWrite {
             fd: file.as_raw_fd(),
             position,
+            len: buffer.len(),
             buffer,
             fail_with: None,
         }

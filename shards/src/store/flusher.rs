@@ -100,6 +100,10 @@ pub(crate) struct FlushState {
     zero_fill_next: u64,
     /// A zeroed `ZERO_FILL_CHUNK_BYTES` DMA buffer, written again and again by zero-fill.
     zero_buffer: Option<Rc<DmaBuffer>>,
+    /// `FLUSH_WRITE_MAX_BYTES` DMA buffers flushes copy the tail into, kept between flushes
+    /// (a fresh one per flush cost page faults and zeroing on every flush): a buffer is free
+    /// again once the chain that wrote it is reaped.
+    data_buffers: Vec<Rc<DmaBuffer>>,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
     /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
@@ -133,6 +137,7 @@ impl FlushState {
                 .unwrap_or_else(Instant::now),
             zero_fill_next,
             zero_buffer: None,
+            data_buffers: Vec::new(),
             messages_at_last_flush: 0,
             fault: None,
             test_flush_delay: None,
@@ -157,6 +162,24 @@ impl FlushState {
                 first_dirty || end - self.durable_end >= dirty_max_bytes
             }
         }
+    }
+
+    /// The `index`th pooled flush buffer (one per write of a chain; allocated on first use),
+    /// filled by `fill`. No chain may hold it (the data slot is free).
+    fn data_buffer(
+        &mut self,
+        file: &DmaFile,
+        index: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Rc<DmaBuffer> {
+        if index == self.data_buffers.len() {
+            let buffer = file.alloc_dma_buffer(FLUSH_WRITE_MAX_BYTES as usize);
+            self.data_buffers.push(Rc::new(buffer));
+        }
+        let buffer = Rc::get_mut(&mut self.data_buffers[index])
+            .expect("a flush buffer is free once its chain is reaped");
+        fill(buffer.as_bytes_mut());
+        self.data_buffers[index].clone()
     }
 
     fn wake_waiters_up_to(&mut self, end: u64) {
@@ -490,12 +513,16 @@ fn start_flush(inner: &Inner) -> Started {
             return Started::NeedsSegments { start: pos, end };
         };
         let piece_end = stop.min(segment + size).min(pos + FLUSH_WRITE_MAX_BYTES);
-        let mut buffer = file.alloc_dma_buffer((piece_end - pos) as usize);
-        log.tail.copy_out(pos, buffer.as_bytes_mut());
+        let len = (piece_end - pos) as usize;
+        let state = &mut *log;
+        let buffer = state.flush.data_buffer(&file, writes.len(), |bytes| {
+            state.tail.copy_out(pos, &mut bytes[..len]);
+        });
         writes.push(ChainWrite {
             fd: file.as_raw_fd(),
             position: pos - segment,
-            buffer: Rc::new(buffer),
+            buffer,
+            len,
             fail_with: take_fault(&mut log.flush, true),
         });
         pos = piece_end;
@@ -704,16 +731,11 @@ async fn zero_fill_step(inner: &Inner) {
         .flush
         .data_in_flight
         .is_none_or(|(end, _)| align_up(end, BLOCK_BYTES) <= pos));
-    let mut buffer = zeros(&mut log.flush, &file);
-    if stop - pos < ZERO_FILL_CHUNK_BYTES {
-        let mut short = file.alloc_dma_buffer((stop - pos) as usize);
-        short.as_bytes_mut().fill(0);
-        buffer = Rc::new(short);
-    }
     let write = ChainWrite {
         fd: file.as_raw_fd(),
         position: pos - segment,
-        buffer,
+        buffer: zeros(&mut log.flush, &file),
+        len: (stop - pos) as usize,
         fail_with: None,
     };
     let submitted = log
