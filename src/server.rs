@@ -324,11 +324,11 @@ async fn read_loop(
             reads_since_check = 0;
             needed = 0;
         }
-        // A socket that keeps having data never makes this task wait: collect finished
-        // commitlog flushes now, and let timers and other connections in when glommio has
-        // something for them.
+        // Finished commitlog flushes are collected after every frame (`decode_and_dispatch`)
+        // and here. No yield between reads: glommio's I/O poll each time the preemption timer
+        // fired cost ~20% more broker CPU per message and gained no throughput (A/B, 512 in
+        // flight: 455,338 vs 371,977 msgs/s per busy core at the same msgs/s).
         runtime::run_poll_hooks();
-        runtime::yield_if_needed().await;
     }
 }
 

@@ -345,13 +345,6 @@ pub fn spawn<T: 'static>(future: impl Future<Output = T> + 'static) -> Task<T> {
     glommio::spawn_local(future)
 }
 
-/// Gives the executor back if glommio asks for it (its preemption timer fired, or an event
-/// arrived on its latency ring: a timer, a socket that became readable, the commitlog ring's
-/// wake-up); a memory compare otherwise. Long-running loops call it between steps.
-pub async fn yield_if_needed() {
-    glommio::yield_if_needed().await
-}
-
 thread_local! {
     /// `ShardPlacement::io_worker_cpus` of the shard running on this thread.
     static IO_WORKER_CPUS: std::cell::RefCell<Vec<usize>> =

@@ -16,11 +16,13 @@
 //! 128 KiB RWF_DSYNC write over written space takes ~125 µs where write + fdatasync linked
 //! takes ~185 µs. Zero-fill chains write without it and end with one fdatasync.
 //!
-//! Completion: the chain's last link sends one byte on a socket pair whose other end the
-//! store's reaper task reads through glommio. The byte lands on glommio's latency ring, which
-//! wakes a parked shard and makes glommio's preemption check fire, so a busy connection task
-//! that calls `yield_if_needed` lets the reaper run. Every link is a hard link, so the wake-up
-//! byte is sent even when a step fails (the reaper then reads the error).
+//! Completion: busy request loops collect completions themselves after every request (the
+//! store's poll hook, `runtime::run_poll_hooks`: a few memory reads, plus one io_uring_enter
+//! when the kernel flags completion work pending), so the next group commit starts as soon as
+//! the disk is done. For a shard with nothing else to do, the chain's last link sends one
+//! byte on a socket pair whose other end the store's reaper task reads through glommio: that
+//! wakes a parked shard. Every link is a hard link, so the wake-up byte is sent even when a
+//! step fails (the reaper then reads the error).
 //!
 //! Two chains at most are in flight, one per `Slot`: a flush of data and a zero-fill. The
 //! caller keeps their ranges apart. Buffers stay owned by their chain until its last
