@@ -257,7 +257,7 @@ pub(crate) fn spawn(inner: &Rc<Inner>, wake_rx: UnixStream) {
 /// unreaped.
 async fn reaper(weak: Weak<Inner>, mut wake_rx: UnixStream) {
     use futures_lite::AsyncReadExt;
-    let mut bytes = [0u8; 64];
+    let mut bytes = [0u8; 4096];
     loop {
         let woken =
             futures_lite::future::or(async { Some(wake_rx.read(&mut bytes).await) }, async {
