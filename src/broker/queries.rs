@@ -50,13 +50,17 @@ impl Broker {
         }
         let min_offset = self.store.min_queue_offset(topic, queue_id);
         let max_offset = self.store.max_queue_offset(topic, queue_id);
+        // As Java's broker: a queue that never lost its first message and whose offset 0 is
+        // not on disk yet (here: the store is young; always for an empty queue) starts a new
+        // group at 0. Answering "not found" for an empty queue made a consumer started before
+        // the first sends fall back to the max offset, racing (and skipping) them.
         let young = min_offset == 0
-            && max_offset > 0
-            && self
-                .store
-                .max_physical_offset()
-                .saturating_sub(self.store.min_physical_offset())
-                <= YOUNG_QUEUE_WINDOW_BYTES;
+            && (max_offset == 0
+                || self
+                    .store
+                    .max_physical_offset()
+                    .saturating_sub(self.store.min_physical_offset())
+                    <= YOUNG_QUEUE_WINDOW_BYTES);
         if young && ext.bool_lenient("setZeroIfNotFound") != Some(false) {
             respond_offset(connection, request.opaque, "offset", 0);
         } else {
