@@ -266,8 +266,9 @@ pub(crate) struct Inner {
     pub(crate) queues: RefCell<QueueTable>,
     pub(crate) index: RefCell<index::Index>,
     pub(crate) notify: Rc<Notify>,
-    /// Reaps the commitlog ring from busy loops (`runtime::run_poll_hooks`).
-    reap_hook: RefCell<Option<Rc<dyn Fn()>>>,
+    /// Reaps the commitlog ring from busy loops (`runtime::run_poll_hooks`, which holds it
+    /// weakly: it goes with the store).
+    reap_hook: Rc<dyn Fn()>,
 }
 
 /// One shard's store. Cloning is cheap (a reference count).
@@ -321,23 +322,23 @@ impl Store {
             ring,
             scratch: Vec::new(),
         };
-        let inner = Rc::new(Inner {
-            config,
-            clock,
-            log: RefCell::new(log),
-            queues: RefCell::new(recovered.queues),
-            index: RefCell::new(recovered.index),
-            notify: Rc::new(Notify::default()),
-            reap_hook: RefCell::new(None),
-        });
-        let weak = Rc::downgrade(&inner);
-        let hook: Rc<dyn Fn()> = Rc::new(move || {
-            if let Some(inner) = weak.upgrade() {
-                flusher::reap(&inner);
+        let inner = Rc::new_cyclic(|weak: &std::rc::Weak<Inner>| {
+            let weak = weak.clone();
+            Inner {
+                config,
+                clock,
+                log: RefCell::new(log),
+                queues: RefCell::new(recovered.queues),
+                index: RefCell::new(recovered.index),
+                notify: Rc::new(Notify::default()),
+                reap_hook: Rc::new(move || {
+                    if let Some(inner) = weak.upgrade() {
+                        flusher::reap(&inner);
+                    }
+                }),
             }
         });
-        crate::runtime::register_poll_hook(&hook);
-        *inner.reap_hook.borrow_mut() = Some(hook);
+        crate::runtime::register_poll_hook(&inner.reap_hook);
         flusher::spawn(&inner, wake_rx);
         Ok(Store { inner })
     }
