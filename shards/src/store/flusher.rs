@@ -569,18 +569,14 @@ pub(crate) fn reap(inner: &Inner) {
     }
     for (slot, outcome) in ended {
         let mut log = inner.log.borrow_mut();
-        let data = match slot {
+        let (data, zeros) = match slot {
             Slot::Data => {
                 if let Some(started) = log.flush.flush_started_at.take() {
                     log.stats.flush_micros += micros(started.elapsed());
                 }
-                log.flush.data_in_flight.take()
+                (log.flush.data_in_flight.take(), None)
             }
-            Slot::ZeroFill => None,
-        };
-        let zeros = match slot {
-            Slot::ZeroFill => log.flush.zero_in_flight.take(),
-            Slot::Data => None,
+            Slot::ZeroFill => (None, log.flush.zero_in_flight.take()),
         };
         drop(log);
         if let Err(failure) = outcome {
