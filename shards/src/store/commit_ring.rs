@@ -29,6 +29,7 @@
 //! caller keeps their ranges apart. Buffers stay owned by their chain until its last
 //! completion is reaped; dropping the ring waits for the chains in flight.
 
+use std::any::Any;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 use std::rc::Rc;
@@ -36,6 +37,8 @@ use std::rc::Rc;
 use glommio::io::DmaBuffer;
 use glommio::net::UnixStream;
 use io_uring::{opcode, squeue, types, IoUring};
+
+use super::tail::{TailPiece, TAIL_CHUNK_BYTES};
 
 /// Ring entries: two chains of a few writes (a flush splits at `FLUSH_WRITE_MAX_BYTES` and at
 /// segment ends), an fdatasync per file and a wake-up send each.
@@ -56,14 +59,59 @@ pub(crate) enum Slot {
     ZeroFill = 1,
 }
 
-/// One write of a chain: the first `len` bytes of `buffer` at `position` of the file `fd`.
+/// One write of a chain: `position` of the file `fd` gets the pieces, in order. Each piece is
+/// memory kept alive by the chain until its last completion is reaped: part of a DMA buffer
+/// (zero-fill) or of a tail chunk (a flush of data, written straight from the tail).
 pub(crate) struct ChainWrite {
     pub(crate) fd: RawFd,
     pub(crate) position: u64,
-    pub(crate) buffer: Rc<DmaBuffer>,
-    pub(crate) len: usize,
+    pieces: Vec<libc::iovec>,
+    owners: Vec<Rc<dyn Any>>,
     /// Fault injection: the write is not issued and fails with this errno.
     pub(crate) fail_with: Option<i32>,
+}
+
+impl ChainWrite {
+    /// A write with no bytes yet (add them with `push_buffer` / `push_tail`).
+    pub(crate) fn new(fd: RawFd, position: u64) -> ChainWrite {
+        ChainWrite {
+            fd,
+            position,
+            pieces: Vec::new(),
+            owners: Vec::new(),
+            fail_with: None,
+        }
+    }
+
+    /// Adds the first `len` bytes of `buffer`.
+    pub(crate) fn push_buffer(&mut self, buffer: Rc<DmaBuffer>, len: usize) {
+        assert!(len <= buffer.len(), "a write stays inside its buffer");
+        self.push(buffer.as_ptr(), len, buffer);
+    }
+
+    /// Adds a run of a tail chunk.
+    pub(crate) fn push_tail(&mut self, piece: TailPiece) {
+        assert!(piece.offset + piece.len <= TAIL_CHUNK_BYTES as usize);
+        let start = piece.chunk.at(piece.offset);
+        self.push(start, piece.len, piece.chunk);
+    }
+
+    fn push(&mut self, start: *const u8, len: usize, owner: Rc<dyn Any>) {
+        assert!(
+            len.is_multiple_of(4096) && (start as usize).is_multiple_of(4096),
+            "O_DIRECT writes whole aligned blocks"
+        );
+        self.pieces.push(libc::iovec {
+            iov_base: start as *mut libc::c_void,
+            iov_len: len,
+        });
+        self.owners.push(owner);
+    }
+
+    /// Bytes written.
+    pub(crate) fn len(&self) -> usize {
+        self.pieces.iter().map(|piece| piece.iov_len).sum()
+    }
 }
 
 /// How a chain went wrong: which step, and the error.
@@ -86,8 +134,9 @@ struct Chain {
     /// Each step's result (bytes or -errno) once reaped.
     results: Vec<Option<i32>>,
     remaining: usize,
-    /// Kept alive until the kernel is done with them.
-    _buffers: Vec<Rc<DmaBuffer>>,
+    /// The writes' memory and iovec arrays, kept until the kernel is done with them (a
+    /// linked or offloaded write reads its iovecs when it is issued, after `submit`).
+    _writes: Vec<ChainWrite>,
 }
 
 pub(crate) struct CommitRing {
@@ -171,28 +220,29 @@ impl CommitRing {
         // Each step's result: an injected fault's errno at once (its step is a no-op).
         let mut results = Vec::with_capacity(count);
         let mut entries = Vec::with_capacity(count);
-        let mut buffers = Vec::with_capacity(writes.len());
         let rw_flags = match slot {
             Slot::Data => libc::RWF_DSYNC,
             Slot::ZeroFill => 0,
         };
-        for write in writes {
-            let len = write.len;
-            assert!(len <= write.buffer.len(), "a write stays inside its buffer");
+        for write in &writes {
+            let len = write.len();
             assert!(
-                (len as u64).is_multiple_of(4096) && write.position.is_multiple_of(4096),
+                len > 0 && write.position.is_multiple_of(4096),
                 "O_DIRECT writes whole aligned blocks"
             );
             entries.push(match write.fail_with {
                 Some(_) => opcode::Nop::new().build(),
-                None => opcode::Write::new(types::Fd(write.fd), write.buffer.as_ptr(), len as u32)
-                    .offset(write.position)
-                    .rw_flags(rw_flags)
-                    .build(),
+                None => opcode::Writev::new(
+                    types::Fd(write.fd),
+                    write.pieces.as_ptr(),
+                    write.pieces.len() as u32,
+                )
+                .offset(write.position)
+                .rw_flags(rw_flags)
+                .build(),
             });
             steps.push(Step::Write(len));
             results.push(write.fail_with.map(|errno| -errno));
-            buffers.push(write.buffer);
         }
         for &(fd, fail_with) in sync_fds {
             entries.push(match fail_with {
@@ -230,8 +280,9 @@ impl CommitRing {
                     flags |= squeue::Flags::ASYNC;
                 }
                 let entry = entry.flags(flags);
-                // SAFETY: the buffers written from are kept in the chain until every
-                // completion is reaped (`drop` waits for that); WAKE_BYTE is static.
+                // SAFETY: the writes (their iovecs and the memory those point to) are kept in
+                // the chain until every completion is reaped (`drop` waits for that);
+                // WAKE_BYTE is static.
                 unsafe { queue.push(&entry) }.expect("a chain fits its half of the ring");
             }
         }
@@ -247,7 +298,7 @@ impl CommitRing {
             remaining: steps.len(),
             steps,
             results,
-            _buffers: buffers,
+            _writes: writes,
         });
         Ok(())
     }
@@ -383,13 +434,10 @@ mod tests {
     }
 
     fn write(file: &DmaFile, position: u64, buffer: Rc<DmaBuffer>) -> ChainWrite {
-        ChainWrite {
-            fd: file.as_raw_fd(),
-            position,
-            len: buffer.len(),
-            buffer,
-            fail_with: None,
-        }
+        let mut write = ChainWrite::new(file.as_raw_fd(), position);
+        let len = buffer.len();
+        write.push_buffer(buffer, len);
+        write
     }
 
     async fn open(path: &std::path::Path) -> DmaFile {
@@ -408,10 +456,10 @@ mod tests {
         glommio::LocalExecutor::default().run(async {
             let file = open(&dir.path().join("log")).await;
             let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
-            let writes = vec![
-                write(&file, 0, filled(&file, 4096, b'a')),
-                write(&file, 4096, filled(&file, 8192, b'b')),
-            ];
+            // The second write gathers two buffers (the flush of a tail run across chunks).
+            let mut gathered = write(&file, 4096, filled(&file, 4096, b'b'));
+            gathered.push_buffer(filled(&file, 8192, b'c'), 4096);
+            let writes = vec![write(&file, 0, filled(&file, 4096, b'a')), gathered];
             ring.submit(Slot::Data, writes, &[]).unwrap();
             let zeros = vec![write(&file, 1 << 20, filled(&file, 4096, 0))];
             ring.submit(Slot::ZeroFill, zeros, &[(file.as_raw_fd(), None)])
@@ -426,7 +474,8 @@ mod tests {
             // are polled (ARCHITECTURE §5), and this one was empty.
             let read = std::fs::read(dir.path().join("log")).unwrap();
             assert!(read[..4096].iter().all(|&b| b == b'a'));
-            assert!(read[4096..12288].iter().all(|&b| b == b'b'));
+            assert!(read[4096..8192].iter().all(|&b| b == b'b'));
+            assert!(read[8192..12288].iter().all(|&b| b == b'c'));
             assert_eq!(read.len(), (1 << 20) + 4096);
             file.close().await.unwrap();
         });

@@ -494,6 +494,22 @@ impl Store {
     }
 
     /// Resolves once a write + fdatasync covering `end_offset` has completed.
+    /// Resolves once the bytes waiting for the disk are down to half of
+    /// `TAIL_UNDURABLE_MAX_BYTES` (room for appends refused as `Busy`), or the store fails.
+    pub fn room(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let store = self.clone();
+        let target = self
+            .inner
+            .log
+            .borrow()
+            .tail
+            .end()
+            .saturating_sub(TAIL_UNDURABLE_MAX_BYTES / 2);
+        async move {
+            let _ = store.wait_durable(target).await;
+        }
+    }
+
     pub async fn wait_durable(&self, end_offset: u64) -> Result<(), StoreError> {
         flusher::wait_durable(&self.inner, end_offset).await
     }
