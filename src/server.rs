@@ -17,7 +17,9 @@
 //! `IN_FLIGHT_REQUESTS_MAX`) of them wait the connection stops being read.
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -74,6 +76,8 @@ pub struct Connection {
     reserved_bytes: Cell<usize>,
     /// Tasks waiting for output room.
     room_waiters: Rc<WaiterSet<()>>,
+    /// What the read loop waits for before its next read (`hold_reads_until`).
+    read_hold: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
 }
 
 /// Output room promised by `Connection::reserve_output`, given back when dropped.
@@ -121,7 +125,19 @@ impl Connection {
             writing_bytes: Cell::new(0),
             reserved_bytes: Cell::new(0),
             room_waiters: Rc::new(WaiterSet::default()),
+            read_hold: RefCell::new(None),
         })
+    }
+
+    /// Stops reading this connection's requests until `until` resolves (the frames already
+    /// read are still handled): backpressure through TCP for a client whose requests cannot
+    /// be served now, instead of reading, and refusing, everything it keeps sending. A hold
+    /// already set stays; bound `until` in time.
+    pub fn hold_reads_until(&self, until: impl Future<Output = ()> + 'static) {
+        let mut hold = self.read_hold.borrow_mut();
+        if hold.is_none() {
+            *hold = Some(Box::pin(until));
+        }
     }
 
     /// Marks a request as served later (by a spawned task); hold the guard until answered.
@@ -291,6 +307,10 @@ async fn read_loop(
     loop {
         while connection.must_pause() && !connection.is_closed() {
             connection.output_drained.wait().await;
+        }
+        let hold = connection.read_hold.borrow_mut().take();
+        if let Some(hold) = hold {
+            hold.await;
         }
         if connection.is_closed() {
             return Ok(());

@@ -228,6 +228,52 @@ fn a_slow_disk_turns_sends_into_quick_system_busy() {
 }
 
 #[test]
+fn a_connection_refused_for_a_full_store_waits_for_the_disk_before_reading_more() {
+    // Every flush first waits 100 ms: 48 pipelined 1 MiB sends fill the 32 MiB the store
+    // keeps waiting for the disk long before the first flush lands.
+    let node = start_node(&["--test-only-flush-delay-ms", "100"]);
+    let mut stream = node.connect();
+    let body = vec![b'x'; 1 << 20];
+    let count = 48;
+    let mut frames = Vec::new();
+    for opaque in 0..count {
+        frames.extend(send_v2_frame(
+            1000 + opaque,
+            ("LpFull", "0"),
+            &body,
+            "",
+            "0",
+            "pg",
+        ));
+    }
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&frames).unwrap());
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..count {
+        let reply = read_frame(&mut stream, Duration::from_secs(30)).expect("an answer");
+        codes.insert(reply.opaque, reply.code);
+    }
+    sender.join().unwrap();
+    let refused: Vec<_> = codes
+        .iter()
+        .filter(|(_, code)| **code == response_code::SYSTEM_BUSY)
+        .map(|(opaque, _)| opaque - 1000)
+        .collect();
+    assert!(!refused.is_empty(), "the store never filled up: {codes:?}");
+    // Read and refused at once, the 16 sends past the bound would all be refused; the
+    // connection instead stops reading until the disk has caught up.
+    assert!(
+        refused.len() <= 4,
+        "only sends already read when the store filled are refused: {refused:?}"
+    );
+    assert_eq!(
+        codes[&(1000 + count - 1)],
+        response_code::SUCCESS,
+        "the sends that came next were stored: {refused:?}"
+    );
+}
+
+#[test]
 fn a_stalled_shard_answers_the_sends_that_waited_with_system_busy() {
     let node = start_node(&[]);
     let mut stream = node.connect();

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `[TIMEOUT_CLEAN_QUEUE]`: a send waited in the send thread pool's queue longer than `waitTimeMillsInSendQueue` | the shard's executor runs late: its ticking task (every `PULL_WHEEL_TICK_MS`) fired, or would have fired, this much late, so requests read now have waited about as long in the socket | `SEND_QUEUE_WAIT_MAX_MS` |
 //! | `[PC_SYNCHRONIZED]`: the commitlog put lock held longer than `osPageCacheBusyTimeOutMills` | the store's flush under way has been running this long (the disk keeps every append since waiting) | `STORE_FLUSH_BUSY_MS` |
-//! | `[PC_SYNCHRONIZED]` / `[PCBUSY_CLEAN_QUEUE]` when the page cache is full | the store answers `Busy`: `TAIL_UNDURABLE_MAX_BYTES` wait for the disk (see `send::store_error`) | `TAIL_UNDURABLE_MAX_BYTES` |
+//! | `[PC_SYNCHRONIZED]` / `[PCBUSY_CLEAN_QUEUE]` when the page cache is full | the store answers `Busy`: `TAIL_UNDURABLE_MAX_BYTES` wait for the disk (see `send::store_error`); the connection then reads no more requests until half of that is on disk, or `SEND_QUEUE_WAIT_MAX_MS` (`Broker::refused_by_store`), like a send waiting in RocketMQ's queue | `TAIL_UNDURABLE_MAX_BYTES` |
 //!
 //! The checks cost two clock reads per send. Consumers are bounded elsewhere: a consumer that
 //! stops reading only fills its own connection's output cap (`server::OUTPUT_PAUSE_BYTES`).

@@ -25,6 +25,7 @@ use crate::remoting::{
 };
 use crate::server::Connection;
 
+use super::overload;
 use super::schedule::{divert_for, Divert};
 use super::topics::{self, validate_topic_name};
 use super::{transaction, Broker};
@@ -243,7 +244,9 @@ impl Broker {
                 .iter()
                 .map(|m| record::encoded_size(m.body.len(), topic.len(), m.properties.len() + 64))
                 .sum();
-            self.store.check_room(total as u64).map_err(store_error)?;
+            self.store
+                .check_room(total as u64)
+                .map_err(|error| self.refused_by_store(error, connection))?;
         }
         let mut results: SmallVec<[AppendResult; 1]> = SmallVec::with_capacity(messages.len());
         let mut arrived = false;
@@ -275,7 +278,7 @@ impl Broker {
             let appended = self
                 .store
                 .append_with_keys(&to_store, keys)
-                .map_err(store_error)?;
+                .map_err(|error| self.refused_by_store(error, connection))?;
             results.push(appended);
         }
         self.stats
@@ -303,6 +306,22 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// A send the store refused. Refused for want of room (the disk is behind), the
+    /// connection reads no more requests until the disk has caught up by half the bound, or
+    /// `SEND_QUEUE_WAIT_MAX_MS`: a closed-loop client would otherwise keep sending frames
+    /// that are read and refused at once (with batches, as many bytes as were stored: half the
+    /// shard's time and memory bandwidth, which the disk then lacks).
+    fn refused_by_store(&self, error: StoreError, connection: &Rc<Connection>) -> RequestError {
+        if matches!(error, StoreError::Busy { .. }) {
+            let room = self.store.room();
+            let limit = std::time::Duration::from_millis(overload::SEND_QUEUE_WAIT_MAX_MS);
+            connection.hold_reads_until(async move {
+                futures_lite::future::or(room, shards::runtime::sleep(limit)).await
+            });
+        }
+        store_error(error)
     }
 
     /// The queue to write: the asked one (auto-creating the topic if needed) or, when the
