@@ -6,10 +6,11 @@
 # an idle machine, and while one loopback TCP stream moves bytes as fast as it can (what the
 # bench's traffic costs the machine: on small VMs the disk's bandwidth drops with CPU load).
 #   scripts/bench-disk.sh [SECONDS] [PROFILE] [DATA_PARENT_DIR]
+# Environment: SHARDS (1): shards of the broker (e.g. SHARDS=2 with the small-vm profile).
 # Needs fio (`apt-get install fio`) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-6}; profile=${2:-default}; parent=${3:-${TMPDIR:-/tmp}}
+seconds=${1:-6}; profile=${2:-default}; parent=${3:-${TMPDIR:-/tmp}}; shards=${SHARDS:-1}
 command -v fio >/dev/null || { echo "bench-disk: fio is not installed (apt-get install fio)" >&2; exit 1; }
 cargo build --release -q -p shardmq -p shardmq-bench
 ticks=$(getconf CLK_TCK)
@@ -51,7 +52,7 @@ printf "%-28s %10s %8s %14s %14s %12s\n" "workload" "msgs/s" "MB/s" "of fio's MB
 for cfg in "1024 64 16" "4096 32 16" "16384 16 16"; do
     set -- $cfg
     dir="$scratch/data-$1"
-    target/release/shardmq serve --profile "$profile" --shards 1 --data-dir "$dir" \
+    target/release/shardmq serve --profile "$profile" --shards "$shards" --data-dir "$dir" \
         --namesrv-port 39876 --broker-port 40911 > "$scratch/broker.log" 2>&1 &
     broker=$!
     until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
