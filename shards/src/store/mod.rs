@@ -493,7 +493,6 @@ impl Store {
         })
     }
 
-    /// Resolves once a write + fdatasync covering `end_offset` has completed.
     /// Resolves once the bytes waiting for the disk are down to half of
     /// `TAIL_UNDURABLE_MAX_BYTES` (room for appends refused as `Busy`), or the store fails.
     pub fn room(&self) -> impl std::future::Future<Output = ()> + 'static {
@@ -510,6 +509,7 @@ impl Store {
         }
     }
 
+    /// Resolves once a write + fdatasync covering `end_offset` has completed.
     pub async fn wait_durable(&self, end_offset: u64) -> Result<(), StoreError> {
         flusher::wait_durable(&self.inner, end_offset).await
     }
