@@ -6,8 +6,8 @@
 //! 1. `append` (synchronous) assigns the queue offset and the commitlog offset, encodes the
 //!    record in RocketMQ's stored format into the in-memory tail (`tail.rs`) and writes the
 //!    20-byte consume-queue unit (`consume_queue.rs`); the message is readable at once.
-//! 2. A flush (`flusher.rs`) copies the dirty block-aligned range of the tail into DMA buffers
-//!    and hands their durable (RWF_DSYNC) writes and a wake-up to the kernel as one chain on
+//! 2. A flush (`flusher.rs`) hands durable (RWF_DSYNC) writes of the dirty block-aligned range,
+//!    gathered straight from the tail's chunks, and a wake-up to the kernel as one chain on
 //!    the store's own io_uring ring (`commit_ring.rs`, the only writer of commitlog files);
 //!    the reaper then marks everything up to the written end durable and wakes every
 //!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty
