@@ -9,6 +9,7 @@ pub mod mesh;
 pub mod runtime;
 pub mod store;
 pub mod sync;
+pub mod throttle;
 pub mod wheel;
 
 /// Index of a shard on this node: shard i is pinned to one core and is broker endpoint i.

@@ -520,7 +520,7 @@ fn failed_write_poisons_the_store() {
 }
 
 #[test]
-fn failed_fdatasync_and_enospc_poison_too() {
+fn failed_fdatasync_poisons_too() {
     let dir = tempfile::tempdir().unwrap();
     run(|| async {
         let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
@@ -533,18 +533,69 @@ fn failed_fdatasync_and_enospc_poison_too() {
             Err(StoreError::Poisoned(_))
         ));
     });
+}
+
+#[test]
+fn a_write_that_finds_the_disk_full_is_retried_not_poisoned() {
     let dir = tempfile::tempdir().unwrap();
-    run(|| async {
+    let accepted = run(|| async {
         let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
             .await
             .unwrap();
         store.inject_fault(shards::store::InjectedFault::WriteError {
             errno: libc::ENOSPC,
         });
-        let end = append(&store, "T", 0, 0, 10, "t").end_offset;
-        assert!(matches!(
-            store.wait_durable(end).await,
-            Err(StoreError::DiskFull(_))
-        ));
+        let started = std::time::Instant::now();
+        let first = append(&store, "T", 0, 0, 10, "t");
+        // While the write waits for its retry, appends are refused as a full disk.
+        let mut accepted = 1;
+        let refused = loop {
+            match store.append(&message(b"second")) {
+                Err(error) => break error,
+                Ok(_) if started.elapsed() < std::time::Duration::from_secs(1) => {
+                    // Taken before the failed write was reaped.
+                    accepted += 1;
+                    shards::runtime::sleep(std::time::Duration::from_millis(1)).await
+                }
+                Ok(_) => panic!("no append was refused while the disk was full"),
+            }
+        };
+        assert!(matches!(refused, StoreError::DiskFull { .. }), "{refused}");
+        assert!(store.space_refusal().is_some());
+        // The retry writes it: the send waiting for it succeeds, and writes go on.
+        store.wait_durable(first.end_offset).await.unwrap();
+        assert!(
+            started.elapsed()
+                >= std::time::Duration::from_millis(shards::store::FLUSH_RETRY_MS - 100)
+        );
+        assert!(store.space_refusal().is_none(), "cleared by itself");
+        assert!(store.poisoned().is_none());
+        let next = append(&store, "T", 0, 1, 10, "t");
+        store.wait_durable(next.end_offset).await.unwrap();
+        store.close().await.unwrap();
+        accepted + 1
     });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        assert_eq!(store.max_queue_offset("T", 0), accepted);
+        store.close().await.unwrap();
+    });
+}
+
+fn message(body: &[u8]) -> shards::store::MessageToStore<'_> {
+    shards::store::MessageToStore {
+        topic: "T",
+        queue_id: 0,
+        flag: 0,
+        sys_flag: 0,
+        born_timestamp_ms: 0,
+        born_host: BORN_HOST.parse().unwrap(),
+        reconsume_times: 0,
+        prepared_transaction_offset: 0,
+        body,
+        properties: b"",
+        tags_code: 0,
+    }
 }

@@ -160,10 +160,18 @@ impl ConsumeQueue {
             Err(e) => return Err(e),
         };
         let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
+        let fresh = file.metadata()?.len() == 0;
         if file.metadata()?.len() != size_bytes {
             file.set_len(size_bytes)?;
         }
-        reserve_blocks(&file, size_bytes)?;
+        if let Err(error) = reserve_blocks(&file, size_bytes) {
+            if fresh {
+                // A file made just now holds nothing: leave no hole behind for a later map
+                // (a store into a hole of a full disk is a SIGBUS).
+                let _ = fs::remove_file(&path);
+            }
+            return Err(error);
+        }
         // SAFETY: the file is private to this shard's store; nothing else truncates it while
         // it is mapped (truncate_to drops the maps first).
         let map = unsafe { MmapMut::map_mut(&file)? };
@@ -263,15 +271,20 @@ impl ConsumeQueue {
             self.dirty_files.remove(&start);
         }
         if self.files.contains(&keep_start) {
-            let file = OpenOptions::new()
-                .write(true)
-                .open(self.dir.join(file_name(keep_start)))?;
-            // Shrinking then growing back turns the dropped units into a hole of zeros
-            // without writing (or reading) them.
-            file.set_len((new_max - keep_start) * CQ_UNIT_BYTES)?;
-            file.set_len(self.units_per_file * CQ_UNIT_BYTES)?;
-            reserve_blocks(&file, self.units_per_file * CQ_UNIT_BYTES)?;
-            self.dirty_files.insert(keep_start);
+            // Zero the dropped units in place, and only where something was written: no
+            // truncate (ext4 reuses freed blocks only after its next commit, so shrinking and
+            // re-reserving fails on a full disk), and nothing to do in the usual case.
+            let units_per_file = self.units_per_file;
+            if let Some(file) = self.slot(new_max, false)? {
+                let at = ((new_max % units_per_file) * CQ_UNIT_BYTES) as usize;
+                let rest = &mut file.map[at..];
+                if let Some(last) = rest.iter().rposition(|&byte| byte != 0) {
+                    rest[..=last].fill(0);
+                    self.dirty_files.insert(keep_start);
+                }
+            }
+            self.active = None;
+            self.cached = None;
         }
         if self.files.is_empty() {
             self.min_offset = new_max.min(self.min_offset);

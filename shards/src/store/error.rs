@@ -1,8 +1,13 @@
 //! Store errors: operating errors the caller handles, and the poison that stops writes.
 //!
-//! A failed write or fdatasync poisons the store (fsync errors are not retryable: the kernel
-//! may already have dropped the dirty pages). ENOSPC poisons it too, as `DiskFull`: the store
-//! refuses writes until the process restarts and recovery runs again.
+//! Two kinds of environment failure, never mixed:
+//! - **Not retryable** (EIO, any other failed durable write or fdatasync of data): the store is
+//!   poisoned (`StoreError::Poisoned`): fsync errors cannot be retried, the kernel may already
+//!   have dropped the dirty pages. Appends and `wait_durable` fail from then on, reads keep
+//!   working, and only a restart (recovery) brings writes back.
+//! - **Resources** (`is_resource_error`: ENOSPC, EDQUOT, EMFILE, ENFILE, ENOMEM, EAGAIN): an
+//!   answer and a log line. A full disk refuses appends (`StoreError::DiskFull`) until space
+//!   returns; the store tries again by itself and clears the state, without a restart.
 
 use std::io;
 
@@ -27,8 +32,17 @@ pub enum StoreError {
     PropertiesInvalid(String),
     #[error("invalid topic name {0:?}: 1..=127 bytes, no '/', not '.' or '..'")]
     InvalidTopic(String),
-    #[error("disk full (ENOSPC): the store refuses writes until it is reopened: {0}")]
-    DiskFull(String),
+    #[error("disk full ({:.0}% used), writes are refused until space returns: {reason}", used_ratio * 100.0)]
+    DiskFull {
+        /// Used fraction of the store's filesystem when the state was last measured.
+        used_ratio: f64,
+        reason: String,
+    },
+    #[error(
+        "store busy: commitlog space up to {allocated_end} is ready, the append needs \
+         {needed_end} (space is being prepared)"
+    )]
+    SpaceNotReady { needed_end: u64, allocated_end: u64 },
     #[error("store busy: {unflushed_bytes} bytes wait for the disk (limit {limit_bytes})")]
     Busy {
         unflushed_bytes: u64,
@@ -46,27 +60,40 @@ pub enum StoreError {
 
 /// Why the store stopped taking writes; kept so every later call reports the first cause.
 #[derive(Debug, Clone)]
-pub(crate) enum Poison {
-    DiskFull(String),
-    Failed(String),
-}
+pub(crate) struct Poison(String);
 
 impl Poison {
     pub(crate) fn from_io(context: &str, error: &io::Error) -> Poison {
-        let text = format!("{context}: {error}");
-        if raw_os_error_of(error) == Some(libc::ENOSPC) {
-            Poison::DiskFull(text)
-        } else {
-            Poison::Failed(text)
-        }
+        Poison(format!("{context}: {error}"))
+    }
+
+    pub(crate) fn new(text: impl Into<String>) -> Poison {
+        Poison(text.into())
+    }
+
+    pub(crate) fn text(&self) -> &str {
+        &self.0
     }
 
     pub(crate) fn to_error(&self) -> StoreError {
-        match self {
-            Poison::DiskFull(text) => StoreError::DiskFull(text.clone()),
-            Poison::Failed(text) => StoreError::Poisoned(text.clone()),
-        }
+        StoreError::Poisoned(self.0.clone())
     }
+}
+
+/// Whether `error` says the machine is short of a resource (space, descriptors, memory)
+/// rather than that the disk failed: such an error is retried later, never a poison.
+pub(crate) fn is_resource_error(error: &io::Error) -> bool {
+    matches!(
+        raw_os_error_of(error),
+        Some(
+            libc::ENOSPC | libc::EDQUOT | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN
+        )
+    )
+}
+
+/// Whether `error` is a full disk (or quota).
+pub(crate) fn is_space_error(error: &io::Error) -> bool {
+    matches!(raw_os_error_of(error), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// glommio's error as an io::Error that keeps the OS error code (glommio's own conversion
@@ -128,8 +155,11 @@ pub(crate) fn raw_os_error_of(error: &io::Error) -> Option<i32> {
 
 impl From<io::Error> for StoreError {
     fn from(error: io::Error) -> StoreError {
-        if raw_os_error_of(&error) == Some(libc::ENOSPC) {
-            StoreError::DiskFull(error.to_string())
+        if is_space_error(&error) {
+            StoreError::DiskFull {
+                used_ratio: 1.0,
+                reason: error.to_string(),
+            }
         } else {
             StoreError::Io(error)
         }

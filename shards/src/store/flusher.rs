@@ -47,10 +47,13 @@ use glommio::net::UnixStream;
 
 use super::checkpoint::{self, Checkpoint};
 use super::commit_ring::{ChainWrite, Slot};
-use super::error::{io_error, os_error_with_context, Poison};
-use super::segments::{align_down, align_up, create_segment, BLOCK_BYTES};
+use super::error::{io_error, is_resource_error, is_space_error, os_error_with_context, Poison};
+use super::segments::{align_down, align_up, allocate, create_segment, BLOCK_BYTES};
+use super::space::{
+    FullCause, Space, ALLOCATION_PIECE_MIN_BYTES, ALLOCATION_RETRY_MS, FLUSH_RETRY_MS,
+};
 use super::tail::TailPiece;
-use super::{FlushMode, Inner, LogState, StoreError, TAIL_READ_KEEP_BYTES};
+use super::{disk_used_ratio, FlushMode, Inner, LogState, StoreError, TAIL_READ_KEEP_BYTES};
 
 /// Async mode: default dirty bytes that trigger a flush before the interval ends (one large
 /// write is as cheap as a small one; more would delay durability and grow the write).
@@ -66,6 +69,9 @@ pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
 pub const ZERO_FILL_PACE_LEAD_BYTES: u64 = 64 << 20;
 /// How often consume queues are synced and the checkpoint written (bounds recovery work).
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
+/// A closing store whose writes find the disk full tries this many more times
+/// (`FLUSH_RETRY_MS` apart) before it reports that the final flush failed.
+pub const CLOSE_FLUSH_RETRIES_MAX: u32 = 10;
 /// The reaper looks at the ring at least this often, wake-up byte or not.
 const REAP_FALLBACK_MS: u64 = 50;
 /// ASYNC_FLUSH: zero-filling waits until no flush has run for this long.
@@ -118,6 +124,13 @@ pub(crate) struct FlushState {
     chain_waiters: Vec<Waker>,
     /// The flusher has exited (after `close`); the result `close` reports.
     done: Option<Result<(), Poison>>,
+    /// A zero-fill failed for want of resources: not tried again before this.
+    zero_fill_retry_at: Option<Instant>,
+    /// Files a failed checkpoint did not sync (synced first by the next one).
+    unsynced_paths: Vec<std::path::PathBuf>,
+    unsynced_dir: Option<std::path::PathBuf>,
+    /// Repeated resource failures (a full disk, no descriptors) are logged at this rate.
+    trouble_log: crate::throttle::LogThrottle,
 }
 
 impl FlushState {
@@ -144,6 +157,10 @@ impl FlushState {
             zero_in_flight: None,
             chain_waiters: Vec::new(),
             done: None,
+            zero_fill_retry_at: None,
+            unsynced_paths: Vec::new(),
+            unsynced_dir: None,
+            trouble_log: crate::throttle::LogThrottle::default(),
         }
     }
 
@@ -218,6 +235,7 @@ impl Notify {
 
 enum Action {
     Exit,
+    Allocate,
     Flush,
     Checkpoint,
     ZeroFill,
@@ -280,6 +298,7 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
         let Some(inner) = weak.upgrade() else { return };
         match ran {
             Action::Exit => return exit(&inner).await,
+            Action::Allocate => allocate_ahead(&inner).await,
             Action::Flush => {
                 flush(&inner).await;
             }
@@ -304,6 +323,12 @@ fn next_action(inner: &Inner) -> Action {
     let now = Instant::now();
     let end = log.tail.end();
     let mut deadlines = Vec::new();
+    // Space first: appends stop at the allocated end (space.rs).
+    let size = inner.config.segment_size_bytes;
+    if log.space.allocation_due(end, size, now) {
+        return Action::Allocate;
+    }
+    deadlines.extend(log.space.allocation_retry_at.filter(|at| *at > now));
     // Checkpoints come before flushes (a checkpoint flushes first): under constant Sync load
     // the log is always dirty, and recovery work must stay bounded all the same.
     let checkpoint_every = Duration::from_millis(CHECKPOINT_INTERVAL_MS);
@@ -317,7 +342,9 @@ fn next_action(inner: &Inner) -> Action {
     }
     // A flush in flight or held up by a zero-fill is started again by the reaper.
     let flush_free = !log.ring.busy(Slot::Data) && flush.zero_in_flight.is_none();
-    if end > flush.durable_end && flush_free {
+    let flush_waits = log.space.flush_retry_at.filter(|at| *at > now);
+    deadlines.extend(flush_waits);
+    if end > flush.durable_end && flush_free && flush_waits.is_none() {
         match inner.config.flush_mode {
             FlushMode::Sync => return Action::Flush,
             FlushMode::Async => {
@@ -330,7 +357,9 @@ fn next_action(inner: &Inner) -> Action {
             }
         }
     }
-    if !log.ring.busy(Slot::ZeroFill) {
+    let zero_fill_waits = flush.zero_fill_retry_at.filter(|at| *at > now);
+    deadlines.extend(zero_fill_waits);
+    if !log.ring.busy(Slot::ZeroFill) && zero_fill_waits.is_none() {
         let quiet = quiet(flush, now);
         if zero_fill_range(inner, &log, quiet).is_some() {
             return Action::ZeroFill;
@@ -347,10 +376,11 @@ fn next_action(inner: &Inner) -> Action {
     )
 }
 
-/// Zero-filling aims at the end of the segment after the one being written.
-fn zero_fill_target(inner: &Inner, end: u64) -> u64 {
+/// Zero-filling aims at the end of the segment after the one being written, but covers only
+/// allocated space (the window ahead of the writes, `space.rs`).
+fn zero_fill_target(inner: &Inner, log: &LogState, end: u64) -> u64 {
     let size = inner.config.segment_size_bytes;
-    align_down(end, size) + 2 * size
+    (align_down(end, size) + 2 * size).min(align_down(log.space.allocated_end, BLOCK_BYTES))
 }
 
 /// No flush of data has ended for `ZERO_FILL_IDLE_MS`: zero-fill may go anywhere ahead.
@@ -370,7 +400,7 @@ fn zero_fill_range(inner: &Inner, log: &LogState, quiet: bool) -> Option<(u64, u
     let end = log.tail.end();
     let size = inner.config.segment_size_bytes;
     let segment = align_down(end, size);
-    let target = zero_fill_target(inner, end);
+    let target = zero_fill_target(inner, log, end);
     let (from, limit) = match (quiet, inner.config.flush_mode) {
         (true, _) => (align_up(end, BLOCK_BYTES), target),
         (false, FlushMode::Sync) => (
@@ -393,6 +423,24 @@ fn zero_fill_range(inner: &Inner, log: &LogState, quiet: bool) -> Option<(u64, u
     (pos < stop).then_some((pos, stop))
 }
 
+/// A failure of `context`: a shortage of resources is logged (throttled) and left for the
+/// caller's retry; anything else poisons the store. True when it poisoned.
+fn fail(inner: &Inner, context: &str, error: &io::Error) -> bool {
+    if !is_resource_error(error) {
+        poison(inner, context, error);
+        return true;
+    }
+    let mut log = inner.log.borrow_mut();
+    if let Some(left_out) = log.flush.trouble_log.allow(Instant::now()) {
+        eprintln!(
+            "shardmq: store {}: {context}: {error}; trying again later{}",
+            inner.config.root_dir.display(),
+            crate::throttle::LogThrottle::repeats(left_out)
+        );
+    }
+    false
+}
+
 fn poison(inner: &Inner, context: &str, error: &io::Error) {
     let poison = Poison::from_io(context, error);
     eprintln!(
@@ -405,6 +453,92 @@ fn poison(inner: &Inner, context: &str, error: &io::Error) {
     }
     log.flush.flush_started_at = None;
     log.flush.wake_everyone();
+}
+
+/// Allocates segment space up to the window ahead of the write position (`space.rs`),
+/// creating segment files on the way. Short of space, it takes what the disk still has in
+/// pieces down to `ALLOCATION_PIECE_MIN_BYTES`, then marks the store full and waits
+/// `ALLOCATION_RETRY_MS`; success clears that. Other failures poison the store.
+pub(crate) async fn allocate_ahead(inner: &Inner) {
+    let size = inner.config.segment_size_bytes;
+    let target = {
+        let log = inner.log.borrow();
+        log.space.target(log.tail.end(), size)
+    };
+    loop {
+        let from = inner.log.borrow().space.allocated_end;
+        if from >= target {
+            break;
+        }
+        let segment = align_down(from, size);
+        let mut stop = target.min(segment + size);
+        let result = loop {
+            match allocate_in_segment(inner, segment, stop).await {
+                Err(error)
+                    if is_space_error(&error) && stop - from > ALLOCATION_PIECE_MIN_BYTES =>
+                {
+                    stop = from
+                        + align_down((stop - from) / 2, BLOCK_BYTES)
+                            .max(ALLOCATION_PIECE_MIN_BYTES);
+                }
+                other => break other,
+            }
+        };
+        if let Err(error) = result {
+            allocation_failed(inner, from, &error);
+            return;
+        }
+        let mut log = inner.log.borrow_mut();
+        log.space.allocated_end = log.space.allocated_end.max(stop);
+    }
+    let mut log = inner.log.borrow_mut();
+    log.space.allocation_retry_at = None;
+    if log.space.clear(FullCause::Allocation) {
+        eprintln!(
+            "shardmq: store {}: commitlog space allocated again; sends resume",
+            inner.config.root_dir.display()
+        );
+    }
+}
+
+/// Makes `[segment, stop)` of a segment file allocated, creating the file if needed.
+async fn allocate_in_segment(inner: &Inner, segment: u64, stop: u64) -> io::Result<()> {
+    let size = inner.config.segment_size_bytes;
+    ensure_segments(inner, segment, segment + 1)
+        .await
+        .map_err(store_io)?;
+    let file = inner
+        .log
+        .borrow()
+        .segments
+        .file_for(segment)
+        .map(|(_, f)| f);
+    let Some(file) = file else {
+        return Err(io::Error::other("segment file vanished"));
+    };
+    debug_assert!(stop - segment <= size);
+    allocate(&file, stop - segment).await.map(|_| ())
+}
+
+fn allocation_failed(inner: &Inner, from: u64, error: &io::Error) {
+    let context = format!("allocating commitlog space at offset {from}");
+    if fail(inner, &context, error) {
+        return;
+    }
+    let mut log = inner.log.borrow_mut();
+    log.space.allocation_retry_at = Some(Instant::now() + Space::retry_delay(ALLOCATION_RETRY_MS));
+    if is_space_error(error) {
+        log.space.used_ratio = disk_used_ratio(&inner.config.root_dir).unwrap_or(1.0);
+        let why = format!("{context}: {error}");
+        if log.space.set_full(FullCause::Allocation, why) {
+            eprintln!(
+                "shardmq: store {}: the disk is full; appends go on up to offset {} (space \
+                 already allocated), then are refused until space returns",
+                inner.config.root_dir.display(),
+                log.space.allocated_end
+            );
+        }
+    }
 }
 
 /// Creates the segment files covering `[start, end)` that do not exist yet.
@@ -542,7 +676,12 @@ fn start_flush(inner: &Inner) -> Started {
 pub(crate) fn kick(inner: &Inner) -> bool {
     {
         let log = inner.log.borrow();
-        if log.flush.test_flush_delay.is_some() || log.closing || !flush_due(inner, &log) {
+        let retry_waits = log.space.flush_retry_at.is_some();
+        if log.flush.test_flush_delay.is_some()
+            || log.closing
+            || retry_waits
+            || !flush_due(inner, &log)
+        {
             return false;
         }
     }
@@ -571,11 +710,19 @@ pub(crate) fn reap(inner: &Inner) {
         };
         drop(log);
         if let Err(failure) = outcome {
-            poison(inner, failure.context, &failure.error);
+            chain_failed(inner, slot, failure.context, &failure.error);
             continue;
         }
         if let Some((end, messages)) = data {
             mark_durable(inner, end, messages);
+            let mut log = inner.log.borrow_mut();
+            log.space.flush_retry_at = None;
+            if log.space.clear(FullCause::Write) {
+                eprintln!(
+                    "shardmq: store {}: the disk takes writes again",
+                    inner.config.root_dir.display()
+                );
+            }
         }
         if let Some((pos, stop)) = zeros {
             let mut log = inner.log.borrow_mut();
@@ -587,6 +734,28 @@ pub(crate) fn reap(inner: &Inner) {
     kick(inner);
     // The flusher task decides what else is due (a deadline flush, the next zero-fill).
     inner.notify.signal();
+}
+
+/// A chain that failed: a data write that found the disk full keeps its bytes in the tail and
+/// is tried again after `FLUSH_RETRY_MS` (appends refused meanwhile); a zero-fill short of
+/// resources is tried again later; anything else poisons the store.
+fn chain_failed(inner: &Inner, slot: Slot, context: &str, error: &io::Error) {
+    if fail(inner, context, error) {
+        return;
+    }
+    let retry_at = |ms| Some(Instant::now() + Space::retry_delay(ms));
+    let mut log = inner.log.borrow_mut();
+    match slot {
+        Slot::Data => {
+            if is_space_error(error) {
+                log.space.used_ratio = disk_used_ratio(&inner.config.root_dir).unwrap_or(1.0);
+                log.space
+                    .set_full(FullCause::Write, format!("{context}: {error}"));
+            }
+            log.space.flush_retry_at = retry_at(FLUSH_RETRY_MS);
+        }
+        Slot::ZeroFill => log.flush.zero_fill_retry_at = retry_at(ALLOCATION_RETRY_MS),
+    }
 }
 
 /// Resolves once the chain in `slot` has ended (reaped; a failed chain ends too).
@@ -607,6 +776,7 @@ async fn chain_ended(inner: &Inner, slot: Slot) {
 pub(crate) async fn flush(inner: &Inner) -> bool {
     let target = inner.log.borrow().tail.end();
     let mut delayed = false;
+    let mut retries = 0u32;
     loop {
         {
             let log = inner.log.borrow();
@@ -625,6 +795,18 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             glommio::timer::sleep(delay).await;
             continue;
         }
+        let retry_at = inner.log.borrow().space.flush_retry_at;
+        if let Some(at) = retry_at {
+            // The disk refused the last write for want of space: wait, then try again. A
+            // closing store gives up after `CLOSE_FLUSH_RETRIES_MAX` waits (and says so).
+            retries += 1;
+            if inner.log.borrow().closing && retries > CLOSE_FLUSH_RETRIES_MAX {
+                return false;
+            }
+            glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+            inner.log.borrow_mut().space.flush_retry_at = None;
+            continue;
+        }
         let started = start_flush(inner);
         let zero_fill_ahead = inner.log.borrow().flush.zero_in_flight.is_some();
         match started {
@@ -638,8 +820,11 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             Started::Poisoned => return false,
             Started::NeedsSegments { start, end } => {
                 if let Err(error) = ensure_segments(inner, start, end).await {
-                    poison(inner, "creating a commitlog segment", &store_io(error));
-                    return false;
+                    if fail(inner, "creating a commitlog segment", &store_io(error)) {
+                        return false;
+                    }
+                    let retry_at = Instant::now() + Space::retry_delay(FLUSH_RETRY_MS);
+                    inner.log.borrow_mut().space.flush_retry_at = Some(retry_at);
                 }
             }
         }
@@ -682,7 +867,7 @@ fn micros(duration: Duration) -> u64 {
 fn store_io(error: StoreError) -> io::Error {
     match error {
         StoreError::Io(e) => e,
-        StoreError::DiskFull(text) => os_error_with_context(libc::ENOSPC, text),
+        StoreError::DiskFull { reason, .. } => os_error_with_context(libc::ENOSPC, reason),
         other => io::Error::other(other.to_string()),
     }
 }
@@ -698,7 +883,10 @@ async fn zero_fill_step(inner: &Inner) {
         return;
     };
     if let Err(error) = ensure_segments(inner, pos, stop).await {
-        poison(inner, "creating a commitlog segment", &store_io(error));
+        if !fail(inner, "creating a commitlog segment", &store_io(error)) {
+            let retry_at = Instant::now() + Space::retry_delay(ALLOCATION_RETRY_MS);
+            inner.log.borrow_mut().flush.zero_fill_retry_at = Some(retry_at);
+        }
         return;
     }
     let mut log = inner.log.borrow_mut();
@@ -742,16 +930,18 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return false;
     }
-    let paths = inner.queues.borrow_mut().take_dirty_paths();
-    for path in paths {
-        if let Err(error) = sync_file(&path).await {
-            if error.kind() != io::ErrorKind::NotFound {
-                poison(inner, "consume queue fdatasync", &error);
-                return false;
-            }
-        }
-    }
-    if !sync_index(inner).await {
+    // Files a failed checkpoint left unsynced come first.
+    let (mut paths, dir) = {
+        let mut log = inner.log.borrow_mut();
+        (
+            std::mem::take(&mut log.flush.unsynced_paths),
+            log.flush.unsynced_dir.take(),
+        )
+    };
+    paths.extend(inner.queues.borrow_mut().take_dirty_paths());
+    let (index_paths, index_dir) = inner.index.borrow_mut().take_dirty_paths();
+    paths.extend(index_paths);
+    if !sync_paths(inner, paths, dir.or(index_dir)).await {
         return false;
     }
     let record = Checkpoint {
@@ -761,7 +951,7 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
         index: Some(index),
     };
     if let Err(error) = checkpoint::write(&inner.config.root_dir, &record).await {
-        poison(inner, "checkpoint write", &error);
+        checkpoint_failed(inner, "checkpoint write", &error);
         return false;
     }
     let mut log = inner.log.borrow_mut();
@@ -772,22 +962,43 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     true
 }
 
-/// Syncs the message index files written since the last checkpoint (and their directory
-/// when files came or went). False when the store got poisoned.
-async fn sync_index(inner: &Inner) -> bool {
-    let (paths, dir) = inner.index.borrow_mut().take_dirty_paths();
-    for path in paths {
+/// A checkpoint step failed: short of resources, the checkpoint is tried again after
+/// `CHECKPOINT_INTERVAL_MS` (the old one stays valid: recovery then scans a little more);
+/// anything else poisons the store.
+fn checkpoint_failed(inner: &Inner, context: &str, error: &io::Error) {
+    if !fail(inner, context, error) {
+        let mut log = inner.log.borrow_mut();
+        log.flush.last_checkpoint_at = Instant::now();
+        log.flush.checkpoint_wanted = false;
+    }
+}
+
+/// fdatasyncs the consume-queue and index files written since the last checkpoint (and the
+/// index directory when files came or went). On a failure what is left stays for the next
+/// checkpoint; false then.
+async fn sync_paths(
+    inner: &Inner,
+    paths: Vec<std::path::PathBuf>,
+    dir: Option<std::path::PathBuf>,
+) -> bool {
+    let mut left = paths.into_iter();
+    while let Some(path) = left.next() {
         if let Err(error) = sync_file(&path).await {
-            // A file the retention bound deleted meanwhile needs no sync.
+            // A file deleted meanwhile (a topic, the index bound) needs no sync.
             if error.kind() != io::ErrorKind::NotFound {
-                poison(inner, "message index fdatasync", &error);
+                let mut log = inner.log.borrow_mut();
+                log.flush.unsynced_paths = std::iter::once(path).chain(left).collect();
+                log.flush.unsynced_dir = dir;
+                drop(log);
+                checkpoint_failed(inner, "consume queue or index fdatasync", &error);
                 return false;
             }
         }
     }
     if let Some(dir) = dir {
         if let Err(error) = super::segments::sync_dir(&dir).await {
-            poison(inner, "message index directory fsync", &store_io(error));
+            inner.log.borrow_mut().flush.unsynced_dir = Some(dir);
+            checkpoint_failed(inner, "message index directory fsync", &store_io(error));
             return false;
         }
     }
@@ -803,7 +1014,16 @@ pub(crate) async fn sync_file(path: &std::path::Path) -> io::Result<()> {
 }
 
 async fn exit(inner: &Inner) {
-    let ok = flush(inner).await && checkpoint(inner, true).await;
+    // Every acknowledged message is written (`ok`) even when the clean checkpoint cannot be
+    // (a full disk has no block for its new file): recovery then scans from the last one.
+    let ok = flush(inner).await;
+    if ok && !checkpoint(inner, true).await {
+        eprintln!(
+            "shardmq: store {}: every message is on disk, but the final checkpoint could not \
+             be written; the next start scans from the previous one",
+            inner.config.root_dir.display()
+        );
+    }
     // No chain may still be writing to the files about to close.
     chain_ended(inner, Slot::ZeroFill).await;
     chain_ended(inner, Slot::Data).await;
@@ -821,7 +1041,9 @@ async fn exit(inner: &Inner) {
     let result = match (&log.poison, ok) {
         (Some(poison), _) => Err(poison.clone()),
         (None, true) => Ok(()),
-        (None, false) => Err(Poison::Failed("final flush failed".to_string())),
+        (None, false) => Err(Poison::new(
+            "the final flush failed: the disk refused its writes for want of space",
+        )),
     };
     log.flush.done = Some(result);
     log.flush.wake_everyone();
@@ -830,13 +1052,14 @@ async fn exit(inner: &Inner) {
 pub(crate) async fn wait_durable(inner: &Inner, end_offset: u64) -> Result<(), StoreError> {
     poll_fn(|cx| {
         let mut log = inner.log.borrow_mut();
-        if let Some(poison) = &log.poison {
-            return Poll::Ready(Err(poison.to_error()));
-        }
         // An offset past the end can only be a caller's mistake; wait for the end instead.
         let target = end_offset.min(log.tail.end());
+        // Durable before a later failure is durable: such a send is answered SUCCESS.
         if log.flush.durable_end >= target {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(poison) = &log.poison {
+            return Poll::Ready(Err(poison.to_error()));
         }
         if log.flush.done.is_some() {
             return Poll::Ready(Err(StoreError::Closed));

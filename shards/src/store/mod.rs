@@ -24,9 +24,12 @@
 //! max offset never go backwards; a record's size equals its computed size; flushed ranges are
 //! block-aligned; store timestamps never decrease.
 //!
-//! Failure: a failed write or fdatasync poisons the store (`StoreError::Poisoned`, or
-//! `StoreError::DiskFull` for ENOSPC): appends and `wait_durable` fail from then on, reads keep
-//! working, and only a restart (recovery) brings writes back. Directory layout under `root_dir`:
+//! Failure (`error.rs`): a failed durable write poisons the store (`StoreError::Poisoned`):
+//! appends and `wait_durable` fail from then on, reads keep working, and only a restart
+//! (recovery) brings writes back. A shortage of resources (a full disk, no descriptors) is an
+//! answer, retried by the store until it clears (`space.rs`): appends stop at the space already
+//! allocated ahead of them, so an acknowledged message is always written, even on a full disk.
+//! Directory layout under `root_dir`:
 //! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
 //! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`).
 
@@ -41,6 +44,7 @@ mod pull;
 pub mod record;
 mod recovery;
 mod segments;
+mod space;
 mod tail;
 
 use std::cell::RefCell;
@@ -58,6 +62,7 @@ pub use index_query::{MessageQuery, QueryMessageResult, QUERY_MESSAGES_MAX};
 pub use pull::{
     GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
 };
+pub use space::{ALLOCATION_RETRY_MS, ALLOCATION_WINDOW_DEFAULT_BYTES, FLUSH_RETRY_MS};
 
 use commit_ring::CommitRing;
 use consume_queue::{QueueTable, Unit};
@@ -65,6 +70,7 @@ use error::Poison;
 use flusher::{FlushState, Notify};
 use record::StoredMessage;
 use segments::Segments;
+use space::Space;
 use tail::Tail;
 
 /// Largest message body accepted (RocketMQ's maxMessageSize default).
@@ -95,7 +101,12 @@ pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 30;
 /// Default consume-queue file size in units (RocketMQ's).
 pub const CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT: u64 = 300_000;
 
+/// Smallest allocation window: room for the undurable tail twice over, so that appends are
+/// held back by the disk's speed (`Busy`), not by allocation.
+pub const ALLOCATION_WINDOW_MIN_BYTES: u64 = 2 * TAIL_UNDURABLE_MAX_BYTES;
+
 const _: () = assert!(TAIL_UNDURABLE_MAX_BYTES >= 2 * RECORD_SIZE_MAX_BYTES as u64);
+const _: () = assert!(ALLOCATION_WINDOW_DEFAULT_BYTES >= ALLOCATION_WINDOW_MIN_BYTES);
 const _: () = assert!(TAIL_READ_KEEP_BYTES.is_multiple_of(tail::TAIL_CHUNK_BYTES));
 const _: () = assert!(tail::TAIL_CHUNK_BYTES.is_multiple_of(segments::BLOCK_BYTES));
 
@@ -127,6 +138,44 @@ pub struct StoreConfig {
     pub tags_code_of: fn(&StoredMessage<'_>) -> i64,
     /// Sizes and bound of the message index (`index.rs`).
     pub index: IndexConfig,
+    /// Segment space kept allocated (and zero-filled while the store is quiet) ahead of the
+    /// write position (`space.rs`); the rest of a segment stays a hole until writes near it.
+    /// A multiple of 4096, at least `ALLOCATION_WINDOW_MIN_BYTES`.
+    pub allocation_window_bytes: u64,
+    /// What `open` has done so far (recovery's progress), for whoever watches it.
+    pub progress: Rc<OpenProgress>,
+}
+
+/// How far `Store::open` has got: every completed step of recovery moves `steps`, so a
+/// watcher can tell a long recovery (steps keep coming) from a stuck one (they stop).
+#[derive(Debug, Default)]
+pub struct OpenProgress {
+    /// Completed I/O steps (segment opens, reads of the scan, zeroing, writes).
+    pub steps: std::cell::Cell<u64>,
+    /// Commitlog bytes the scan has read and checked so far.
+    pub scanned_bytes: std::cell::Cell<u64>,
+    /// Commitlog bytes the scan will read at most (from its start to the end of the files).
+    pub scan_total_bytes: std::cell::Cell<u64>,
+    /// Set once recovery is done: where the log ends and how many bytes past the last valid
+    /// record were cut.
+    pub recovered: std::cell::Cell<Option<RecoverySummary>>,
+}
+
+impl OpenProgress {
+    pub(crate) fn step(&self) {
+        self.steps.set(self.steps.get() + 1);
+    }
+}
+
+/// What recovery found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoverySummary {
+    /// Where the scan started (the checkpoint's segment, or the first segment).
+    pub scan_from: u64,
+    /// The end of the valid log: appends continue here.
+    pub end: u64,
+    /// Whether the previous stop was clean (its checkpoint matched the end).
+    pub clean: bool,
 }
 
 impl StoreConfig {
@@ -142,6 +191,8 @@ impl StoreConfig {
             consume_queue_units_per_file: CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT,
             tags_code_of: record::tags_code_from_properties,
             index: IndexConfig::default(),
+            allocation_window_bytes: ALLOCATION_WINDOW_DEFAULT_BYTES,
+            progress: Rc::default(),
         }
     }
 
@@ -159,6 +210,13 @@ impl StoreConfig {
                 "flush_dirty_max_bytes {dirty} must be between {} and \
                  {FLUSH_DIRTY_MAX_BYTES_LIMIT}",
                 segments::BLOCK_BYTES
+            )));
+        }
+        let window = self.allocation_window_bytes;
+        if !window.is_multiple_of(segments::BLOCK_BYTES) || window < ALLOCATION_WINDOW_MIN_BYTES {
+            return Err(StoreError::Config(format!(
+                "allocation_window_bytes {window} must be a multiple of 4096 and at least \
+                 {ALLOCATION_WINDOW_MIN_BYTES}"
             )));
         }
         if self.consume_queue_units_per_file == 0 || self.flush_interval_ms == 0 {
@@ -252,6 +310,8 @@ pub(crate) struct LogState {
     pub(crate) last_store_timestamp_ms: i64,
     pub(crate) stats: StoreStats,
     pub(crate) poison: Option<Poison>,
+    /// Allocated space ahead of the writes, and whether a full disk refuses them.
+    pub(crate) space: Space,
     pub(crate) closing: bool,
     pub(crate) flush: FlushState,
     /// The only path commitlog files are written through (see `commit_ring.rs`).
@@ -275,6 +335,21 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct Store {
     inner: Rc<Inner>,
+}
+
+/// Used fraction (0..=1) of the filesystem holding `path` (statvfs: blocks in use, counting
+/// the blocks reserved for root as used, as `df` and RocketMQ's ratio do).
+pub fn disk_used_ratio(path: &std::path::Path) -> Option<f64> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the struct we pass; the name is NUL-terminated.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(name.as_ptr(), &mut stat) } != 0 || stat.f_blocks == 0 {
+        return None;
+    }
+    let total = stat.f_blocks as f64;
+    let available = stat.f_bavail as f64;
+    Some(((total - available) / total).clamp(0.0, 1.0))
 }
 
 pub(crate) fn validate_topic(topic: &str) -> Result<(), StoreError> {
@@ -317,6 +392,7 @@ impl Store {
             last_store_timestamp_ms: 0,
             stats: StoreStats::default(),
             poison: None,
+            space: Space::new(recovered.allocated_end, config.allocation_window_bytes),
             closing: false,
             flush: FlushState::new(recovered.durable_end, recovered.zero_fill_next),
             ring,
@@ -339,6 +415,12 @@ impl Store {
             }
         });
         crate::runtime::register_poll_hook(&inner.reap_hook);
+        // The first window of space before any append (a full disk starts the store in its
+        // full state: reads served, sends refused until space returns).
+        flusher::allocate_ahead(&inner).await;
+        if let Some(poison) = inner.log.borrow().poison.as_ref() {
+            return Err(poison.to_error());
+        }
         flusher::spawn(&inner, wake_rx);
         Ok(Store { inner })
     }
@@ -401,6 +483,12 @@ impl Store {
             0
         };
         let physical_offset = end + filler;
+        if let Some(refusal) = log.space.refusal(physical_offset + size as u64) {
+            drop(log);
+            // The flusher allocates when space is due; make sure it looks now.
+            inner.notify.signal();
+            return Err(refusal);
+        }
         let unflushed = physical_offset + size as u64 - log.flush.durable_end;
         if unflushed > TAIL_UNDURABLE_MAX_BYTES {
             return Err(StoreError::Busy {
@@ -586,8 +674,13 @@ impl Store {
         if let Some(poison) = &log.poison {
             return Err(poison.to_error());
         }
-        let unflushed =
-            log.tail.end() + bytes + RECORD_SIZE_MAX_BYTES as u64 - log.flush.durable_end;
+        let needed_end = log.tail.end() + bytes + RECORD_SIZE_MAX_BYTES as u64;
+        if let Some(refusal) = log.space.refusal(needed_end) {
+            drop(log);
+            self.inner.notify.signal();
+            return Err(refusal);
+        }
+        let unflushed = needed_end - log.flush.durable_end;
         if unflushed > TAIL_UNDURABLE_MAX_BYTES {
             return Err(StoreError::Busy {
                 unflushed_bytes: unflushed,
@@ -707,6 +800,39 @@ impl Store {
 
     pub fn min_physical_offset(&self) -> u64 {
         self.inner.log.borrow().min_physical_offset
+    }
+
+    /// Why writes are refused for want of disk space right now (None: they are not).
+    pub fn space_refusal(&self) -> Option<String> {
+        self.inner.log.borrow().space.refusing().map(str::to_string)
+    }
+
+    /// Commitlog space allocated ahead of the writes ends here.
+    pub fn allocated_end(&self) -> u64 {
+        self.inner.log.borrow().space.allocated_end
+    }
+
+    /// The disk monitor's verdict: `Some(remark)` refuses appends (the disk is past its
+    /// warning ratio), `None` lifts that refusal. Reads go on either way.
+    pub fn set_over_ratio(&self, remark: Option<String>, used_ratio: f64) {
+        let mut log = self.inner.log.borrow_mut();
+        log.space.used_ratio = used_ratio;
+        log.space.over_ratio = remark;
+    }
+
+    /// Used fraction (0..=1) of the filesystem holding this store, measured now.
+    pub fn disk_used_ratio(&self) -> Option<f64> {
+        disk_used_ratio(&self.inner.config.root_dir)
+    }
+
+    /// Whether the store is poisoned (a failed durable write: only a restart clears it).
+    pub fn poisoned(&self) -> Option<String> {
+        self.inner
+            .log
+            .borrow()
+            .poison
+            .as_ref()
+            .map(|p| p.text().to_string())
     }
 
     pub fn stats(&self) -> StoreStats {

@@ -60,6 +60,9 @@ pub(crate) struct Recovered {
     pub min_physical_offset: u64,
     pub durable_end: u64,
     pub zero_fill_next: u64,
+    /// Space known to be allocated past the recovered end: none yet (`Store::open`
+    /// allocates the window before the store takes appends).
+    pub allocated_end: u64,
 }
 
 pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
@@ -68,7 +71,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     std::fs::create_dir_all(root.join("commitlog"))?;
     std::fs::create_dir_all(root.join("consumequeue"))?;
     prime_dma_probe(root).await?;
-    let mut segments = Segments::open(root.join("commitlog"), size).await?;
+    let mut segments = Segments::open(root.join("commitlog"), size, &config.progress).await?;
     let mut queues = QueueTable::load(
         root.join("consumequeue"),
         config.consume_queue_units_per_file,
@@ -87,6 +90,10 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         queues: &mut queues,
         index: &mut index,
     };
+    config
+        .progress
+        .scan_total_bytes
+        .set(files_end.saturating_sub(scan_from));
     let end = scan(&segments, config, scan_from, &mut rebuilt).await?;
     index.truncate_to(end)?;
     let queue_ids: Vec<(String, u32)> = queues
@@ -102,8 +109,13 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let clean = saved
         .as_ref()
         .is_some_and(|c| c.clean && c.commitlog_offset == end);
+    config.progress.recovered.set(Some(super::RecoverySummary {
+        scan_from,
+        end,
+        clean,
+    }));
     if !clean {
-        zero_after_end(&segments, end).await?;
+        zero_after_end(&segments, end, &config.progress).await?;
     }
     remove_segments_after(&mut segments, end).await?;
     let tail = read_tail(&segments, first, end).await?;
@@ -120,8 +132,20 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         queues: queues.max_offsets(),
         index: Some(index.mark()),
     };
-    checkpoint::write(root, &record).await?;
-    let zero_fill_next = segments.last_start().map_or(0, |s| s + size);
+    match checkpoint::write(root, &record).await {
+        Ok(()) => {}
+        // A full disk has no block for the new checkpoint: the old one (or none) stays, and
+        // the next start scans a little more. The store opens all the same.
+        Err(error) if super::error::is_resource_error(&error) => eprintln!(
+            "shardmq: store {}: cannot write the checkpoint after recovery ({error}); the \
+             flusher writes it once it can",
+            root.display()
+        ),
+        Err(error) => return Err(error.into()),
+    }
+    // Zero-fill starts again at the end: the space past it may be a hole (segments are
+    // allocated a window at a time) or old zeros; writing zeros again is harmless.
+    let zero_fill_next = align_up(end, BLOCK_BYTES);
     Ok(Recovered {
         tail,
         segments,
@@ -130,6 +154,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         min_physical_offset: first,
         durable_end: end,
         zero_fill_next,
+        allocated_end: end,
     })
 }
 
@@ -257,6 +282,9 @@ async fn scan(
         let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
         let mut window = vec![0u8; len];
         read_exact_at(&file, pos - segment, &mut window).await?;
+        let progress = &config.progress;
+        progress.step();
+        progress.scanned_bytes.set(pos + len as u64 - from);
         let mut at = 0usize;
         loop {
             let here = pos + at as u64;
@@ -331,7 +359,11 @@ fn dispatch(
 
 /// Step 4: zeroes `[end, end + RECOVERY_ZERO_WINDOW_BYTES)` within the existing segments,
 /// keeping the bytes of `end`'s block that precede it.
-async fn zero_after_end(segments: &Segments, end: u64) -> Result<(), StoreError> {
+async fn zero_after_end(
+    segments: &Segments,
+    end: u64,
+    progress: &super::OpenProgress,
+) -> Result<(), StoreError> {
     let window_end = align_up(end + RECOVERY_ZERO_WINDOW_BYTES, BLOCK_BYTES);
     let size = segments.segment_size_bytes;
     let mut pos = align_down(end, BLOCK_BYTES);
@@ -349,7 +381,16 @@ async fn zero_after_end(segments: &Segments, end: u64) -> Result<(), StoreError>
             let keep = (end - pos) as usize;
             read_exact_at(&file, pos - segment, &mut buffer.as_bytes_mut()[..keep]).await?;
         }
-        write_buffer_at(&file, pos - segment, buffer).await?;
+        if let Err(error) = write_buffer_at(&file, pos - segment, buffer).await {
+            if !super::error::is_space_error(&error) {
+                return Err(error.into());
+            }
+            // Part of the range is a hole (never allocated, so no flush wrote there, and it
+            // reads as zeros): zero it block by block, skipping the blocks the disk has no
+            // room for.
+            zero_blocks_where_allocated(&file, segment, pos, stop, end).await?;
+        }
+        progress.step();
         if !touched.iter().any(|f| std::rc::Rc::ptr_eq(f, &file)) {
             touched.push(file);
         }
@@ -357,6 +398,34 @@ async fn zero_after_end(segments: &Segments, end: u64) -> Result<(), StoreError>
     }
     for file in touched {
         file.fdatasync().await.map_err(io_error)?;
+    }
+    Ok(())
+}
+
+/// `zero_after_end`'s fallback for a range that is partly a hole on a full disk: each block
+/// of `[pos, stop)` is zeroed (keeping the bytes before `end`), except where writing it would
+/// need a new block (a hole, which reads as zeros anyway).
+async fn zero_blocks_where_allocated(
+    file: &DmaFile,
+    segment: u64,
+    pos: u64,
+    stop: u64,
+    end: u64,
+) -> Result<(), StoreError> {
+    let mut block = pos;
+    while block < stop {
+        let mut buffer = file.alloc_dma_buffer(BLOCK_BYTES as usize);
+        buffer.as_bytes_mut().fill(0);
+        if block < end {
+            let keep = (end - block).min(BLOCK_BYTES) as usize;
+            read_exact_at(file, block - segment, &mut buffer.as_bytes_mut()[..keep]).await?;
+        }
+        match write_buffer_at(file, block - segment, buffer).await {
+            Ok(()) => {}
+            Err(error) if super::error::is_space_error(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+        block += BLOCK_BYTES;
     }
     Ok(())
 }

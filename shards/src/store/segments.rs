@@ -47,6 +47,7 @@ impl Segments {
     pub(crate) async fn open(
         dir: PathBuf,
         segment_size_bytes: u64,
+        progress: &super::OpenProgress,
     ) -> Result<Segments, StoreError> {
         let mut starts = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
@@ -81,6 +82,7 @@ impl Segments {
                 file.truncate(segment_size_bytes).await.map_err(io_error)?;
             }
             segments.files.insert(start, Rc::new(file));
+            progress.step();
         }
         Ok(segments)
     }
@@ -104,7 +106,8 @@ impl Segments {
     }
 }
 
-/// Creates (preallocates) the segment starting at `start` in `dir` and makes its name durable.
+/// Creates the segment starting at `start` in `dir`, `segment_size_bytes` long but a hole
+/// (space is allocated a window at a time, `allocate`), and makes its name durable.
 pub(crate) async fn create_segment(
     dir: &Path,
     segment_size_bytes: u64,
@@ -116,16 +119,20 @@ pub(crate) async fn create_segment(
         "segment starts are segment-aligned"
     );
     let file = open_segment_file(dir, start, true).await?;
-    if let Err(error) = file.pre_allocate(segment_size_bytes, false).await {
-        let error = io_error(error);
-        if raw_os_error_of(&error) != Some(libc::EOPNOTSUPP) {
-            return Err(error.into());
-        }
-        // No fallocate on this filesystem: a sparse file of the right size will do.
-        file.truncate(segment_size_bytes).await.map_err(io_error)?;
-    }
+    file.truncate(segment_size_bytes).await.map_err(io_error)?;
     sync_dir(dir).await?;
     Ok(file)
+}
+
+/// Allocates the first `len` bytes of a segment file (blocks already allocated stay as they
+/// are). A filesystem without fallocate allocates nothing and says so with `Ok(false)`: its
+/// writes may then find the disk full themselves.
+pub(crate) async fn allocate(file: &DmaFile, len: u64) -> io::Result<bool> {
+    match file.pre_allocate(len, true).await.map_err(io_error) {
+        Ok(()) => Ok(true),
+        Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 async fn open_segment_file(dir: &Path, start: u64, create: bool) -> Result<DmaFile, StoreError> {
