@@ -2,6 +2,7 @@
 
 use crate::protocol::BodyError;
 use crate::remoting::{response_code, FieldError};
+use shards::store::StoreError;
 
 /// Why a request failed; every handler returns these and `code_and_remark` maps them.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,38 @@ impl RequestError {
             RequestError::NotSupported(_) => response_code::REQUEST_CODE_NOT_SUPPORTED,
         };
         (code, self.to_string())
+    }
+}
+
+/// Store failures as the client sees them (RocketMQ's codes and remarks).
+pub fn store_error(error: StoreError) -> RequestError {
+    match error {
+        StoreError::MessageTooLarge { .. } | StoreError::PropertiesTooLarge { .. } => {
+            RequestError::MessageIllegal(error.to_string())
+        }
+        StoreError::Busy { .. } | StoreError::SpaceNotReady { .. } => RequestError::SystemBusy(
+            format!("[PC_SYNCHRONIZED]broker busy, start flow control for a while: {error}"),
+        ),
+        // RocketMQ's remark for a put refused by a full disk (SendMessageProcessor): the
+        // producers retry another broker on code 14.
+        StoreError::DiskFull {
+            used_ratio,
+            ref reason,
+        } => RequestError::ServiceNotAvailable(format!(
+            "service not available now. It may be caused by one of the following reasons: \
+                 the broker's disk is full [CL: {used_ratio:5.2} CQ: {used_ratio:5.2} INDEX: \
+                 {used_ratio:5.2}], messages are put to the slave, message store has been shut \
+                 down, etc. ({reason})"
+        )),
+        other => RequestError::ServiceNotAvailable(format!(
+            "service not available now, the store refuses writes: {other}"
+        )),
+    }
+}
+
+impl From<StoreError> for RequestError {
+    fn from(error: StoreError) -> RequestError {
+        store_error(error)
     }
 }
 

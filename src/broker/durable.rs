@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 use shards::store::Store;
 
-use super::send::store_error;
+use crate::error::store_error;
 use crate::server::{Connection, InFlight};
 
 /// The answers of one shard's SYNC_FLUSH sends, oldest first.

@@ -25,8 +25,8 @@ use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
-use super::send::store_error;
 use super::Broker;
+use crate::error::store_error;
 
 /// Messages one pull returns at most, whatever the client asks (RocketMQ's default).
 pub const PULL_BATCH_MAX_MESSAGES: u32 = 32;

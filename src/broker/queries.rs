@@ -8,8 +8,8 @@ use crate::error::RequestError;
 use crate::remoting::{response_code, ExtFields, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
-use super::send::store_error;
 use super::Broker;
+use crate::error::store_error;
 
 /// A queue whose first unit lies within this many bytes of the commitlog's end is "young":
 /// a new group starts there at 0 and misses nothing (RocketMQ's message-still-in-memory rule,

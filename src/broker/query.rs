@@ -20,8 +20,8 @@ use crate::protocol::{
 use crate::remoting::{response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
 
-use super::send::store_error;
 use super::Broker;
+use crate::error::store_error;
 
 /// Messages a unique-key query returns (RocketMQ's defaultQueryMaxNum, which it forces).
 pub const QUERY_UNIQUE_KEY_MESSAGES: u32 = 32;

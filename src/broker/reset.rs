@@ -41,8 +41,8 @@ use crate::protocol::{MessageQueue, ResetOffsetBody};
 use crate::remoting::{request_code, response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
 
-use super::send::store_error;
 use super::Broker;
+use crate::error::store_error;
 
 /// Queues reset and not yet pulled again by their group, at most (beyond it a reset still
 /// commits the offsets and pushes 220, but does not mark its queues for the pull path).

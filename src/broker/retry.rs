@@ -21,9 +21,10 @@ use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
 
 use super::schedule::{divert_for, Divert};
-use super::send::{store_error, to_v4};
+use super::send::to_v4;
 use super::topics::{DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX};
 use super::Broker;
+use crate::error::store_error;
 
 /// The delay level of the first retry when the client leaves it to the broker
 /// (10 s with the default table): level = RETRY_DELAY_LEVEL_BASE + reconsumeTimes.

@@ -17,7 +17,7 @@ use shards::store::{
     self, record, AppendResult, FlushMode, MessageKeys, MessageToStore, StoreError,
 };
 
-use crate::error::RequestError;
+use crate::error::{store_error, RequestError};
 use crate::protocol::{java_string_hash, parse_properties, property};
 use crate::remoting::{
     parse_bool_lenient, parse_number, request_code, response_code, FieldError, FrameEncoder,
@@ -534,21 +534,6 @@ impl<'a> SendReply<'a> {
             .ext("MSG_REGION", "DefaultRegion")
             .ext("TRACE_ON", "true");
         frame.finish(&[]);
-    }
-}
-
-/// Store failures as the client sees them.
-pub(super) fn store_error(error: StoreError) -> RequestError {
-    match error {
-        StoreError::MessageTooLarge { .. } | StoreError::PropertiesTooLarge { .. } => {
-            RequestError::MessageIllegal(error.to_string())
-        }
-        StoreError::Busy { .. } => RequestError::SystemBusy(format!(
-            "[PC_SYNCHRONIZED]broker busy, start flow control for a while: {error}"
-        )),
-        other => RequestError::ServiceNotAvailable(format!(
-            "service not available now, the store refuses writes: {other}"
-        )),
     }
 }
 

@@ -45,8 +45,8 @@ use crate::remoting::{request_code, response_code, FrameEncoder, RemotingCommand
 use crate::server::Connection;
 
 use super::schedule::{divert_for, Divert};
-use super::send::store_error;
 use super::Broker;
+use crate::error::store_error;
 
 /// Where half messages wait (RocketMQ's TopicValidator name).
 pub const RMQ_SYS_TRANS_HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
