@@ -209,13 +209,17 @@ impl Broker {
         config.topic_sys_flag = ext.optional_i32("topicSysFlag")?.unwrap_or(0).max(0) as u32;
         config.order = ext.bool_lenient("order").unwrap_or(false);
         self.upsert_topic_everywhere(config.clone());
+        let file = self.topics.borrow().persisted().clone();
+        let version = file.latest();
         let Some(local) = self.local_routes.clone() else {
-            connection.respond(request, response_code::SUCCESS, None);
+            self.answer_when_durable(file, version, connection, request);
             return Ok(());
         };
         let (connection, opaque, oneway) =
             (connection.clone(), request.opaque, request.is_oneway());
+        let in_flight = connection.in_flight();
         shards::runtime::spawn_detached(async move {
+            let _in_flight = in_flight;
             let routed = || {
                 let table = local.table.borrow();
                 let complete = table.route(&config.topic_name).is_some_and(|route| {
@@ -231,10 +235,19 @@ impl Broker {
             while !routed() && std::time::Instant::now() < deadline {
                 shards::runtime::sleep(Duration::from_millis(ROUTE_WAIT_POLL_MS)).await;
             }
-            if !oneway {
-                connection.send_with(|out| {
-                    FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&[]);
-                });
+            let durable = file.durable(version).await;
+            if oneway {
+                return;
+            }
+            match durable {
+                Ok(()) => connection.respond_to(opaque, response_code::SUCCESS, None),
+                Err(why) => RequestError::SystemError(format!(
+                    "topic {} is created in memory but not yet on disk ({why}); it is \
+                     written again every {} ms until it is",
+                    config.topic_name,
+                    crate::persist::PERSIST_RETRY_MS
+                ))
+                .respond(&connection, opaque),
             }
         });
         Ok(())
@@ -250,7 +263,8 @@ impl Broker {
             self.register_now.notify();
         }
         (self.broadcast_topic)(&super::TopicChange::Delete(topic));
-        connection.respond(request, response_code::SUCCESS, None);
+        let file = self.topics.borrow().persisted().clone();
+        self.answer_when_durable(file.clone(), file.latest(), connection, request);
         Ok(())
     }
 

@@ -17,7 +17,7 @@ use std::rc::Rc;
 use crate::error::RequestError;
 use crate::namesrv::respond_body;
 use crate::protocol::{SubscriptionGroupConfig, SubscriptionGroupTable};
-use crate::remoting::{response_code, RemotingCommand};
+use crate::remoting::RemotingCommand;
 use crate::server::Connection;
 
 use super::topics::validate_name;
@@ -120,7 +120,12 @@ impl GroupTable {
     }
 
     fn persist(&self) {
-        self.file.write(&self.snapshot().encode_pretty());
+        self.file.write_soon();
+    }
+
+    /// The file behind the table (its writer and durable versions).
+    pub fn persisted(&self) -> &std::rc::Rc<crate::persist::Persisted> {
+        &self.file.persisted
     }
 }
 
@@ -147,7 +152,8 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let config = SubscriptionGroupConfig::parse(request.body)?;
         self.groups.borrow_mut().upsert(config)?;
-        connection.respond(request, response_code::SUCCESS, None);
+        let file = self.groups.borrow().persisted().clone();
+        self.answer_when_durable(file.clone(), file.latest(), connection, request);
         Ok(())
     }
 
@@ -195,7 +201,8 @@ impl Broker {
         if ext.bool_lenient("cleanOffset") == Some(true) {
             self.offsets.borrow_mut().remove_group(group);
         }
-        connection.respond(request, response_code::SUCCESS, None);
+        let file = self.groups.borrow().persisted().clone();
+        self.answer_when_durable(file.clone(), file.latest(), connection, request);
         Ok(())
     }
 }
@@ -218,13 +225,23 @@ mod tests {
         table.upsert(changed).unwrap();
         assert!(table.find_or_create("bad group").is_none());
         assert!(table.upsert(SubscriptionGroupConfig::new("")).is_err());
+        assert!(
+            table.persisted().latest() >= 2,
+            "each change asks its writer for a write"
+        );
+        // What the writer task writes (persist::run_writer).
+        let write = |table: &GroupTable| {
+            crate::persist::write_file_durably(&path, &table.snapshot().encode_pretty()).unwrap()
+        };
+        write(&table);
         let reloaded = GroupTable::load(path.clone());
         assert!(reloaded.get("G1").is_some());
         assert!(!reloaded.get("G2").unwrap().consume_enable);
         let mut reloaded = reloaded;
         assert!(reloaded.remove("G1"));
         assert!(!reloaded.remove("G1"));
-        assert!(GroupTable::load(path).get("G1").is_none());
+        write(&reloaded);
+        assert!(GroupTable::load(path.clone()).get("G1").is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -244,6 +244,79 @@ impl Broker {
         }
     }
 
+    /// Starts the writer tasks of the shard's config tables (topics, groups, offsets): each
+    /// writes its file off the shard thread whenever it changed (`persist::run_writer`).
+    pub fn start_persisters(self: &Rc<Self>) {
+        let weak = Rc::downgrade(self);
+        let topics = self.topics.borrow().persisted().clone();
+        shards::runtime::spawn_detached(crate::persist::run_writer(topics, move || {
+            let broker = weak.upgrade()?;
+            let bytes = broker.topics.borrow().snapshot().encode_pretty();
+            Some(bytes)
+        }));
+        let weak = Rc::downgrade(self);
+        let groups = self.groups.borrow().persisted().clone();
+        shards::runtime::spawn_detached(crate::persist::run_writer(groups, move || {
+            let broker = weak.upgrade()?;
+            let bytes = broker.groups.borrow().snapshot().encode_pretty();
+            Some(bytes)
+        }));
+        let weak = Rc::downgrade(self);
+        let offsets = self.offsets.borrow().persisted.clone();
+        shards::runtime::spawn_detached(crate::persist::run_writer(offsets, move || {
+            let broker = weak.upgrade()?;
+            let bytes = broker.offsets.borrow().encode();
+            Some(bytes)
+        }));
+    }
+
+    /// Waits until every config table is on disk (a clean stop); logs what could not be.
+    pub async fn persist_tables(&self) {
+        self.offsets.borrow_mut().flush_if_dirty();
+        let files = [
+            self.topics.borrow().persisted().clone(),
+            self.groups.borrow().persisted().clone(),
+            self.offsets.borrow().persisted.clone(),
+        ];
+        for file in files {
+            if let Err(why) = file.durable(file.latest()).await {
+                eprintln!("shardmq: {}: at shutdown: {why}", self.identity.broker_name);
+            }
+        }
+    }
+
+    /// Answers `opaque` once `version` of `file` is on disk: SUCCESS, or SYSTEM_ERROR saying
+    /// that the change is kept in memory and written again until it is on disk.
+    pub(crate) fn answer_when_durable(
+        &self,
+        file: Rc<crate::persist::Persisted>,
+        version: u64,
+        connection: &Rc<Connection>,
+        request: &RemotingCommand<'_>,
+    ) {
+        let (connection, opaque, oneway) =
+            (connection.clone(), request.opaque, request.is_oneway());
+        let in_flight = connection.in_flight();
+        shards::runtime::spawn_detached(async move {
+            let _in_flight = in_flight;
+            let result = file.durable(version).await;
+            if oneway {
+                return;
+            }
+            match result {
+                Ok(()) => {
+                    connection.respond_to(opaque, crate::remoting::response_code::SUCCESS, None)
+                }
+                Err(why) => RequestError::SystemError(format!(
+                    "the change is applied in memory but not yet on disk ({why}); it is \
+                     written again every {} ms until it is",
+                    crate::persist::PERSIST_RETRY_MS
+                ))
+                .respond(&connection, opaque),
+            }
+        });
+    }
+
     /// Applies a topic change that another shard made.
     pub fn apply_topic_change(&self, change: &TopicChange) {
         let changed = match change {

@@ -1,9 +1,10 @@
 //! Consumer offsets of one shard's queues: `config/consumerOffset.json` (+ `.bak`), keyed
 //! `topic@group` → queue id → next offset to consume. Written every few seconds when
-//! changed and at shutdown.
+//! changed and at shutdown, by its writer task (`persist::run_writer`, off the shard thread).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use crate::persist;
 use crate::protocol::ConsumerOffsetTable;
@@ -12,7 +13,7 @@ use crate::protocol::ConsumerOffsetTable;
 pub const OFFSET_FLUSH_INTERVAL_MS: u64 = 5_000;
 
 pub struct OffsetTable {
-    path: PathBuf,
+    pub persisted: Rc<persist::Persisted>,
     offsets: BTreeMap<String, BTreeMap<u32, i64>>,
     dirty: bool,
 }
@@ -28,7 +29,7 @@ impl OffsetTable {
                 .map(|table| table.offsets)
                 .unwrap_or_default();
         OffsetTable {
-            path,
+            persisted: persist::Persisted::new(path),
             offsets,
             dirty: false,
         }
@@ -73,17 +74,18 @@ impl OffsetTable {
         &self.offsets
     }
 
-    /// Writes the table if it changed since the last write.
+    /// Asks the writer for a write if the table changed since the last ask.
     pub fn flush_if_dirty(&mut self) {
-        if !self.dirty {
-            return;
+        if std::mem::take(&mut self.dirty) {
+            self.persisted.note_change();
         }
-        let bytes = ConsumerOffsetTable {
+    }
+
+    /// The table as written to disk.
+    pub fn encode(&self) -> Vec<u8> {
+        ConsumerOffsetTable {
             offsets: self.offsets.clone(),
         }
-        .encode_pretty();
-        if persist::write_or_log(&self.path, &bytes) {
-            self.dirty = false;
-        }
+        .encode_pretty()
     }
 }

@@ -159,7 +159,12 @@ impl TopicTable {
     }
 
     fn persist(&self) {
-        self.file.write(&self.snapshot().encode_pretty());
+        self.file.write_soon();
+    }
+
+    /// The file behind the table (its writer and durable versions).
+    pub fn persisted(&self) -> &std::rc::Rc<crate::persist::Persisted> {
+        &self.file.persisted
     }
 }
 

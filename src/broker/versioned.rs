@@ -1,8 +1,10 @@
 //! The file behind a versioned config table of one shard (`topics.json`,
 //! `subscriptionGroup.json`): read from the file or its backup at start, its `dataVersion`
-//! bumped on every change, the whole table written durably after it.
+//! bumped on every change, the whole table written durably after it by the table's writer
+//! task (`persist::run_writer`, off the shard thread).
 
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use crate::error::now_ms;
 use crate::persist;
@@ -10,7 +12,7 @@ use crate::protocol::DataVersion;
 
 /// Where a table lives and the version it is at.
 pub struct VersionedFile {
-    path: PathBuf,
+    pub persisted: Rc<persist::Persisted>,
     pub data_version: DataVersion,
 }
 
@@ -30,7 +32,14 @@ impl VersionedFile {
                 };
                 (fresh, E::default())
             });
-        (VersionedFile { path, data_version }, entries)
+        let persisted = persist::Persisted::new(path);
+        (
+            VersionedFile {
+                persisted,
+                data_version,
+            },
+            entries,
+        )
     }
 
     /// Counts one change (RocketMQ's `DataVersion.nextVersion`).
@@ -39,8 +48,8 @@ impl VersionedFile {
         self.data_version.timestamp = now_ms();
     }
 
-    /// Writes the encoded table durably; a failure is logged and the table stays in memory.
-    pub fn write(&self, bytes: &[u8]) {
-        persist::write_or_log(&self.path, bytes);
+    /// Asks the writer for a write of the table; returns the version to wait for.
+    pub fn write_soon(&self) -> u64 {
+        self.persisted.note_change()
     }
 }
