@@ -99,6 +99,10 @@ struct BrokerOptions {
     /// Commitlog segment size in MiB (overrides store.segment_size_mib; default 1024).
     #[arg(long)]
     segment_size_mib: Option<u64>,
+    /// Segment space kept allocated ahead of the writes, in MiB (overrides
+    /// store.allocation_window_mib; default 128, at least 64).
+    #[arg(long)]
+    allocation_window_mib: Option<u64>,
     /// Delay of each delay level, level 1 first (RocketMQ's messageDelayLevel); units ms, s,
     /// m, h, d.
     #[arg(long, default_value = shardmq::broker::schedule::DELAY_LEVELS_DEFAULT)]
@@ -178,6 +182,7 @@ fn tuning(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Result<T
         });
         overrides.flush_interval_ms = broker.flush_interval_ms;
         overrides.segment_size_mib = broker.segment_size_mib;
+        overrides.allocation_window_mib = broker.allocation_window_mib;
     }
     profile.apply(&overrides);
     Ok(profile.resolve(&shards::runtime::online_cpus())?)
@@ -219,6 +224,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         flush_interval_ms: tuning.flush_interval_ms,
         flush_dirty_max_bytes: tuning.flush_dirty_max_bytes,
         segment_size_bytes: tuning.segment_size_bytes,
+        allocation_window_bytes: tuning.allocation_window_bytes,
         connection_limits: tuning.connection_limits,
         delay_levels: Default::default(),
         test_flush_delay_ms: None,

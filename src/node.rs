@@ -57,6 +57,8 @@ pub struct NodeConfig {
     /// Async flush: dirty bytes that start a flush before the interval ends.
     pub flush_dirty_max_bytes: u64,
     pub segment_size_bytes: u64,
+    /// Segment space kept allocated ahead of the writes (store.allocation_window_mib).
+    pub allocation_window_bytes: u64,
     /// Per-connection buffer sizes and limits of every listener.
     pub connection_limits: ConnectionLimits,
     /// RocketMQ's messageDelayLevel table.
@@ -109,6 +111,7 @@ pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         );
     }
     check_ports_free(&config)?;
+    fit_connections_to_descriptors(&mut config, shard_count);
     let config = Arc::new(config);
     let placement = config.placement.clone();
     runtime::run_shards(&placement, move |context: ShardContext<ControlMessage>| {
@@ -117,6 +120,44 @@ pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     })?;
     println!("shardmq: stopped");
     Ok(())
+}
+
+/// Descriptors kept for the store of each shard (segments, index and queue files being
+/// mapped, config writes) and for the process itself, out of RLIMIT_NOFILE.
+const DESCRIPTORS_PER_SHARD_STORE: u64 = 1024;
+const DESCRIPTORS_PROCESS: u64 = 256;
+
+/// Raises the descriptor limit to its hard limit and lowers the per-shard connection cap
+/// when the descriptors left after the stores' share cannot hold it: connections can then
+/// never take the descriptors a store needs (a full table used to poison the stores).
+fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
+    let limit = match runtime::raise_descriptor_limit() {
+        Ok((before, after)) => {
+            if after > before {
+                println!(
+                    "shardmq: raised the open-file limit (RLIMIT_NOFILE) from {before} to {after}"
+                );
+            }
+            after
+        }
+        Err(error) => {
+            eprintln!("shardmq: cannot read or raise the open-file limit: {error}");
+            return;
+        }
+    };
+    let shards = shard_count.max(1) as u64;
+    let for_connections =
+        limit.saturating_sub(DESCRIPTORS_PROCESS + DESCRIPTORS_PER_SHARD_STORE * shards) / shards;
+    let cap = &mut config.connection_limits.connections_per_shard_max;
+    let fitted = (*cap as u64).min(for_connections.max(16)) as usize;
+    if fitted < *cap {
+        println!(
+            "shardmq: serving at most {fitted} connections per shard (the open-file limit \
+             {limit} leaves that many after {DESCRIPTORS_PER_SHARD_STORE} per store; raise it \
+             with `ulimit -n` or LimitNOFILE= to serve {cap})"
+        );
+        *cap = fitted;
+    }
 }
 
 /// Shards bind with SO_REUSEPORT, which would let a second process share our ports silently
@@ -290,38 +331,115 @@ fn load_kv_config(path: &std::path::Path, table: &mut RouteTable) {
     }
 }
 
-/// How long opening a shard's store may take before it is abandoned and tried again.
-/// Now and then on these machines a glommio file operation at start never completed (its
-/// completion was lost between glommio's rings); a fresh attempt goes through. Recovery is
-/// idempotent, so abandoning an attempt is safe.
-const STORE_OPEN_ATTEMPT_TIMEOUT_MS: u64 = 3_000;
+/// Opening a store is abandoned and tried again only when it stops making progress for this
+/// long (no I/O step completed), never because it takes long: recovery of many GiB past the
+/// checkpoint is legitimate work. Now and then on these machines a glommio file operation at
+/// start never completed (its completion was lost between glommio's rings); a fresh attempt
+/// went through. Recovery is idempotent, so abandoning a stuck attempt is safe.
+pub const STORE_OPEN_STALL_MS: u64 = 10_000;
 const STORE_OPEN_ATTEMPTS_MAX: u32 = 3;
+/// How often a long store open prints its progress.
+const STORE_OPEN_PROGRESS_EVERY_MS: u64 = 5_000;
+/// Store opens abandoned for want of progress (GET_BROKER_RUNTIME_INFO shows it).
+pub static STORE_OPENS_ABANDONED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 async fn open_broker_with_retries(
     config: &NodeConfig,
     shard_id: usize,
     sender: &MeshSender<ControlMessage>,
 ) -> Result<Rc<Broker>, String> {
-    let timeout = Duration::from_millis(STORE_OPEN_ATTEMPT_TIMEOUT_MS);
     for attempt in 1..=STORE_OPEN_ATTEMPTS_MAX {
-        match runtime::timeout(timeout, open_broker(config, shard_id, sender)).await {
-            Some(result) => return result,
-            None => eprintln!(
-                "shardmq: shard {shard_id}: opening the store took over {} ms (attempt \
-                 {attempt} of {STORE_OPEN_ATTEMPTS_MAX}); trying again",
-                STORE_OPEN_ATTEMPT_TIMEOUT_MS
-            ),
+        let progress = Rc::new(shards::store::OpenProgress::default());
+        let started = std::time::Instant::now();
+        let opened = futures_lite::future::or(
+            async { Some(open_broker(config, shard_id, sender, progress.clone()).await) },
+            async {
+                watch_open(shard_id, &progress, started).await;
+                None
+            },
+        )
+        .await;
+        match opened {
+            Some(result) => {
+                report_recovery(shard_id, &progress, started);
+                return result;
+            }
+            None => {
+                STORE_OPENS_ABANDONED.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "shardmq: shard {shard_id}: opening the store made no progress for \
+                     {STORE_OPEN_STALL_MS} ms (attempt {attempt} of {STORE_OPEN_ATTEMPTS_MAX}, a \
+                     lost I/O completion?); trying again"
+                )
+            }
         }
     }
     Err(format!(
-        "the store did not open after {STORE_OPEN_ATTEMPTS_MAX} attempts"
+        "the store made no progress in {STORE_OPEN_ATTEMPTS_MAX} attempts"
     ))
+}
+
+/// Resolves when the open stalls (no step for `STORE_OPEN_STALL_MS`); prints progress of a
+/// long one meanwhile.
+async fn watch_open(
+    shard_id: usize,
+    progress: &shards::store::OpenProgress,
+    started: std::time::Instant,
+) {
+    let mut last_steps = progress.steps.get();
+    let mut last_change = std::time::Instant::now();
+    let mut last_print = started;
+    loop {
+        runtime::sleep(Duration::from_millis(500)).await;
+        let now = std::time::Instant::now();
+        let steps = progress.steps.get();
+        if steps != last_steps {
+            (last_steps, last_change) = (steps, now);
+        } else if now.duration_since(last_change) >= Duration::from_millis(STORE_OPEN_STALL_MS) {
+            return;
+        }
+        if now.duration_since(last_print) >= Duration::from_millis(STORE_OPEN_PROGRESS_EVERY_MS) {
+            last_print = now;
+            let scanned = progress.scanned_bytes.get();
+            let seconds = now.duration_since(started).as_secs_f64();
+            println!(
+                "shardmq: shard {shard_id}: recovering: {} of at most {} MiB of commitlog \
+                 scanned ({:.0} MiB/s)",
+                scanned >> 20,
+                progress.scan_total_bytes.get() >> 20,
+                scanned as f64 / 1_048_576.0 / seconds.max(0.001)
+            );
+        }
+    }
+}
+
+fn report_recovery(
+    shard_id: usize,
+    progress: &shards::store::OpenProgress,
+    started: std::time::Instant,
+) {
+    let Some(summary) = progress.recovered.get() else {
+        return;
+    };
+    let scanned = progress.scanned_bytes.get();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "shardmq: shard {shard_id}: store open in {seconds:.2} s: {} stop, scanned {} MiB from \
+         offset {} ({:.0} MiB/s), log ends at {}",
+        if summary.clean { "clean" } else { "unclean" },
+        scanned >> 20,
+        summary.scan_from,
+        scanned as f64 / 1_048_576.0 / seconds.max(0.001),
+        summary.end
+    );
 }
 
 async fn open_broker(
     config: &NodeConfig,
     shard_id: usize,
     sender: &MeshSender<ControlMessage>,
+    progress: Rc<shards::store::OpenProgress>,
 ) -> Result<Rc<Broker>, String> {
     let shard_dir = config.data_dir.join(format!("shard-{shard_id}"));
     let address = SocketAddrV4::new(config.broker_ip, config.shard_port(shard_id));
@@ -330,6 +448,8 @@ async fn open_broker(
     store_config.flush_interval_ms = config.flush_interval_ms;
     store_config.flush_dirty_max_bytes = config.flush_dirty_max_bytes;
     store_config.segment_size_bytes = config.segment_size_bytes;
+    store_config.allocation_window_bytes = config.allocation_window_bytes;
+    store_config.progress = progress;
     let store = Store::open(store_config)
         .await
         .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;
@@ -360,6 +480,8 @@ fn start_listeners(
 ) -> std::io::Result<()> {
     let ip = config.listen_ip;
     let mut listening = Vec::new();
+    // One cap for all of this shard's listeners.
+    let gate = server::ConnectionGate::new(config.connection_limits.connections_per_shard_max);
     if shard.namesrv.is_some() {
         let addr = SocketAddr::from((ip, config.namesrv_port));
         let listener = bind(addr, "namesrv")?;
@@ -371,6 +493,7 @@ fn start_listeners(
             listener,
             handler,
             config.connection_limits,
+            gate.clone(),
         ));
         listening.push(format!("namesrv {addr}"));
     }
@@ -388,6 +511,7 @@ fn start_listeners(
                 listener,
                 handler,
                 config.connection_limits,
+                gate.clone(),
             ));
             listening.push(format!("{what} {addr}"));
         }
@@ -414,6 +538,7 @@ fn start_broker_tasks(
     shard_count: usize,
     local_table: Option<Rc<RefCell<RouteTable>>>,
 ) {
+    broker.start_persisters();
     let namesrv_addrs = config.namesrv_addrs.clone();
     // A shard counts as ready once its broker is registered and, when this node also runs
     // the namesrv, once its own route replica lists every shard: clients that ask any
@@ -474,7 +599,7 @@ async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
         .map(|a| registration::NamesrvConnection::new(*a))
         .collect();
     broker.unregister_from_all(&mut namesrvs).await;
-    broker.offsets.borrow_mut().flush_if_dirty();
+    broker.persist_tables().await;
     broker.persist_transactions().await;
     if let Err(error) = broker.store.close().await {
         eprintln!(

@@ -37,6 +37,9 @@ pub const OUTPUT_PAUSE_BYTES: usize = 32 * 1024 * 1024;
 /// bound.
 pub const IN_FLIGHT_REQUESTS_MAX: usize = 8192;
 
+/// Default client connections one shard serves at once.
+pub const CONNECTIONS_PER_SHARD_MAX: usize = 16_384;
+
 /// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -46,6 +49,8 @@ pub struct ConnectionLimits {
     pub output_pause_bytes: usize,
     /// Requests still being served past which the connection stops reading requests.
     pub in_flight_requests_max: usize,
+    /// Connections one shard serves at once, all its listeners together.
+    pub connections_per_shard_max: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -54,6 +59,7 @@ impl Default for ConnectionLimits {
             read_chunk_bytes: READ_CHUNK_BYTES,
             output_pause_bytes: OUTPUT_PAUSE_BYTES,
             in_flight_requests_max: IN_FLIGHT_REQUESTS_MAX,
+            connections_per_shard_max: CONNECTIONS_PER_SHARD_MAX,
         }
     }
 }
@@ -241,23 +247,107 @@ thread_local! {
     static NEXT_CONNECTION_ID: Cell<u64> = const { Cell::new(1) };
 }
 
-/// Accepts connections forever, serving each with `handler` under `limits`.
+/// The connections of one shard, all its listeners together: at most `max` are served; one
+/// more is accepted and closed at once (the client sees the connection reset and tries
+/// another broker), with a throttled log line. The node sizes `max` to its descriptor limit,
+/// so the accept itself always has a descriptor left.
+pub struct ConnectionGate {
+    open: Cell<usize>,
+    max: usize,
+    refused: Cell<u64>,
+    refusal_log: RefCell<shards::throttle::LogThrottle>,
+    accept_error_log: RefCell<shards::throttle::LogThrottle>,
+}
+
+impl ConnectionGate {
+    pub fn new(max: usize) -> Rc<ConnectionGate> {
+        Rc::new(ConnectionGate {
+            open: Cell::new(0),
+            max,
+            refused: Cell::new(0),
+            refusal_log: RefCell::default(),
+            accept_error_log: RefCell::default(),
+        })
+    }
+
+    /// Connections served now.
+    pub fn open(&self) -> usize {
+        self.open.get()
+    }
+
+    /// Connections refused at the cap so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.get()
+    }
+
+    fn admit(self: &Rc<Self>, peer: Option<SocketAddr>) -> Option<GateTicket> {
+        if self.open.get() >= self.max {
+            self.refused.set(self.refused.get() + 1);
+            let allowed = self
+                .refusal_log
+                .borrow_mut()
+                .allow(std::time::Instant::now());
+            if let Some(left_out) = allowed {
+                eprintln!(
+                    "shardmq: refusing a connection from {}: this shard serves {} connections \
+                     (network.connections_per_shard_max){}",
+                    peer.map_or("?".to_string(), |p| p.to_string()),
+                    self.max,
+                    shards::throttle::LogThrottle::repeats(left_out)
+                );
+            }
+            return None;
+        }
+        self.open.set(self.open.get() + 1);
+        Some(GateTicket(self.clone()))
+    }
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct GateTicket(Rc<ConnectionGate>);
+
+impl Drop for GateTicket {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
+    }
+}
+
+/// Wait after a failed accept (descriptors or memory short) before the next.
+const ACCEPT_RETRY_MS: u64 = 50;
+
+/// Accepts connections forever, serving each with `handler` under `limits`, as `gate` admits.
 pub async fn serve_listener(
     listener: TcpListener,
     handler: Rc<dyn RequestHandler>,
     limits: ConnectionLimits,
+    gate: Rc<ConnectionGate>,
 ) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                let Some(ticket) = gate.admit(stream.peer_addr().ok()) else {
+                    drop(stream);
+                    continue;
+                };
                 let handler = handler.clone();
-                runtime::spawn_detached(
-                    async move { serve_connection(stream, handler, limits).await },
-                );
+                runtime::spawn_detached(async move {
+                    let _ticket = ticket;
+                    serve_connection(stream, handler, limits).await
+                });
             }
             Err(error) => {
-                eprintln!("shardmq: accept failed: {error}");
-                runtime::sleep(std::time::Duration::from_millis(50)).await;
+                let allowed = gate
+                    .accept_error_log
+                    .borrow_mut()
+                    .allow(std::time::Instant::now());
+                if let Some(left_out) = allowed {
+                    eprintln!(
+                        "shardmq: accept failed: {error}; trying again every {ACCEPT_RETRY_MS} \
+                         ms{}",
+                        shards::throttle::LogThrottle::repeats(left_out)
+                    );
+                }
+                runtime::sleep(std::time::Duration::from_millis(ACCEPT_RETRY_MS)).await;
             }
         }
     }

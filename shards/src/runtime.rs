@@ -217,6 +217,32 @@ pub fn memlock_limit_bytes() -> u64 {
     limit.rlim_cur
 }
 
+/// Raises this process's soft RLIMIT_NOFILE to its hard limit (as RocketMQ's os.sh sets
+/// `ulimit -n`): every connection and store file is a descriptor, and the usual soft limit of
+/// 1,024 is exhausted by ~1,000 idle connections. Returns (before, after).
+pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+    }
+    Ok((before, limit.rlim_cur))
+}
+
 /// Runs one executor per placement entry, each running `body(context)`, and waits for all.
 /// A panic on any shard aborts the process (see the module docs).
 pub fn run_shards<M, F, Fut>(placement: &ShardPlacement, body: F) -> io::Result<()>
@@ -382,6 +408,17 @@ pub fn run_poll_hooks() {
             }),
         }
     }
+}
+
+/// Runs blocking work (file writes with fsync, renames) on this shard's helper thread (the
+/// profile's reserved cores, `ShardPlacement::helper_cpus`) and resolves with its result,
+/// so the shard keeps serving meanwhile.
+pub fn blocking<F, R>(work: F) -> impl Future<Output = R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    glommio::executor().spawn_blocking(work)
 }
 
 /// Sleeps on the current shard's timer.

@@ -8,9 +8,9 @@
 //! | section | knobs |
 //! |---|---|
 //! | `[shards]` | `cpus`, `reserved_cpus`, `pin` |
-//! | `[store]` | `flush`, `flush_interval_ms`, `flush_batch_kib`, `segment_size_mib` |
+//! | `[store]` | `flush`, `flush_interval_ms`, `flush_batch_kib`, `segment_size_mib`, `allocation_window_mib` |
 //! | `[runtime]` | `ring_depth_entries`, `io_memory_mib`, `preempt_timer_us`, `spin_before_park_us` |
-//! | `[network]` | `read_buffer_kib`, `output_pause_kib`, `in_flight_requests_max` |
+//! | `[network]` | `read_buffer_kib`, `output_pause_kib`, `in_flight_requests_max`, `connections_per_shard_max` |
 //!
 //! A key a profile leaves out takes the built-in default (the `default` profile's value); an
 //! unknown key, a value of the wrong type, a value out of bounds or a CPU that is not online
@@ -112,6 +112,14 @@ pub const SEGMENT_SIZE_MIB: NumericKnob = NumericKnob {
     power_of_two: false,
     default: 1024,
 };
+pub const ALLOCATION_WINDOW_MIB: NumericKnob = NumericKnob {
+    key: "store.allocation_window_mib",
+    unit: "MiB",
+    min: (shards::store::ALLOCATION_WINDOW_MIN_BYTES >> 20) as i64,
+    max: 16 * 1024,
+    power_of_two: false,
+    default: (shards::store::ALLOCATION_WINDOW_DEFAULT_BYTES >> 20) as i64,
+};
 pub const RING_DEPTH_ENTRIES: NumericKnob = NumericKnob {
     key: "runtime.ring_depth_entries",
     unit: "entries",
@@ -169,11 +177,21 @@ pub const IN_FLIGHT_REQUESTS_MAX: NumericKnob = NumericKnob {
     default: crate::server::IN_FLIGHT_REQUESTS_MAX as i64,
 };
 
+pub const CONNECTIONS_PER_SHARD_MAX: NumericKnob = NumericKnob {
+    key: "network.connections_per_shard_max",
+    unit: "connections",
+    min: 16,
+    max: 1 << 20,
+    power_of_two: false,
+    default: crate::server::CONNECTIONS_PER_SHARD_MAX as i64,
+};
+
 /// Every numeric knob.
 pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     FLUSH_INTERVAL_MS,
     FLUSH_BATCH_KIB,
     SEGMENT_SIZE_MIB,
+    ALLOCATION_WINDOW_MIB,
     RING_DEPTH_ENTRIES,
     IO_MEMORY_MIB,
     PREEMPT_TIMER_US,
@@ -181,6 +199,7 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     READ_BUFFER_KIB,
     OUTPUT_PAUSE_KIB,
     IN_FLIGHT_REQUESTS_MAX,
+    CONNECTIONS_PER_SHARD_MAX,
 ];
 
 /// The knobs that are not plain integers, with the values they take.
@@ -258,6 +277,7 @@ struct RawStore {
     flush_interval_ms: Option<i64>,
     flush_batch_kib: Option<i64>,
     segment_size_mib: Option<i64>,
+    allocation_window_mib: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -275,6 +295,7 @@ struct RawNetwork {
     read_buffer_kib: Option<i64>,
     output_pause_kib: Option<i64>,
     in_flight_requests_max: Option<i64>,
+    connections_per_shard_max: Option<i64>,
 }
 
 /// A parsed, not yet checked profile.
@@ -305,6 +326,8 @@ pub struct Overrides {
     pub flush_interval_ms: Option<u64>,
     /// `--segment-size-mib`.
     pub segment_size_mib: Option<u64>,
+    /// `--allocation-window-mib`.
+    pub allocation_window_mib: Option<u64>,
 }
 
 /// A checked profile, in the units the node uses.
@@ -320,6 +343,7 @@ pub struct Tuning {
     pub flush_interval_ms: u64,
     pub flush_dirty_max_bytes: u64,
     pub segment_size_bytes: u64,
+    pub allocation_window_bytes: u64,
     pub connection_limits: ConnectionLimits,
 }
 
@@ -425,6 +449,10 @@ impl Profile {
             self.raw.store.flush_interval_ms = Some(as_i64(interval));
             note(FLUSH_INTERVAL_MS.key, "--flush-interval-ms");
         }
+        if let Some(window) = overrides.allocation_window_mib {
+            self.raw.store.allocation_window_mib = Some(as_i64(window));
+            note(ALLOCATION_WINDOW_MIB.key, "--allocation-window-mib");
+        }
         if let Some(size) = overrides.segment_size_mib {
             self.raw.store.segment_size_mib = Some(as_i64(size));
             note(SEGMENT_SIZE_MIB.key, "--segment-size-mib");
@@ -473,6 +501,10 @@ impl Profile {
                 IN_FLIGHT_REQUESTS_MAX,
                 raw.network.in_flight_requests_max,
             )? as usize,
+            connections_per_shard_max: number(
+                CONNECTIONS_PER_SHARD_MAX,
+                raw.network.connections_per_shard_max,
+            )? as usize,
         };
         Ok(Tuning {
             source: self.source.clone(),
@@ -482,6 +514,10 @@ impl Profile {
             flush_interval_ms: number(FLUSH_INTERVAL_MS, raw.store.flush_interval_ms)?,
             flush_dirty_max_bytes: number(FLUSH_BATCH_KIB, raw.store.flush_batch_kib)? << 10,
             segment_size_bytes: number(SEGMENT_SIZE_MIB, raw.store.segment_size_mib)? << 20,
+            allocation_window_bytes: number(
+                ALLOCATION_WINDOW_MIB,
+                raw.store.allocation_window_mib,
+            )? << 20,
             connection_limits,
         })
     }
