@@ -33,7 +33,7 @@ cargo_status=0
 cargo test --release --workspace --no-fail-fast || cargo_status=$?
 echo "==> pytest tests/python"
 pytest_status=0
-"$venv/bin/python" -m pytest -q --durations=10 tests/python "$@" || pytest_status=$?
+"$venv/bin/python" -m pytest -q -rs --durations=10 tests/python "$@" || pytest_status=$?
 
 elapsed=$(( $(date +%s) - started ))
 if [ "$cargo_status" -ne 0 ] || [ "$pytest_status" -ne 0 ]; then

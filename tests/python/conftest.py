@@ -48,6 +48,10 @@ PR_SET_PDEATHSIG, SIGKILL = 1, 9
 ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, SIGKILL)
 if os.getppid() != int(sys.argv[1]):
     sys.exit("test harness already gone")
+if os.environ.get("SHARDMQ_TEST_NOFILE"):
+    import resource
+    soft, hard = (int(n) for n in os.environ.pop("SHARDMQ_TEST_NOFILE").split(":"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 os.execv(sys.argv[2], sys.argv[2:])
 """
 
@@ -83,7 +87,7 @@ class ShardMQ:
     """One shardmq process (namesrv + brokers) and the data dir it owns."""
 
     def __init__(self, binary, data_dir, log_path, shards=2, flush="async",
-                 segment_size_mib=64, extra_args=()):
+                 segment_size_mib=64, extra_args=(), nofile=None):
         self.binary = binary
         self.data_dir = data_dir
         self.log_path = log_path
@@ -91,6 +95,8 @@ class ShardMQ:
         self.flush = flush
         self.segment_size_mib = segment_size_mib
         self.extra_args = list(extra_args)
+        # (soft, hard) RLIMIT_NOFILE the process starts with (None: the harness's own).
+        self.nofile = nofile
         self.namesrv_port = None
         self.broker_port = None
         self.process = None
@@ -161,10 +167,13 @@ class ShardMQ:
         self._log("start #{}: {}".format(self.starts, " ".join(command)))
         offset = self._start_offset = os.path.getsize(self.log_path)
         self._log_file = open(self.log_path, "ab")
+        env = dict(os.environ, RUST_BACKTRACE="1")
+        if self.nofile is not None:
+            env["SHARDMQ_TEST_NOFILE"] = "{}:{}".format(*self.nofile)
         self.process = subprocess.Popen(
             [sys.executable, "-c", _LAUNCHER, str(os.getpid())] + command,
             stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.data_dir, start_new_session=True, env=dict(os.environ, RUST_BACKTRACE="1"))
+            cwd=self.data_dir, start_new_session=True, env=env)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             output = self._output_since(offset)
@@ -282,10 +291,12 @@ def shardmq_factory(request, tmp_path):
     nodes = []
     request.node._shardmq_nodes = nodes
 
-    def start(**options):
+    def start(data_dir=None, **options):
+        """options: ShardMQ's; data_dir: where the data lives (default: a fresh tmp dir)."""
         index = len(nodes)
-        data_dir = tmp_path / "data{}".format(index)
-        data_dir.mkdir()
+        if data_dir is None:
+            data_dir = tmp_path / "data{}".format(index)
+        os.makedirs(str(data_dir), exist_ok=True)
         options.setdefault("shards", int(os.environ.get("SHARDMQ_SHARDS", "2")))
         node = ShardMQ(_binary(), str(data_dir), str(tmp_path / "shardmq{}.log".format(index)),
                        **options)
