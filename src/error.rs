@@ -1,6 +1,6 @@
 //! The one place where a failed request becomes a RocketMQ response code and remark.
 
-use crate::protocol::BodyError;
+use crate::body::BodyError;
 use crate::remoting::{response_code, FieldError};
 use shards::store::StoreError;
 

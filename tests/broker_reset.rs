@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use shardmq::protocol::ResetOffsetBody;
+use shardmq::body::ResetOffsetBody;
 use shardmq::remoting::{request_code as rc, response_code};
 
 const PUSH_WAIT: Duration = Duration::from_secs(5);

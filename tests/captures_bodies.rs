@@ -1,4 +1,4 @@
-//! Real client bodies from `shared/protocol/captures/*.jsonl` through `shardmq::protocol`.
+//! Real client bodies from `shared/protocol/captures/*.jsonl` through `shardmq::body`.
 //!
 //! Every HEART_BEAT request, REGISTER_BROKER request, successful GET_ROUTEINFO_BY_TOPIC
 //! response and GET_CONSUMER_LIST_BY_GROUP response in the captures must parse, and the parsed
@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use serde_json::Value;
-use shardmq::protocol::{
+use shardmq::body::{
     java_string_hash, parse_consumer_id_list, perm, ConsumeFromWhere, ConsumeType, HeartbeatData,
     MessageModel, RegisterBrokerBody, SubscriptionData, TopicRouteData,
 };

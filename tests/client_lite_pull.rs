@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Node;
-use shardmq::client::{AllocateAveragelyByCircle, LitePullConsumer, Message, MessageExt, Producer};
+use shardmq_client::{AllocateAveragelyByCircle, LitePullConsumer, Message, MessageExt, Producer};
 
 async fn poll_until(consumer: &LitePullConsumer, count: usize) -> Vec<MessageExt> {
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::client::{distinct_bodies, record, wait_until, Log};
 use common::Node;
-use shardmq::client::{
+use shardmq_client::{
     ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer, SelectByHash,
     SelectByRoundRobin, SendStatus,
 };
@@ -89,7 +89,7 @@ async fn every_send_mode_arrives_intact() {
     consumer.subscribe(topic, "*").unwrap();
     let sink = log.clone();
     consumer.register_message_listener_concurrently(
-        move |messages: &[MessageExt], _: &mut shardmq::client::ConsumeConcurrentlyContext| {
+        move |messages: &[MessageExt], _: &mut shardmq_client::ConsumeConcurrentlyContext| {
             for message in messages {
                 record(&sink, "reader", message);
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::client::{distinct_bodies, record, wait_until, Log};
 use common::Node;
-use shardmq::client::{
+use shardmq_client::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, Message, MessageExt, MessageModel, Producer,
     PushConsumer, SelectByHash,

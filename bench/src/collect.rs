@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::response_code_name;
+use shardmq_protocol::remoting::response_code_name;
 
 use crate::clock::RunClock;
 use crate::consume_stats::{consume_line, end_to_end_line, ConsumeTally};

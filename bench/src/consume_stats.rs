@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use shardmq::remoting::response_code_name;
+use shardmq_protocol::remoting::response_code_name;
 
 use crate::stats::{
     per_second, response_failures_json, round3, send_failures_json, LatencySummary,

@@ -26,15 +26,17 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::{decode_frame, request_code, response_code, FrameEncoder, RemotingCommand};
+use shardmq_protocol::remoting::{
+    decode_frame, request_code, response_code, FrameEncoder, RemotingCommand,
+};
 
 use crate::clock::RunClock;
 use crate::collect::{Figures, Report};
 use crate::consume_stats::ConsumeTally;
-use crate::records::records;
 use crate::send_frame::{SENT_MICROS_MIN, SENT_MICROS_PROPERTY};
 use crate::stats::SendFailure;
 use crate::worker::{poll_with_timeout, read_some, READS_PER_WAKEUP_MAX, TICK};
+use shardmq_protocol::record;
 
 /// Pause before pulling a queue again after a failed pull.
 const PULL_FAILURE_BACKOFF: Duration = Duration::from_millis(100);
@@ -329,21 +331,20 @@ fn handle_answer(
 fn count_records(body: &[u8], now: Instant, context: &mut PullContext<'_>) {
     let now_ms = (context.clock.unix_micros(now) / 1000) as i64;
     let tally = &mut *context.tally;
-    for record in records(body) {
-        let Ok(record) = record else {
+    for message in record::iter(body) {
+        let Ok(message) = message else {
             tally.malformed_bodies += 1;
             break;
         };
         tally.messages += 1;
-        tally.body_bytes += record.body_size_bytes as u64;
+        tally.body_bytes += message.body.len() as u64;
         tally
             .born_to_consume
-            .record(now_ms - record.born_timestamp_ms);
+            .record(now_ms - message.born_timestamp_ms);
         tally
             .store_to_consume
-            .record(now_ms - record.store_timestamp_ms);
-        let sent = record
-            .property(SENT_MICROS_PROPERTY)
+            .record(now_ms - message.store_timestamp_ms);
+        let sent = record::property(message.properties, SENT_MICROS_PROPERTY)
             .and_then(|value| std::str::from_utf8(value).ok()?.parse::<u64>().ok())
             .filter(|&micros| micros >= SENT_MICROS_MIN);
         if let Some(sent_micros) = sent {

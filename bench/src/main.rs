@@ -23,7 +23,6 @@ mod collect;
 mod consume_stats;
 mod consumer;
 mod plot;
-mod records;
 mod route;
 mod run;
 mod send_frame;

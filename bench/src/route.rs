@@ -1,5 +1,5 @@
 //! Before the load: where to send and where to pull, asked of the name server and the
-//! brokers with plain blocking sockets, one request at a time.
+//! brokers one request at a time through the Rust client's transport (`call`).
 //!
 //! - Publish targets from GET_ROUTEINFO_BY_TOPIC (105, REMOTING.md §3.1), as clients do
 //!   (§4.3). A topic the name server does not know (TOPIC_NOT_EXIST, 17) is published with
@@ -10,20 +10,18 @@
 //!   (GET_BROKER_CLUSTER_INFO, 106, §4.6), then wait until the route lists them all.
 //! - Start offsets: GET_MAX_OFFSET (30, §3.4) per queue.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use shardmq::protocol::{perm, ClusterInfo, TopicRouteData, TOPIC_FILTER_TYPE_SINGLE};
-use shardmq::remoting::{decode_frame, request_code, response_code, FrameEncoder};
+use shardmq_client::connection::{RemotingClient, Request};
+use shardmq_protocol::body::{perm, ClusterInfo, TopicRouteData, TOPIC_FILTER_TYPE_SINGLE};
+use shardmq_protocol::remoting::{request_code, response_code};
 
 use crate::send_frame::{DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUE_NUMS};
 
 /// Broker id of a master in `brokerAddrs`.
 const MASTER_BROKER_ID: u64 = 0;
-/// Read size while waiting for a response.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// How long a created topic may take to show in the route on every broker.
 const TOPIC_ROUTE_WAIT: Duration = Duration::from_secs(30);
 /// How often the route is asked again while waiting for it.
@@ -85,56 +83,45 @@ pub fn connect(addr: &str, timeout: Duration) -> anyhow::Result<TcpStream> {
     }
 }
 
-/// Sends one request on a blocking stream and waits for its response.
+thread_local! {
+    /// The Rust client's remoting transport (one connection per address, kept for the run)
+    /// on a current-thread runtime this thread blocks on: the requests before and after the
+    /// load go through the same client code as `shardmq admin` and the client library.
+    static REQUESTS: std::cell::RefCell<Option<(tokio::runtime::Runtime, RemotingClient)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Sends one request to `addr` and waits up to `timeout` for its response.
 pub fn call(
-    stream: &mut TcpStream,
+    addr: &str,
     code: i32,
     ext: &[(&str, String)],
-    opaque: i32,
     timeout: Duration,
 ) -> anyhow::Result<Reply> {
-    let mut request = Vec::new();
-    let mut encoder = FrameEncoder::request(&mut request, code, opaque, false);
+    let mut request = Request::new(code);
     for (key, value) in ext {
-        encoder.ext(key, value);
+        request = request.ext(key, value);
     }
-    encoder.finish(&[]);
-    stream.write_all(&request).context("sending a request")?;
-    let deadline = Instant::now() + timeout;
-    let mut buffer = Vec::new();
-    loop {
-        let frame = decode_frame(&buffer).context("malformed response")?;
-        if let Some((response, consumed)) = frame {
-            if !response.is_response() || response.opaque != opaque {
-                buffer.drain(..consumed);
-                continue;
-            }
-            return Ok(Reply {
-                code: response.code,
-                remark: response.remark.as_deref().unwrap_or_default().to_owned(),
-                ext: response
-                    .ext_fields
-                    .iter()
-                    .map(|(key, value)| (key.to_string(), value.to_string()))
-                    .collect(),
-                body: response.body.to_vec(),
-            });
+    REQUESTS.with(|requests| {
+        let mut requests = requests.borrow_mut();
+        if requests.is_none() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting a tokio runtime for requests")?;
+            let (server_requests, _) = tokio::sync::mpsc::channel(1);
+            let remoting = runtime.block_on(async { RemotingClient::new(server_requests) });
+            *requests = Some((runtime, remoting));
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            bail!("no response within {} ms", timeout.as_millis());
-        }
-        stream.set_read_timeout(Some(left))?;
-        let filled = buffer.len();
-        buffer.resize(filled + READ_CHUNK_BYTES, 0);
-        let read = stream
-            .read(&mut buffer[filled..])
-            .context("reading a response")?;
-        buffer.truncate(filled + read);
-        if read == 0 {
-            bail!("the peer closed the connection");
-        }
-    }
+        let (runtime, remoting) = requests.as_ref().expect("just made");
+        let answer = runtime.block_on(remoting.invoke(addr, &request, timeout))?;
+        Ok(Reply {
+            code: answer.code,
+            remark: answer.remark.unwrap_or_default(),
+            ext: answer.ext.into_iter().collect(),
+            body: answer.body,
+        })
+    })
 }
 
 /// Asks each name server of `namesrv_list` (`host:port;host:port`) in turn until one
@@ -151,10 +138,8 @@ fn ask_namesrv(
         .map(str::trim)
         .filter(|addr| !addr.is_empty())
     {
-        let reply = connect(namesrv, timeout).and_then(|mut stream| {
-            call(&mut stream, code, ext, 1, timeout)
-                .with_context(|| format!("name server {namesrv}"))
-        });
+        let reply =
+            call(namesrv, code, ext, timeout).with_context(|| format!("name server {namesrv}"));
         match reply {
             Ok(reply) => return Ok((namesrv.to_string(), reply)),
             Err(error) => failures.push(format!("{namesrv}: {error:#}")),
@@ -325,15 +310,8 @@ pub fn create_topic(
             ("topicSysFlag", "0".to_string()),
             ("order", "false".to_string()),
         ];
-        let mut stream = connect(addr, timeout)?;
-        let reply = call(
-            &mut stream,
-            request_code::UPDATE_AND_CREATE_TOPIC,
-            &ext,
-            1,
-            timeout,
-        )
-        .with_context(|| format!("creating {topic} on {broker_name} ({addr})"))?;
+        let reply = call(addr, request_code::UPDATE_AND_CREATE_TOPIC, &ext, timeout)
+            .with_context(|| format!("creating {topic} on {broker_name} ({addr})"))?;
         if reply.code != response_code::SUCCESS {
             bail!(
                 "{broker_name} ({addr}) refused to create {topic}: code {} {}",
@@ -373,20 +351,13 @@ pub fn max_offsets(
     queues: u32,
     timeout: Duration,
 ) -> anyhow::Result<Vec<u64>> {
-    let mut stream = connect(broker_addr, timeout)?;
     let mut offsets = Vec::with_capacity(queues as usize);
     for queue_id in 0..queues {
         let ext = [
             ("topic", topic.to_string()),
             ("queueId", queue_id.to_string()),
         ];
-        let reply = call(
-            &mut stream,
-            request_code::GET_MAX_OFFSET,
-            &ext,
-            queue_id as i32 + 1,
-            timeout,
-        )?;
+        let reply = call(broker_addr, request_code::GET_MAX_OFFSET, &ext, timeout)?;
         let offset = match reply.code {
             response_code::SUCCESS => reply.ext("offset").and_then(|v| v.parse().ok()),
             _ => None,

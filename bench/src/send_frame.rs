@@ -30,8 +30,8 @@
 //! length prefixes therefore never need rewriting.
 
 use anyhow::{bail, ensure};
-use shardmq::protocol::PROPERTIES_SIZE_MAX_BYTES;
-use shardmq::remoting::{request_code, FrameEncoder};
+use shardmq_protocol::body::PROPERTIES_SIZE_MAX_BYTES;
+use shardmq_protocol::remoting::{request_code, FrameEncoder};
 
 /// Topic whose route and config a broker copies when it auto-creates a topic (§6.1).
 pub const DEFAULT_TOPIC: &str = "TBW102";
@@ -70,7 +70,8 @@ const _: () = assert!(
 );
 // Every opaque in OPAQUE_FIRST..=i32::MAX has exactly OPAQUE_DIGITS digits.
 const _: () = assert!(OPAQUE_FIRST as i64 == 1_000_000_000 && (i32::MAX as i64) < 10_000_000_000);
-const _: () = assert!(MESSAGE_SIZE_MAX_BYTES < shardmq::remoting::FRAME_SIZE_MAX_BYTES / 2);
+const _: () =
+    assert!(MESSAGE_SIZE_MAX_BYTES < shardmq_protocol::remoting::FRAME_SIZE_MAX_BYTES / 2);
 
 /// What stays the same in every message of a run.
 #[derive(Debug, Clone)]

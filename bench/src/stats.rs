@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use shardmq::remoting::response_code_name;
+use shardmq_protocol::remoting::response_code_name;
 
 /// Highest latency tracked exactly; slower answers saturate here. Ten minutes is beyond any
 /// sensible `--timeout-ms`, after which a request is a send failure, not a latency.

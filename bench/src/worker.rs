@@ -25,7 +25,9 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardmq::remoting::{decode_frame, peek_frame_size_bytes, response_code, RemotingCommand};
+use shardmq_protocol::remoting::{
+    decode_frame, peek_frame_size_bytes, response_code, RemotingCommand,
+};
 
 use crate::clock::RunClock;
 use crate::collect::{Figures, Report};
@@ -573,14 +575,18 @@ mod tests {
         let mut opaques: Vec<i32> = connection.in_flight.keys().copied().collect();
         opaques.sort();
         let mut answers = Vec::new();
-        shardmq::remoting::FrameEncoder::response(
+        shardmq_protocol::remoting::FrameEncoder::response(
             &mut answers,
             response_code::SERVICE_NOT_AVAILABLE,
             opaques[0],
         )
         .finish(&[]);
-        shardmq::remoting::FrameEncoder::response(&mut answers, response_code::SUCCESS, opaques[1])
-            .finish(&[]);
+        shardmq_protocol::remoting::FrameEncoder::response(
+            &mut answers,
+            response_code::SUCCESS,
+            opaques[1],
+        )
+        .finish(&[]);
         connection.input[..answers.len()].copy_from_slice(&answers);
         connection.input_filled = answers.len();
         let mut tally = Tally::new();

@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardmq::remoting::{decode_frame, FrameEncoder, RemotingCommand};
+use shardmq_protocol::remoting::{decode_frame, FrameEncoder, RemotingCommand};
 
 /// Inputs past this are only decoded, not re-encoded (escaping can grow a header sixfold).
 const RE_ENCODE_INPUT_MAX_BYTES: usize = 1024 * 1024;

@@ -193,7 +193,7 @@ fn read_record_by_offset_and_msg_id() {
         let a = append(&store, "T", 0, 1, 50, "x");
         let b = append(&store, "T", 0, 2, 50, "x");
         store.wait_durable(b.end_offset).await.unwrap();
-        let id = record::offset_msg_id(host, b.physical_offset);
+        let id = record::offset_msg_id(host.into(), b.physical_offset);
         let (addr, offset) = record::parse_offset_msg_id(&id).unwrap();
         assert_eq!(addr, SocketAddr::V4(host));
         let bytes = store

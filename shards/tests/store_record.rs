@@ -66,7 +66,7 @@ proptest! {
     #[test]
     fn offset_msg_id_round_trip(ip in any::<[u8; 4]>(), port in any::<u16>(), offset in any::<u64>()) {
         let host = SocketAddrV4::new(ip.into(), port);
-        let id = record::offset_msg_id(host, offset);
+        let id = record::offset_msg_id(host.into(), offset);
         prop_assert_eq!(id.len(), 32);
         prop_assert!(id.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()));
         prop_assert_eq!(record::parse_offset_msg_id(&id), Some((SocketAddr::V4(host), offset)));

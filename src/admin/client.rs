@@ -1,18 +1,14 @@
-//! A small blocking remoting client for the admin command: one `std::net::TcpStream` per
-//! address, kept open for the command's lifetime, requests sent one at a time with our own
-//! codec (JSON headers, `"language":"JAVA"`, version 479) and answered in order.
-//!
-//! Runs on the CLI's one thread; no runtime. Every wait is bounded by the timeout given at
-//! construction (connect, write and each read), and every frame by the codec's 16 MiB limit.
+//! The admin command's requests, one at a time, through the Rust client's remoting transport
+//! (`shardmq_client::connection`: one connection per address, kept for the command's
+//! lifetime, the same codec and headers as the client library), on a current-thread tokio
+//! runtime the command blocks on. Every wait is bounded by the timeout given at construction.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use shardmq_client::connection::{RemotingClient, Request};
 
-use crate::remoting::{read_frame, response_code, response_code_name, FrameEncoder};
+use crate::remoting::{response_code, response_code_name};
 
 /// A decoded answer, owned.
 #[derive(Debug, Clone)]
@@ -43,57 +39,31 @@ impl Reply {
     }
 }
 
-/// One connection to one server, with the buffer its frames are read into.
-struct Link {
-    stream: TcpStream,
-    buffer: Vec<u8>,
-}
-
 /// Connections to every server the command talks to, by address.
 pub struct Client {
     timeout: Duration,
-    links: BTreeMap<String, Link>,
-    next_opaque: i32,
-}
-
-fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .with_context(|| format!("bad address {addr:?} (want host:port)"))?
-        .next()
-        .ok_or_else(|| anyhow!("address {addr:?} resolves to nothing"))
+    runtime: tokio::runtime::Runtime,
+    remoting: RemotingClient,
 }
 
 impl Client {
     pub fn new(timeout: Duration) -> Client {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread tokio runtime");
+        // Requests the servers send us (none for admin) are dropped with the channel.
+        let (server_requests, _) = tokio::sync::mpsc::channel(1);
+        let remoting = runtime.block_on(async { RemotingClient::new(server_requests) });
         Client {
             timeout,
-            links: BTreeMap::new(),
-            next_opaque: 1,
+            runtime,
+            remoting,
         }
-    }
-
-    fn link(&mut self, addr: &str) -> anyhow::Result<&mut Link> {
-        if !self.links.contains_key(addr) {
-            let socket = resolve(addr)?;
-            let stream = TcpStream::connect_timeout(&socket, self.timeout)?;
-            stream.set_nodelay(true)?;
-            stream.set_read_timeout(Some(self.timeout))?;
-            stream.set_write_timeout(Some(self.timeout))?;
-            self.links.insert(
-                addr.to_string(),
-                Link {
-                    stream,
-                    buffer: Vec::new(),
-                },
-            );
-        }
-        self.links
-            .get_mut(addr)
-            .ok_or_else(|| anyhow!("connection to {addr} vanished"))
     }
 
     /// Sends one request to `addr` and waits for its answer. A connection that failed is
-    /// dropped, so the next call to that address connects again.
+    /// dropped by the transport, so the next call to that address connects again.
     pub fn call(
         &mut self,
         addr: &str,
@@ -101,50 +71,18 @@ impl Client {
         ext: &[(&str, &str)],
         body: &[u8],
     ) -> anyhow::Result<Reply> {
-        let opaque = self.next_opaque;
-        self.next_opaque = self.next_opaque.wrapping_add(1);
-        let timeout = self.timeout;
-        let result = self
-            .link(addr)
-            .and_then(|link| exchange(link, opaque, code, ext, body, timeout));
-        if result.is_err() {
-            self.links.remove(addr);
+        let mut request = Request::new(code).body(body.to_vec());
+        for (key, value) in ext {
+            request = request.ext(key, value);
         }
-        result
-    }
-}
-
-fn exchange(
-    link: &mut Link,
-    opaque: i32,
-    code: i32,
-    ext: &[(&str, &str)],
-    body: &[u8],
-    timeout: Duration,
-) -> anyhow::Result<Reply> {
-    let mut frame = Vec::with_capacity(256 + body.len());
-    let mut encoder = FrameEncoder::request(&mut frame, code, opaque, false);
-    for (key, value) in ext {
-        encoder.ext(key, value);
-    }
-    encoder.finish(body);
-    link.stream.write_all(&frame)?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let Some(command) = read_frame(&mut link.stream, &mut link.buffer)? else {
-            bail!("the server closed the connection");
-        };
-        // Anything else (a server-to-client request, a late answer) is skipped.
-        if command.is_response() && command.opaque == opaque {
-            return Ok(Reply {
-                code: command.code,
-                remark: command.remark.map(|r| r.into_owned()),
-                ext: command.ext_fields.collect_owned(),
-                body: command.body.to_vec(),
-            });
-        }
-        if Instant::now() >= deadline {
-            bail!("no answer within {} ms", timeout.as_millis());
-        }
+        let answer = self
+            .runtime
+            .block_on(self.remoting.invoke(addr, &request, self.timeout))?;
+        Ok(Reply {
+            code: answer.code,
+            remark: answer.remark,
+            ext: answer.ext.into_iter().collect(),
+            body: answer.body,
+        })
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::protocol::parse_kv_table;
+use crate::body::parse_kv_table;
 use crate::remoting::request_code as rc;
 
 use super::table::Table;

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail};
 use clap::{ArgAction, Args};
 use serde_json::{json, Map, Value};
 
-use crate::protocol::{
+use crate::body::{
     parse_subscription_group_table, ConsumeStats, ConsumerConnection, MessageQueue, ResetOffsetBody,
 };
 use crate::remoting::{request_code as rc, response_code};

@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 use shards::store::record::{self, StoredMessage};
 
-use crate::protocol::{parse_properties, parse_topic_list, TopicRouteData};
+use crate::body::{parse_properties, parse_topic_list, TopicRouteData};
 use crate::remoting::{request_code as rc, response_code};
 
 use super::table::{format_time_ms, parse_time_ms, Table};
@@ -100,15 +100,7 @@ fn host_text(addr: &SocketAddr) -> String {
 
 /// The offset msgId of a record: store host and commitlog offset (REMOTING.md §5.7).
 fn offset_msg_id(message: &StoredMessage<'_>) -> String {
-    match message.store_host {
-        SocketAddr::V4(host) => record::offset_msg_id(host, message.physical_offset),
-        SocketAddr::V6(host) => format!(
-            "{:032X}{:08X}{:016X}",
-            u128::from(*host.ip()),
-            u32::from(host.port()),
-            message.physical_offset
-        ),
-    }
+    record::offset_msg_id(message.store_host, message.physical_offset)
 }
 
 /// Printable text of the first `BODY_PREVIEW_BYTES` of a body.

@@ -39,7 +39,7 @@ use anyhow::{anyhow, bail};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::protocol::{ClusterInfo, TopicRouteData};
+use crate::body::{ClusterInfo, TopicRouteData};
 use crate::remoting::{request_code as rc, response_code};
 
 use client::{Client, Reply};

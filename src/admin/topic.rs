@@ -4,7 +4,7 @@ use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::protocol::{parse_topic_list, TopicRouteData, TopicStatsTable};
+use crate::body::{parse_topic_list, TopicRouteData, TopicStatsTable};
 use crate::remoting::request_code as rc;
 
 use super::table::{format_time_ms, Table};

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::error::{now_ms, RequestError};
-use crate::namesrv::respond_body;
-use crate::protocol::{
+use crate::body::{
     self, perm, CheckClientConfigBody, HeartbeatData, LockBatchRequest, TopicConfig,
 };
+use crate::error::{now_ms, RequestError};
+use crate::namesrv::respond_body;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand, BROKER_VERSION};
 use crate::server::Connection;
 
@@ -106,11 +106,7 @@ impl Broker {
                 "no consumer for this group, {group}"
             )));
         }
-        respond_body(
-            connection,
-            request,
-            &protocol::encode_consumer_id_list(&ids),
-        );
+        respond_body(connection, request, &body::encode_consumer_id_list(&ids));
         Ok(())
     }
 
@@ -160,7 +156,7 @@ impl Broker {
         respond_body(
             connection,
             request,
-            &protocol::encode_lock_batch_response(&locked),
+            &body::encode_lock_batch_response(&locked),
         );
         Ok(())
     }
@@ -332,7 +328,7 @@ impl Broker {
         put("transactionDiscarded", tx.discarded.to_string());
         drop(transactions);
         put("flushDiskType", format!("{:?}", self.store.flush_mode()));
-        respond_body(connection, request, &protocol::encode_kv_table(&table));
+        respond_body(connection, request, &body::encode_kv_table(&table));
         Ok(())
     }
 }

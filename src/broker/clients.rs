@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::protocol::{
-    ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData,
-};
+use crate::body::{ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData};
 use crate::remoting::{request_code, FrameEncoder, LanguageCode};
 use crate::server::Connection;
 

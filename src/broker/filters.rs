@@ -6,9 +6,9 @@
 //! without either every message goes (the client filters again). SQL92 expressions are
 //! compiled once per (group, topic, expression) in the shard's `SqlFilterCache`.
 
+use crate::body::TagFilter;
 use crate::error::RequestError;
 use crate::filter::{ExpressionType, MessageFilter, SqlError};
-use crate::protocol::TagFilter;
 
 use super::Broker;
 

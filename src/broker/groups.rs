@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::body::{SubscriptionGroupConfig, SubscriptionGroupTable};
 use crate::error::RequestError;
 use crate::namesrv::respond_body;
-use crate::protocol::{SubscriptionGroupConfig, SubscriptionGroupTable};
 use crate::remoting::RemotingCommand;
 use crate::server::Connection;
 

@@ -33,8 +33,8 @@ use std::rc::Rc;
 use shards::long_poll::{LongPoll, ParkedPulls};
 use shards::store::Store;
 
+use crate::body::TopicConfig;
 use crate::error::RequestError;
-use crate::protocol::TopicConfig;
 use crate::remoting::{request_code as rc, RemotingCommand};
 use crate::server::Connection;
 

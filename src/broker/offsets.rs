@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::body::ConsumerOffsetTable;
 use crate::persist;
-use crate::protocol::ConsumerOffsetTable;
 
 /// How often changed offsets are written (RocketMQ's flushConsumerOffsetInterval).
 pub const OFFSET_FLUSH_INTERVAL_MS: u64 = 5_000;

@@ -89,7 +89,7 @@ impl Broker {
             .max(0) as u64;
         self.check_group_may_pull(group)?;
         let read_queues = match self.topics.borrow().get(topic) {
-            Some(config) if config.perm & crate::protocol::perm::READ == 0 => {
+            Some(config) if config.perm & crate::body::perm::READ == 0 => {
                 return Err(RequestError::NoPermission(format!(
                     "the topic[{topic}] pulling message is forbidden"
                 )))
@@ -156,7 +156,7 @@ impl Broker {
             .borrow()
             .consumers
             .get(group)
-            .is_some_and(|g| g.message_model == crate::protocol::MessageModel::Broadcasting);
+            .is_some_and(|g| g.message_model == crate::body::MessageModel::Broadcasting);
         if broadcasting && !config.consume_broadcast_enable {
             return Err(RequestError::NoPermission(format!(
                 "the consumer group[{group}] can not consume by broadcast way"

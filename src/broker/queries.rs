@@ -182,7 +182,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
-        let table = crate::protocol::ConsumerOffsetTable {
+        let table = crate::body::ConsumerOffsetTable {
             offsets: self.offsets.borrow().entries().clone(),
         };
         crate::namesrv::respond_body(connection, request, &table.encode_pretty());

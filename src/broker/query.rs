@@ -4,19 +4,19 @@
 //!
 //! Clients and admin tools send these to every broker of a topic's route and merge the
 //! answers, so each shard answers for its own queues, store and clients only. Bodies are
-//! Java's (`protocol::stats`), MessageQueue keys included.
+//! Java's (`body::stats`), MessageQueue keys included.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use shards::store::{record, MessageQuery, Store};
 
-use crate::error::RequestError;
-use crate::namesrv::respond_body;
-use crate::protocol::{
+use crate::body::{
     ClientConnection, ConsumeStats, ConsumerConnection, MessageQueue, OffsetWrapper, TopicOffset,
     TopicStatsTable,
 };
+use crate::error::RequestError;
+use crate::namesrv::respond_body;
 use crate::remoting::{response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
 

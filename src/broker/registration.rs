@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpStream};
 
-use crate::protocol::RegisterBrokerBody;
+use crate::body::RegisterBrokerBody;
 use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
 
 use super::Broker;

@@ -36,8 +36,8 @@ use std::rc::Rc;
 
 use shards::store::{GetMessageResult, GetStatus};
 
+use crate::body::{MessageQueue, ResetOffsetBody};
 use crate::error::RequestError;
-use crate::protocol::{MessageQueue, ResetOffsetBody};
 use crate::remoting::{request_code, response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
 

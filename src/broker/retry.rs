@@ -14,9 +14,9 @@ use std::rc::Rc;
 
 use shards::store::{record, FlushMode, MessageToStore};
 
+use crate::body::{encode_properties, java_string_hash, parse_properties, perm, property};
+use crate::body::{TopicConfig, RETRY_QUEUE_NUMS_DEFAULT};
 use crate::error::RequestError;
-use crate::protocol::{encode_properties, java_string_hash, parse_properties, perm, property};
-use crate::protocol::{TopicConfig, RETRY_QUEUE_NUMS_DEFAULT};
 use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
 
@@ -101,7 +101,8 @@ impl Broker {
         let dead = original.reconsume_times >= max_times || back.delay_level < 0;
         let pairs = parse_properties(original.properties);
         let lookup = |key: &str| pairs.iter().rev().find(|(k, _)| *k == key).map(|(_, v)| *v);
-        let offset_msg_id = record::offset_msg_id(self.identity.address, back.physical_offset);
+        let offset_msg_id =
+            record::offset_msg_id(self.identity.address.into(), back.physical_offset);
         let origin_id = lookup(property::ORIGIN_MESSAGE_ID)
             .map(str::to_string)
             .or_else(|| back.origin_msg_id.clone())

@@ -31,9 +31,9 @@ use shards::store::{record, MessageToStore};
 use shards::sync::Signal;
 use shards::wheel::TimerWheel;
 
+use crate::body::{encode_properties, java_string_hash, parse_properties, property};
 use crate::error::{now_ms, RequestError};
 use crate::persist;
-use crate::protocol::{encode_properties, java_string_hash, parse_properties, property};
 
 use super::send::to_v4;
 use super::Broker;

@@ -17,8 +17,8 @@ use shards::store::{
     self, record, AppendResult, FlushMode, MessageKeys, MessageToStore, StoreError,
 };
 
+use crate::body::{java_string_hash, parse_properties, property};
 use crate::error::{store_error, RequestError};
-use crate::protocol::{java_string_hash, parse_properties, property};
 use crate::remoting::{
     parse_bool_lenient, parse_number, request_code, response_code, FieldError, FrameEncoder,
     RemotingCommand,
@@ -346,7 +346,7 @@ impl Broker {
                 created
             }
         };
-        if config.perm & crate::protocol::perm::WRITE == 0 {
+        if config.perm & crate::body::perm::WRITE == 0 {
             return Err(RequestError::NoPermission(format!(
                 "the topic[{}] sending message is forbidden",
                 header.topic
@@ -431,48 +431,18 @@ impl Broker {
         })
     }
 
-    /// Splits a batch body (§5.5: TOTALSIZE, MAGIC, BODYCRC, FLAG, body, properties).
+    /// Splits a batch body (§5.5) and prepares each of its messages.
     fn prepare_batch<'a>(
         &self,
-        mut body: &'a [u8],
+        body: &'a [u8],
         _outer_properties: &str,
     ) -> Result<Vec<Prepared<'a>>, RequestError> {
-        let illegal = |why: &str| RequestError::MessageIllegal(format!("bad batch body: {why}"));
-        let mut messages = Vec::new();
-        while !body.is_empty() {
-            if messages.len() == BATCH_MESSAGES_MAX {
-                return Err(illegal("too many messages"));
-            }
-            if body.len() < 20 {
-                return Err(illegal("truncated record"));
-            }
-            let total = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            let flag = i32::from_be_bytes([body[12], body[13], body[14], body[15]]);
-            let body_len = i32::from_be_bytes([body[16], body[17], body[18], body[19]]);
-            if total < 22 || total as usize > body.len() || body_len < 0 {
-                return Err(illegal("record length out of range"));
-            }
-            let record_bytes = &body[..total as usize];
-            let body_end = 20 + body_len as usize;
-            if body_end + 2 > record_bytes.len() {
-                return Err(illegal("body length out of range"));
-            }
-            let inner_body = &record_bytes[20..body_end];
-            let props_len =
-                u16::from_be_bytes([record_bytes[body_end], record_bytes[body_end + 1]]) as usize;
-            let props_start = body_end + 2;
-            if props_start + props_len > record_bytes.len() {
-                return Err(illegal("properties length out of range"));
-            }
-            let props = std::str::from_utf8(&record_bytes[props_start..props_start + props_len])
-                .map_err(|_| illegal("properties are not UTF-8"))?;
-            messages.push(self.prepare_one(flag, inner_body, props)?);
-            body = &body[total as usize..];
-        }
-        if messages.is_empty() {
-            return Err(illegal("no message in the batch"));
-        }
-        Ok(messages)
+        let entries = shardmq_protocol::batch::decode(body, BATCH_MESSAGES_MAX)
+            .map_err(|why| RequestError::MessageIllegal(format!("bad batch body: {why}")))?;
+        entries
+            .iter()
+            .map(|entry| self.prepare_one(entry.flag, entry.body, entry.properties))
+            .collect()
     }
 }
 
@@ -507,7 +477,7 @@ impl<'a> SendReply<'a> {
             }
             record::push_offset_msg_id(
                 &mut msg_id,
-                broker.identity.address,
+                broker.identity.address.into(),
                 result.physical_offset,
             );
         }

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::body::{perm, TopicConfig, TopicConfigTable};
 use crate::error::RequestError;
-use crate::protocol::{perm, TopicConfig, TopicConfigTable};
 
 use super::versioned::VersionedFile;
 

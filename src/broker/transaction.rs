@@ -38,9 +38,9 @@ use std::time::Duration;
 
 use shards::store::{record, AppendResult, FlushMode, GetStatus, MessageToStore};
 
+use crate::body::property;
+use crate::body::{encode_properties, find_property, java_string_hash, parse_properties};
 use crate::error::{now_ms, RequestError};
-use crate::protocol::property;
-use crate::protocol::{encode_properties, find_property, java_string_hash, parse_properties};
 use crate::remoting::{request_code, response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
@@ -613,7 +613,8 @@ impl Broker {
         let real_topic = record::decode(&body)
             .map(|m| m.topic.to_string())
             .unwrap_or_default();
-        let offset_msg_id = record::offset_msg_id(self.identity.address, pending.commitlog_offset);
+        let offset_msg_id =
+            record::offset_msg_id(self.identity.address.into(), pending.commitlog_offset);
         let opaque = producer.next_opaque();
         producer.send_with(|out| {
             let mut frame =

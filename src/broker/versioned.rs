@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::body::DataVersion;
 use crate::error::now_ms;
 use crate::persist;
-use crate::protocol::DataVersion;
 
 /// Where a table lives and the version it is at.
 pub struct VersionedFile {

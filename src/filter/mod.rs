@@ -16,7 +16,7 @@ pub mod sql92;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::protocol::{TagFilter, EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG};
+use crate::body::{TagFilter, EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG};
 
 pub use sql92::{SqlError, SqlExpression};
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::body::{self, DataVersion, RegisterBrokerBody};
 use crate::error::{now_ms, RequestError};
-use crate::protocol::{self, DataVersion, RegisterBrokerBody};
 use crate::remoting::{request_code as rc, response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
 
@@ -81,14 +81,14 @@ impl NamesrvHandler {
                 Ok(())
             }
             rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => {
-                let body = protocol::encode_topic_list(&self.table.borrow().topic_names());
+                let body = body::encode_topic_list(&self.table.borrow().topic_names());
                 respond_body(connection, request, &body);
                 Ok(())
             }
             rc::GET_TOPICS_BY_CLUSTER => {
                 let cluster = request.ext_fields.required("cluster")?;
                 let topics = self.table.borrow().topics_of_cluster(cluster);
-                respond_body(connection, request, &protocol::encode_topic_list(&topics));
+                respond_body(connection, request, &body::encode_topic_list(&topics));
                 Ok(())
             }
             rc::DELETE_TOPIC_IN_NAMESRV => {
@@ -118,7 +118,7 @@ impl NamesrvHandler {
                 let table = self.table.borrow();
                 match table.kv_namespace(namespace) {
                     Some(entries) => {
-                        respond_body(connection, request, &protocol::encode_kv_table(entries))
+                        respond_body(connection, request, &body::encode_kv_table(entries))
                     }
                     None => connection.respond(
                         request,

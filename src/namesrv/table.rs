@@ -5,9 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::protocol::{
-    BrokerData, ClusterInfo, DataVersion, QueueData, TopicConfig, TopicRouteData,
-};
+use crate::body::{BrokerData, ClusterInfo, DataVersion, QueueData, TopicConfig, TopicRouteData};
 
 /// How long a broker stays routable after its last registration, unless it says otherwise.
 pub const BROKER_EXPIRY_MS_DEFAULT: i64 = 120_000;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardmq::client::{ConsumeFromWhere, ConsumerOptions, ProducerOptions};
+use shardmq_client::{ConsumeFromWhere, ConsumerOptions, ProducerOptions};
 
 use super::Node;
 
@@ -47,7 +47,7 @@ pub struct Seen {
 
 pub type Log = Arc<Mutex<Vec<Seen>>>;
 
-pub fn record(log: &Log, consumer: &str, message: &shardmq::client::MessageExt) {
+pub fn record(log: &Log, consumer: &str, message: &shardmq_client::MessageExt) {
     log.lock().unwrap().push(Seen {
         consumer: consumer.to_string(),
         body: String::from_utf8_lossy(message.body()).into_owned(),

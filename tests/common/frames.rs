@@ -407,7 +407,7 @@ pub fn property_values(body: &[u8], name: &str) -> Vec<String> {
         .expect("pull body decodes")
         .iter()
         .map(|m| {
-            shardmq::protocol::find_property(m.properties, name)
+            shardmq::body::find_property(m.properties, name)
                 .unwrap_or("")
                 .to_string()
         })

@@ -1,8 +1,8 @@
 //! Templates decode back to the frames a Java producer sends, for single sends and batches.
 
 use super::*;
-use shardmq::protocol::parse_properties;
-use shardmq::remoting::decode_frame;
+use shardmq_protocol::body::parse_properties;
+use shardmq_protocol::remoting::decode_frame;
 
 fn fields() -> SendFields<'static> {
     SendFields {

@@ -41,7 +41,7 @@ mod flusher;
 mod index;
 mod index_query;
 mod pull;
-pub mod record;
+pub use shardmq_protocol::record;
 mod recovery;
 mod segments;
 mod space;

@@ -25,7 +25,7 @@ use std::fmt;
 pub use eval::EvalError;
 pub use parser::EXPRESSION_DEPTH_MAX;
 
-use crate::protocol::find_property;
+use crate::body::find_property;
 
 /// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
 /// RocketMQ sets no bound, this one is far above any selector a person writes.
