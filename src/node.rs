@@ -580,7 +580,9 @@ fn start_broker_tasks(
     });
     // The shard's ticking task: the long-poll wheel's clock and the overload gauge.
     every(broker, broker::PULL_WHEEL_TICK_MS, |b| b.tick());
-    runtime::spawn_detached(broker::transaction::run_checks(broker.clone()));
+    runtime::spawn_detached(broker::tasks::transaction_checks::run_checks(
+        broker.clone(),
+    ));
 }
 
 async fn expire_brokers(table: Rc<RefCell<RouteTable>>) {

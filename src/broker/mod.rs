@@ -5,25 +5,14 @@
 //! each answers every request it is given, and errors reach the wire through
 //! `RequestError::code_and_remark`.
 
-mod admin;
-mod clients;
-mod durable;
-mod filters;
-pub mod groups;
-mod locks;
-mod offsets;
-mod overload;
-mod pull;
-mod queries;
-mod query;
-pub mod registration;
-mod reset;
-mod retry;
-pub mod schedule;
-mod send;
-pub mod topics;
-pub mod transaction;
-mod versioned;
+mod append;
+pub mod handlers;
+pub mod route;
+pub mod state;
+pub mod tasks;
+
+pub use state::{schedule, topics, transactions as transaction};
+pub use tasks::registration;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddrV4;
@@ -37,6 +26,10 @@ use crate::body::TopicConfig;
 use crate::error::RequestError;
 use crate::remoting::{request_code as rc, RemotingCommand};
 use crate::server::Connection;
+
+use handlers::pull;
+use state::{clients, groups, locks, offsets, resets};
+use tasks::{durable, ticking};
 
 pub use clients::{ClientTable, CLIENT_EXPIRY_MS, CLIENT_SCAN_INTERVAL_MS};
 pub use offsets::{OffsetTable, OFFSET_FLUSH_INTERVAL_MS};
@@ -92,11 +85,11 @@ pub struct Broker {
     /// connection closes: the shard's long-poll wheel.
     pub pull_waiters: Rc<ParkedPulls>,
     /// How late this shard runs (overload.rs).
-    pub load: overload::ShardLoad,
+    pub load: ticking::ShardLoad,
     /// Half messages waiting for their transaction's end (transaction.rs).
     pub transactions: RefCell<transaction::Transactions>,
     /// Queues reset by INVOKE_BROKER_TO_RESET_OFFSET that their group has not pulled since.
-    pub pending_resets: RefCell<reset::PendingResets>,
+    pub pending_resets: RefCell<resets::PendingResets>,
     /// Compiled SQL92 pull filters, per (group, topic).
     pub sql_filters: RefCell<crate::filter::SqlFilterCache>,
     /// Tells the other shards about a topic change.
@@ -111,7 +104,7 @@ pub struct Broker {
     /// on every shard, as a Java broker answers after registering it with the namesrv.
     pub local_routes: Option<LocalRoutes>,
     /// Language and version of each client connection (GET_CONSUMER_CONNECTION_LIST).
-    client_languages: RefCell<query::ClientLanguages>,
+    client_languages: RefCell<clients::ClientLanguages>,
     next_unique_id: Cell<u32>,
     /// Round-robin position for sends that leave the queue to the broker.
     next_queue: Cell<u32>,
@@ -147,6 +140,19 @@ impl Broker {
         );
         let stats = BrokerStats::default();
         stats.started_at_ms.set(crate::error::now_ms());
+        let pull_waiters = Rc::new(ParkedPulls::new(LongPoll::new(
+            pull::PULL_WHEEL_TICK_MS,
+            pull::PULL_WHEEL_SLOTS,
+            pull::PARKED_PULLS_MAX,
+            shards::runtime::monotonic_ms(),
+        )));
+        // Every message the store appends wakes the pulls parked on its queue.
+        let waiters = Rc::downgrade(&pull_waiters);
+        store.set_arrival_listener(Rc::new(move |topic: &str, queue_id: u32, _offset: u64| {
+            if let Some(waiters) = waiters.upgrade() {
+                waiters.wake_queue(topic, queue_id);
+            }
+        }));
         Broker {
             identity,
             store,
@@ -156,22 +162,17 @@ impl Broker {
             clients: RefCell::new(ClientTable::default()),
             locks: RefCell::new(locks::QueueLocks::default()),
             schedule: RefCell::new(schedule),
-            pull_waiters: Rc::new(ParkedPulls::new(LongPoll::new(
-                pull::PULL_WHEEL_TICK_MS,
-                pull::PULL_WHEEL_SLOTS,
-                pull::PARKED_PULLS_MAX,
-                shards::runtime::monotonic_ms(),
-            ))),
-            load: overload::ShardLoad::default(),
+            pull_waiters,
+            load: ticking::ShardLoad::default(),
             transactions: RefCell::new(transaction::Transactions::new(&config_dir)),
-            pending_resets: RefCell::new(reset::PendingResets::default()),
+            pending_resets: RefCell::new(resets::PendingResets::default()),
             sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
             broadcast_topic,
             register_now: Rc::new(shards::sync::Signal::default()),
             stats,
             durable_replies: Rc::default(),
             local_routes: None,
-            client_languages: RefCell::new(query::ClientLanguages::default()),
+            client_languages: RefCell::new(clients::ClientLanguages::default()),
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
             next_retry_queue: Cell::new(0),
@@ -343,11 +344,6 @@ impl Broker {
             self.offsets.borrow_mut().remove_topic(topic);
         }
         removed
-    }
-
-    /// A message reached (topic, queue id): wakes the pulls parked on it.
-    pub fn notify_message_arrived(&self, topic: &str, queue_id: u32) {
-        self.pull_waiters.wake_queue(topic, queue_id);
     }
 
     /// The next retry queue index (callers take it modulo the group's retry queues).

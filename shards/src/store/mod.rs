@@ -329,7 +329,14 @@ pub(crate) struct Inner {
     /// Reaps the commitlog ring from busy loops (`runtime::run_poll_hooks`, which holds it
     /// weakly: it goes with the store).
     reap_hook: Rc<dyn Fn()>,
+    /// Told of every message appended to a queue (`Store::set_arrival_listener`).
+    arrival_listener: RefCell<Option<ArrivalListener>>,
 }
+
+/// Called with (topic, queue id, queue offset) of every message the store appends, once it
+/// is readable: RocketMQ's MessageArrivingListener. The broker wakes the pulls parked on
+/// that queue with it; no caller of `append` has to remember to.
+pub type ArrivalListener = Rc<dyn Fn(&str, u32, u64)>;
 
 /// One shard's store. Cloning is cheap (a reference count).
 #[derive(Clone)]
@@ -412,6 +419,7 @@ impl Store {
                         flusher::reap(&inner);
                     }
                 }),
+                arrival_listener: RefCell::new(None),
             }
         });
         crate::runtime::register_poll_hook(&inner.reap_hook);
@@ -572,6 +580,10 @@ impl Store {
         if wake_flusher && !flusher::kick(inner) {
             inner.notify.signal();
         }
+        let listener = inner.arrival_listener.borrow().clone();
+        if let Some(listener) = listener {
+            listener(msg.topic, msg.queue_id, queue_offset);
+        }
         Ok(AppendResult {
             physical_offset,
             queue_offset,
@@ -579,6 +591,11 @@ impl Store {
             store_timestamp_ms,
             end_offset,
         })
+    }
+
+    /// Sets the listener told of every appended message (see [`ArrivalListener`]).
+    pub fn set_arrival_listener(&self, listener: ArrivalListener) {
+        *self.inner.arrival_listener.borrow_mut() = Some(listener);
     }
 
     /// Resolves once the bytes waiting for the disk are down to half of

@@ -1,22 +1,19 @@
-//! Offsets and lookups: QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/MIN_OFFSET,
-//! SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, VIEW_MESSAGE_BY_ID,
-//! GET_ALL_CONSUMER_OFFSET.
+//! Offsets and positions: QUERY_CONSUMER_OFFSET (14), UPDATE_CONSUMER_OFFSET (15),
+//! GET_MAX_OFFSET (30), GET_MIN_OFFSET (31), SEARCH_OFFSET_BY_TIMESTAMP (29),
+//! GET_EARLIEST_MSG_STORETIME (32), GET_ALL_CONSUMER_OFFSET (43), GET_ALL_DELAY_OFFSET (45).
 
-use std::rc::Rc;
-
-use crate::error::RequestError;
+use crate::broker::Broker;
+use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, ExtFields, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-
-use super::Broker;
-use crate::error::store_error;
+use std::rc::Rc;
 
 /// A queue whose first unit lies within this many bytes of the commitlog's end is "young":
 /// a new group starts there at 0 and misses nothing (RocketMQ's message-still-in-memory rule,
 /// with a fixed window instead of 40% of RAM).
 pub const YOUNG_QUEUE_WINDOW_BYTES: u64 = 4 << 30;
 
-fn topic_and_queue<'a>(ext: &'a ExtFields<'a>) -> Result<(&'a str, u32), RequestError> {
+pub(crate) fn topic_and_queue<'a>(ext: &'a ExtFields<'a>) -> Result<(&'a str, u32), RequestError> {
     let topic = ext.required("topic")?;
     let queue_id = ext.required_i32("queueId")?;
     if queue_id < 0 {
@@ -27,7 +24,7 @@ fn topic_and_queue<'a>(ext: &'a ExtFields<'a>) -> Result<(&'a str, u32), Request
     Ok((topic, queue_id as u32))
 }
 
-fn respond_offset(connection: &Connection, opaque: i32, key: &str, value: i64) {
+pub(crate) fn respond_offset(connection: &Connection, opaque: i32, key: &str, value: i64) {
     connection.send_with(|out| {
         let mut frame = FrameEncoder::response(out, response_code::SUCCESS, opaque);
         frame.ext_i64(key, value);
@@ -36,7 +33,7 @@ fn respond_offset(connection: &Connection, opaque: i32, key: &str, value: i64) {
 }
 
 impl Broker {
-    pub(super) fn query_consumer_offset(
+    pub(crate) fn query_consumer_offset(
         &self,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -72,8 +69,10 @@ impl Broker {
         }
         Ok(())
     }
+}
 
-    pub(super) fn update_consumer_offset(
+impl Broker {
+    pub(crate) fn update_consumer_offset(
         &self,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -88,8 +87,10 @@ impl Broker {
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())
     }
+}
 
-    pub(super) fn get_max_offset(
+impl Broker {
+    pub(crate) fn get_max_offset(
         &self,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -99,8 +100,10 @@ impl Broker {
         respond_offset(connection, request.opaque, "offset", offset as i64);
         Ok(())
     }
+}
 
-    pub(super) fn get_min_offset(
+impl Broker {
+    pub(crate) fn get_min_offset(
         &self,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -110,8 +113,10 @@ impl Broker {
         respond_offset(connection, request.opaque, "offset", offset as i64);
         Ok(())
     }
+}
 
-    pub(super) fn search_offset_by_timestamp(
+impl Broker {
+    pub(crate) fn search_offset_by_timestamp(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -136,8 +141,10 @@ impl Broker {
         });
         Ok(())
     }
+}
 
-    pub(super) fn earliest_msg_store_time(
+impl Broker {
+    pub(crate) fn earliest_msg_store_time(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -153,31 +160,10 @@ impl Broker {
         });
         Ok(())
     }
+}
 
-    pub(super) fn view_message_by_id(
-        self: &Rc<Self>,
-        request: &RemotingCommand<'_>,
-        connection: &Rc<Connection>,
-    ) -> Result<(), RequestError> {
-        let offset = request.ext_fields.required_i64("offset")?;
-        let (broker, connection) = (self.clone(), connection.clone());
-        let opaque = request.opaque;
-        shards::runtime::spawn_detached(async move {
-            match broker.store.read_record(offset.max(0) as u64).await {
-                Ok(Some(record)) => connection.send_with(|out| {
-                    FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&record);
-                }),
-                Ok(None) => RequestError::SystemError(format!(
-                    "can not find message by the offset, {offset}"
-                ))
-                .respond(&connection, opaque),
-                Err(error) => store_error(error).respond(&connection, opaque),
-            }
-        });
-        Ok(())
-    }
-
-    pub(super) fn all_consumer_offset(
+impl Broker {
+    pub(crate) fn all_consumer_offset(
         &self,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -186,6 +172,20 @@ impl Broker {
             offsets: self.offsets.borrow().entries().clone(),
         };
         crate::namesrv::respond_body(connection, request, &table.encode_pretty());
+        Ok(())
+    }
+}
+
+impl Broker {
+    /// GET_ALL_DELAY_OFFSET (45): the delayOffset.json form of this shard's progress.
+    pub(crate) fn all_delay_offset(
+        &self,
+        request: &crate::remoting::RemotingCommand<'_>,
+        connection: &Rc<crate::server::Connection>,
+    ) -> Result<(), RequestError> {
+        let json = self.schedule.borrow().to_json();
+        let body = serde_json::to_vec(&json).unwrap_or_default();
+        crate::namesrv::respond_body(connection, request, &body);
         Ok(())
     }
 }

@@ -7,51 +7,46 @@
 //! UNIQ_KEY gets one; `CLUSTER` is added. The record is appended to the store at once; with
 //! SYNC_FLUSH the answer waits for the group commit that covers it.
 
-use std::borrow::Cow;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::rc::Rc;
-
-use smallvec::{smallvec, SmallVec};
-
-use shards::store::{
-    self, record, AppendResult, FlushMode, MessageKeys, MessageToStore, StoreError,
-};
-
 use crate::body::{java_string_hash, parse_properties, property};
+use crate::broker::append::Outgoing;
+use crate::broker::route::{route, Destination, RouteRequest};
+use crate::broker::state::schedule::{divert_for, Divert};
+use crate::broker::state::topics::{self, validate_topic_name};
+use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::remoting::{
     parse_bool_lenient, parse_number, request_code, response_code, FieldError, FrameEncoder,
     RemotingCommand,
 };
 use crate::server::Connection;
-
-use super::overload;
-use super::schedule::{divert_for, Divert};
-use super::topics::{self, validate_topic_name};
-use super::{transaction, Broker};
+use shards::store::{self, record, AppendResult, FlushMode, MessageKeys, StoreError};
+use smallvec::{smallvec, SmallVec};
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::rc::Rc;
 
 /// Messages one batch may carry (a client cannot make the broker loop without bound).
 pub const BATCH_MESSAGES_MAX: usize = 10_000;
 
 /// The send request header, whichever name set it came in.
-struct SendHeader<'a> {
-    producer_group: &'a str,
-    topic: &'a str,
-    default_topic: &'a str,
-    default_topic_queue_nums: i32,
-    queue_id: i32,
-    sys_flag: i32,
-    born_timestamp_ms: i64,
-    flag: i32,
-    properties: &'a str,
-    reconsume_times: i32,
-    max_reconsume_times: Option<i32>,
-    batch: bool,
+pub(crate) struct SendHeader<'a> {
+    pub(crate) producer_group: &'a str,
+    pub(crate) topic: &'a str,
+    pub(crate) default_topic: &'a str,
+    pub(crate) default_topic_queue_nums: i32,
+    pub(crate) queue_id: i32,
+    pub(crate) sys_flag: i32,
+    pub(crate) born_timestamp_ms: i64,
+    pub(crate) flag: i32,
+    pub(crate) properties: &'a str,
+    pub(crate) reconsume_times: i32,
+    pub(crate) max_reconsume_times: Option<i32>,
+    pub(crate) batch: bool,
 }
 
 /// The header fields by wire name: (SEND_MESSAGE's long name, SEND_MESSAGE_V2's letter), in
 /// the order of [`SendHeader::parse`]'s slots. V2's `k` (unitMode) is not read.
-const SEND_FIELDS: [(&str, &str); 12] = [
+pub(crate) const SEND_FIELDS: [(&str, &str); 12] = [
     ("producerGroup", "a"),
     ("topic", "b"),
     ("defaultTopic", "c"),
@@ -70,7 +65,7 @@ impl<'a> SendHeader<'a> {
     /// Reads the header in one pass over its entries (this runs for every message, and a
     /// lookup per field costs a dozen string compares each). A repeated key keeps its last
     /// value, as [`ExtFields::get`] does.
-    fn parse(request: &'a RemotingCommand<'a>) -> Result<SendHeader<'a>, RequestError> {
+    pub(crate) fn parse(request: &'a RemotingCommand<'a>) -> Result<SendHeader<'a>, RequestError> {
         let short = request.code != request_code::SEND_MESSAGE;
         let mut values: [Option<&'a str>; SEND_FIELDS.len()] = [None; SEND_FIELDS.len()];
         for (key, value) in request.ext_fields.iter() {
@@ -118,23 +113,23 @@ impl<'a> SendHeader<'a> {
 
 /// What the send path needs from a message's properties, read in one pass.
 #[derive(Default)]
-struct PropertyScan<'a> {
+pub(crate) struct PropertyScan<'a> {
     /// The first TAGS value.
-    tags: Option<&'a str>,
+    pub(crate) tags: Option<&'a str>,
     /// The first UNIQ_KEY value.
-    unique_key: Option<&'a str>,
+    pub(crate) unique_key: Option<&'a str>,
     /// The first KEYS value (space-separated words, indexed).
-    keys: Option<&'a str>,
-    has_cluster: bool,
+    pub(crate) keys: Option<&'a str>,
+    pub(crate) has_cluster: bool,
     /// DELAY, a TIMER_* or __STARTDELIVERTIME is present: the message may wait (schedule.rs).
-    may_wait: bool,
+    pub(crate) may_wait: bool,
     /// The last TRAN_MSG says "true" (a transactional half).
-    transaction: bool,
+    pub(crate) transaction: bool,
 }
 
 impl<'a> PropertyScan<'a> {
     /// Pairs with an empty name or value are skipped, as `parse_properties` skips them.
-    fn of(properties: &'a str) -> PropertyScan<'a> {
+    pub(crate) fn of(properties: &'a str) -> PropertyScan<'a> {
         let mut scan = PropertyScan::default();
         // Split at byte positions: the separators are ASCII, so every cut is on a char
         // boundary, and a plain loop beats a char searcher on strings this short.
@@ -176,22 +171,94 @@ impl<'a> PropertyScan<'a> {
 }
 
 /// One message ready to append: its properties completed (UNIQ_KEY, CLUSTER).
-struct Prepared<'a> {
-    flag: i32,
-    body: &'a [u8],
-    properties: Vec<u8>,
-    unique_id: Cow<'a, str>,
-    tags_code: i64,
+pub(crate) struct Prepared<'a> {
+    pub(crate) flag: i32,
+    pub(crate) body: &'a [u8],
+    pub(crate) properties: Vec<u8>,
+    pub(crate) unique_id: Cow<'a, str>,
+    pub(crate) tags_code: i64,
     /// Whether (and where) the message waits before its real queue.
-    divert: Divert,
+    pub(crate) divert: Divert,
     /// TRAN_MSG=true: a half message, when sent alone (batches carry none).
-    transaction: bool,
+    pub(crate) transaction: bool,
     /// The KEYS value, for the index.
-    keys: Option<&'a str>,
+    pub(crate) keys: Option<&'a str>,
+}
+
+pub(crate) fn push_property(out: &mut Vec<u8>, key: &str, value: &str) {
+    out.extend_from_slice(key.as_bytes());
+    out.push(1);
+    out.extend_from_slice(value.as_bytes());
+    out.push(2);
+}
+
+/// What a send answers: ids and offsets of what was stored, and the first message's
+/// UNIQ_KEY (SYNC_FLUSH answers are encoded at once and sent after the group commit).
+pub(crate) struct SendReply<'a> {
+    pub(crate) msg_id: String,
+    pub(crate) queue_id: u32,
+    pub(crate) queue_offset: u64,
+    pub(crate) transaction_id: &'a str,
+}
+
+impl<'a> SendReply<'a> {
+    pub(crate) fn new(
+        broker: &Broker,
+        queue_id: u32,
+        messages: &'a [Prepared<'_>],
+        results: &[AppendResult],
+    ) -> Self {
+        let mut msg_id =
+            String::with_capacity(results.len() * (record::OFFSET_MSG_ID_V4_CHARS + 1));
+        for (i, result) in results.iter().enumerate() {
+            if i > 0 {
+                msg_id.push(',');
+            }
+            record::push_offset_msg_id(
+                &mut msg_id,
+                broker.identity.address.into(),
+                result.physical_offset,
+            );
+        }
+        SendReply {
+            msg_id,
+            queue_id,
+            queue_offset: results.first().map_or(0, |r| r.queue_offset),
+            transaction_id: messages.first().map_or("", |m| m.unique_id.as_ref()),
+        }
+    }
+
+    pub(crate) fn send(&self, connection: &Connection, opaque: i32, code: i32) {
+        connection.send_with(|out| self.encode(out, opaque, code));
+    }
+
+    /// The answer frame, appended to `out`.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, opaque: i32, code: i32) {
+        let mut frame = FrameEncoder::response(out, code, opaque);
+        frame
+            .ext("msgId", &self.msg_id)
+            .ext_i64("queueId", i64::from(self.queue_id))
+            .ext_i64("queueOffset", self.queue_offset as i64)
+            .ext("transactionId", self.transaction_id)
+            .ext("MSG_REGION", "DefaultRegion")
+            .ext("TRACE_ON", "true");
+        frame.finish(&[]);
+    }
+}
+
+/// The peer as an IPv4 host (stored records use IPv4 hosts; v4-mapped v6 peers unwrap).
+pub(crate) fn to_v4(addr: SocketAddr) -> SocketAddrV4 {
+    match addr.ip() {
+        IpAddr::V4(ip) => SocketAddrV4::new(ip, addr.port()),
+        IpAddr::V6(ip) => SocketAddrV4::new(
+            ip.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+            addr.port(),
+        ),
+    }
 }
 
 impl Broker {
-    pub(super) fn send_message(
+    pub(crate) fn send_message(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -211,85 +278,65 @@ impl Broker {
         } else {
             smallvec![self.prepare_one(header.flag, request.body, header.properties)?]
         };
-        // A retry past its group's limit goes to the dead-letter queue, undelayed.
-        let dead_letter = self.retry_or_dead_letter(
+        let retry = self.retry_limit(
             header.topic,
             header.reconsume_times,
             header.max_reconsume_times,
         )?;
-        let (topic, queue_id) = match &dead_letter {
-            Some(dlq) => (dlq.as_str(), 0),
-            None => (header.topic, queue_id),
-        };
-        // A transactional half message waits in the half topic (transaction.rs), undelayed.
-        let first = &mut messages[0];
-        let half = !header.batch
-            && dead_letter.is_none()
-            && first.transaction
-            && self.prepare_half(
-                &mut first.properties,
-                &first.unique_id,
-                (topic, queue_id),
-                header.producer_group,
-            )?;
-        let sys_flag = match half {
-            true => transaction::half_sys_flag(header.sys_flag),
-            false => header.sys_flag,
-        };
+        // A transactional half travels alone (batches carry none).
+        let half = !header.batch && messages[0].transaction;
+        if half {
+            self.admit_half()?;
+        }
         let born_host = to_v4(connection.peer);
         if messages.len() > 1 {
             // A batch is stored whole or not at all: refuse it up front when the store has
             // no room for all of it (RocketMQ stores a batch as one unit).
+            let topic_len = header.topic.len();
             let total: usize = messages
                 .iter()
-                .map(|m| record::encoded_size(m.body.len(), topic.len(), m.properties.len() + 64))
+                .map(|m| record::encoded_size(m.body.len(), topic_len, m.properties.len() + 64))
                 .sum();
             self.store
                 .check_room(total as u64)
                 .map_err(|error| self.refused_by_store(error, connection))?;
         }
         let mut results: SmallVec<[AppendResult; 1]> = SmallVec::with_capacity(messages.len());
-        let mut arrived = false;
+        let mut reply_queue_id = queue_id;
         for message in &mut messages {
-            let (mut store_topic, mut store_queue, mut tags_code) =
-                (topic, queue_id, message.tags_code);
-            if half {
-                (store_topic, store_queue) = transaction::HALF_QUEUE;
-            } else if message.divert != Divert::None && dead_letter.is_none() {
-                (store_topic, store_queue, tags_code) =
-                    self.divert(message.divert, topic, queue_id, &mut message.properties);
-            } else {
-                arrived = true;
+            let destination = route(&RouteRequest {
+                topic: header.topic,
+                queue_id,
+                retry,
+                half,
+                wait: message.divert,
+            });
+            if matches!(destination, Destination::DeadLetter { .. }) {
+                reply_queue_id = 0;
             }
-            let to_store = MessageToStore {
-                topic: store_topic,
-                queue_id: store_queue,
+            let outgoing = Outgoing {
                 flag: message.flag,
-                sys_flag,
+                sys_flag: header.sys_flag,
                 born_timestamp_ms: header.born_timestamp_ms,
                 born_host,
                 reconsume_times: header.reconsume_times,
                 prepared_transaction_offset: 0,
                 body: message.body,
-                properties: &message.properties,
-                tags_code,
+                properties: &mut message.properties,
+                tags_code: message.tags_code,
+                keys: Some(MessageKeys::from_parts(
+                    Some(&message.unique_id),
+                    message.keys,
+                )),
+                unique_id: &message.unique_id,
+                producer_group: header.producer_group,
             };
-            let keys = MessageKeys::from_parts(Some(&message.unique_id), message.keys);
             let appended = self
-                .store
-                .append_with_keys(&to_store, keys)
+                .append(outgoing, &destination)
                 .map_err(|error| self.refused_by_store(error, connection))?;
             results.push(appended);
         }
-        self.stats
-            .messages_put
-            .set(self.stats.messages_put.get() + results.len() as u64);
-        if half {
-            self.half_stored(&messages[0].properties, &results[0]);
-        }
-        if arrived {
-            self.notify_message_arrived(topic, queue_id);
-        }
+        let queue_id = reply_queue_id;
         if request.is_oneway() {
             return Ok(());
         }
@@ -313,10 +360,16 @@ impl Broker {
     /// `SEND_QUEUE_WAIT_MAX_MS`: a closed-loop client would otherwise keep sending frames
     /// that are read and refused at once (with batches, as many bytes as were stored: half the
     /// shard's time and memory bandwidth, which the disk then lacks).
-    fn refused_by_store(&self, error: StoreError, connection: &Rc<Connection>) -> RequestError {
+    pub(crate) fn refused_by_store(
+        &self,
+        error: StoreError,
+        connection: &Rc<Connection>,
+    ) -> RequestError {
         if matches!(error, StoreError::Busy { .. }) {
             let room = self.store.room();
-            let limit = std::time::Duration::from_millis(overload::SEND_QUEUE_WAIT_MAX_MS);
+            let limit = std::time::Duration::from_millis(
+                crate::broker::tasks::ticking::SEND_QUEUE_WAIT_MAX_MS,
+            );
             connection.hold_reads_until(async move {
                 futures_lite::future::or(room, shards::runtime::sleep(limit)).await
             });
@@ -326,7 +379,7 @@ impl Broker {
 
     /// The queue to write: the asked one (auto-creating the topic if needed) or, when the
     /// client leaves it to us (< 0), the next one round-robin.
-    fn resolve_queue(&self, header: &SendHeader<'_>) -> Result<u32, RequestError> {
+    pub(crate) fn resolve_queue(&self, header: &SendHeader<'_>) -> Result<u32, RequestError> {
         let existing = self.topics.borrow().get(header.topic).cloned();
         let config = match existing {
             Some(config) => config,
@@ -368,7 +421,7 @@ impl Broker {
         Ok(queue_id)
     }
 
-    fn prepare_one<'a>(
+    pub(crate) fn prepare_one<'a>(
         &self,
         flag: i32,
         body: &'a [u8],
@@ -432,7 +485,7 @@ impl Broker {
     }
 
     /// Splits a batch body (§5.5) and prepares each of its messages.
-    fn prepare_batch<'a>(
+    pub(crate) fn prepare_batch<'a>(
         &self,
         body: &'a [u8],
         _outer_properties: &str,
@@ -443,78 +496,6 @@ impl Broker {
             .iter()
             .map(|entry| self.prepare_one(entry.flag, entry.body, entry.properties))
             .collect()
-    }
-}
-
-fn push_property(out: &mut Vec<u8>, key: &str, value: &str) {
-    out.extend_from_slice(key.as_bytes());
-    out.push(1);
-    out.extend_from_slice(value.as_bytes());
-    out.push(2);
-}
-
-/// What a send answers: ids and offsets of what was stored, and the first message's
-/// UNIQ_KEY (SYNC_FLUSH answers are encoded at once and sent after the group commit).
-struct SendReply<'a> {
-    msg_id: String,
-    queue_id: u32,
-    queue_offset: u64,
-    transaction_id: &'a str,
-}
-
-impl<'a> SendReply<'a> {
-    fn new(
-        broker: &Broker,
-        queue_id: u32,
-        messages: &'a [Prepared<'_>],
-        results: &[AppendResult],
-    ) -> Self {
-        let mut msg_id =
-            String::with_capacity(results.len() * (record::OFFSET_MSG_ID_V4_CHARS + 1));
-        for (i, result) in results.iter().enumerate() {
-            if i > 0 {
-                msg_id.push(',');
-            }
-            record::push_offset_msg_id(
-                &mut msg_id,
-                broker.identity.address.into(),
-                result.physical_offset,
-            );
-        }
-        SendReply {
-            msg_id,
-            queue_id,
-            queue_offset: results.first().map_or(0, |r| r.queue_offset),
-            transaction_id: messages.first().map_or("", |m| m.unique_id.as_ref()),
-        }
-    }
-
-    fn send(&self, connection: &Connection, opaque: i32, code: i32) {
-        connection.send_with(|out| self.encode(out, opaque, code));
-    }
-
-    /// The answer frame, appended to `out`.
-    fn encode(&self, out: &mut Vec<u8>, opaque: i32, code: i32) {
-        let mut frame = FrameEncoder::response(out, code, opaque);
-        frame
-            .ext("msgId", &self.msg_id)
-            .ext_i64("queueId", i64::from(self.queue_id))
-            .ext_i64("queueOffset", self.queue_offset as i64)
-            .ext("transactionId", self.transaction_id)
-            .ext("MSG_REGION", "DefaultRegion")
-            .ext("TRACE_ON", "true");
-        frame.finish(&[]);
-    }
-}
-
-/// The peer as an IPv4 host (stored records use IPv4 hosts; v4-mapped v6 peers unwrap).
-pub(super) fn to_v4(addr: SocketAddr) -> SocketAddrV4 {
-    match addr.ip() {
-        IpAddr::V4(ip) => SocketAddrV4::new(ip, addr.port()),
-        IpAddr::V6(ip) => SocketAddrV4::new(
-            ip.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
-            addr.port(),
-        ),
     }
 }
 

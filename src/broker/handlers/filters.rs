@@ -7,12 +7,11 @@
 //! compiled once per (group, topic, expression) in the shard's `SqlFilterCache`.
 
 use crate::body::TagFilter;
+use crate::broker::Broker;
 use crate::error::RequestError;
 use crate::filter::{ExpressionType, MessageFilter, SqlError};
 
-use super::Broker;
-
-fn parse_failed(expression: &str, error: &SqlError) -> RequestError {
+pub(crate) fn parse_failed(expression: &str, error: &SqlError) -> RequestError {
     RequestError::SubscriptionParseFailed(format!(
         "parse the consumer's subscription[{expression}] failed: {error}"
     ))
@@ -20,7 +19,7 @@ fn parse_failed(expression: &str, error: &SqlError) -> RequestError {
 
 impl Broker {
     /// The filter for `expression` of type `expression_type` (TAG when absent).
-    pub(super) fn compile_filter(
+    pub(crate) fn compile_filter(
         &self,
         group: &str,
         topic: &str,
@@ -40,7 +39,7 @@ impl Broker {
     }
 
     /// The filter of the group's heartbeat subscription to `topic`; everything without one.
-    pub(super) fn subscribed_filter(
+    pub(crate) fn subscribed_filter(
         &self,
         group: &str,
         topic: &str,
@@ -60,7 +59,7 @@ impl Broker {
 
     /// CHECK_CLIENT_CONFIG's subscription check (Java clients call it before subscribing
     /// with SQL92): TAG passes, SQL92 must compile, other types are refused.
-    pub(super) fn check_subscription(
+    pub(crate) fn check_subscription(
         &self,
         group: &str,
         topic: &str,

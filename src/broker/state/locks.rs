@@ -9,7 +9,7 @@ pub const LOCK_EXPIRY_MS: i64 = 60_000;
 #[derive(Default)]
 pub struct QueueLocks {
     /// (group, topic, queue id) → (client id, last renewal ms)
-    owners: BTreeMap<(String, String, u32), (String, i64)>,
+    pub(crate) owners: BTreeMap<(String, String, u32), (String, i64)>,
 }
 
 impl QueueLocks {

@@ -1,22 +1,26 @@
 //! One shard's topic table: `config/topics.json`, the built-in topics, name validation and
 //! auto-creation through the template topic `TBW102`.
 
+use crate::body::{perm, TopicConfig, TopicConfigTable};
+use crate::broker::state::versioned::VersionedFile;
+use crate::error::RequestError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::body::{perm, TopicConfig, TopicConfigTable};
-use crate::error::RequestError;
-
-use super::versioned::VersionedFile;
-
 pub const AUTO_CREATE_TOPIC_KEY_TOPIC: &str = "TBW102";
+
 /// Queues of the template topic (RocketMQ's defaultTopicQueueNums).
 pub const DEFAULT_TOPIC_QUEUE_NUMS: u32 = 8;
+
 pub const TOPIC_NAME_MAX_CHARS: usize = 127;
+
 /// %RETRY% and %DLQ% topics embed a group name, so they may be longer.
 pub const SYSTEM_TOPIC_NAME_MAX_CHARS: usize = 255;
+
 pub const RETRY_GROUP_TOPIC_PREFIX: &str = "%RETRY%";
+
 pub const DLQ_GROUP_TOPIC_PREFIX: &str = "%DLQ%";
+
 /// Topics a client may not send to directly.
 pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
     "SCHEDULE_TOPIC_XXXX",
@@ -64,7 +68,7 @@ pub(crate) fn validate_name(kind: &str, name: &str, limit: usize) -> Result<(), 
 
 /// The topic table of one shard.
 pub struct TopicTable {
-    file: VersionedFile,
+    pub(crate) file: VersionedFile,
     pub topics: BTreeMap<String, TopicConfig>,
 }
 
@@ -153,12 +157,12 @@ impl TopicTable {
         }
     }
 
-    fn bump_and_persist(&mut self) {
+    pub(crate) fn bump_and_persist(&mut self) {
         self.file.bump();
         self.persist();
     }
 
-    fn persist(&self) {
+    pub(crate) fn persist(&self) {
         self.file.write_soon();
     }
 

@@ -8,41 +8,40 @@
 //! ORIGIN_MESSAGE_ID; its reconsumeTimes is one more.
 //!
 //! A client whose send-back failed re-sends the message itself to `%RETRY%<group>`; that
-//! path is in send.rs (`retry_or_dead_letter`).
+//! path is in send.rs; both reach the dead-letter queue through `route`'s retry limit.
 
-use std::rc::Rc;
-
-use shards::store::{record, FlushMode, MessageToStore};
-
-use crate::body::{encode_properties, java_string_hash, parse_properties, perm, property};
-use crate::body::{TopicConfig, RETRY_QUEUE_NUMS_DEFAULT};
-use crate::error::RequestError;
+use crate::body::{
+    encode_properties, java_string_hash, parse_properties, property, RETRY_QUEUE_NUMS_DEFAULT,
+};
+use crate::broker::append::Outgoing;
+use crate::broker::handlers::send::to_v4;
+use crate::broker::route::{route, Destination, RetryLimit, RouteRequest};
+use crate::broker::state::schedule::divert_for;
+use crate::broker::state::topics::RETRY_GROUP_TOPIC_PREFIX;
+use crate::broker::Broker;
+use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
-
-use super::schedule::{divert_for, Divert};
-use super::send::to_v4;
-use super::topics::{DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX};
-use super::Broker;
-use crate::error::store_error;
+use shards::store::{record, FlushMode};
+use std::rc::Rc;
 
 /// The delay level of the first retry when the client leaves it to the broker
 /// (10 s with the default table): level = RETRY_DELAY_LEVEL_BASE + reconsumeTimes.
 pub const RETRY_DELAY_LEVEL_BASE: i32 = 3;
 
 /// What a send-back asks for.
-struct SendBack {
-    opaque: i32,
-    oneway: bool,
-    physical_offset: u64,
-    group: String,
-    delay_level: i32,
-    origin_msg_id: Option<String>,
-    max_reconsume_times: Option<i32>,
+pub(crate) struct SendBack {
+    pub(crate) opaque: i32,
+    pub(crate) oneway: bool,
+    pub(crate) physical_offset: u64,
+    pub(crate) group: String,
+    pub(crate) delay_level: i32,
+    pub(crate) origin_msg_id: Option<String>,
+    pub(crate) max_reconsume_times: Option<i32>,
 }
 
 impl Broker {
-    pub(super) fn consumer_send_msg_back(
+    pub(crate) fn consumer_send_msg_back(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -75,7 +74,7 @@ impl Broker {
         Ok(())
     }
 
-    async fn send_back(&self, back: &SendBack) -> Result<(), RequestError> {
+    pub(crate) async fn send_back(&self, back: &SendBack) -> Result<(), RequestError> {
         let group = self.consumer_group_config(&back.group)?;
         let bytes = self
             .store
@@ -98,7 +97,6 @@ impl Broker {
             .max_reconsume_times
             .filter(|m| *m >= 0)
             .unwrap_or(group.retry_max_times as i32);
-        let dead = original.reconsume_times >= max_times || back.delay_level < 0;
         let pairs = parse_properties(original.properties);
         let lookup = |key: &str| pairs.iter().rev().find(|(k, _)| *k == key).map(|(_, v)| *v);
         let offset_msg_id =
@@ -110,31 +108,44 @@ impl Broker {
         let retry_topic_value = lookup(property::RETRY_TOPIC)
             .unwrap_or(original.topic)
             .to_string();
-        let level_text;
+        let level = if back.delay_level == 0 {
+            RETRY_DELAY_LEVEL_BASE + original.reconsume_times
+        } else {
+            back.delay_level
+        };
+        let queues = group.retry_queue_nums.max(RETRY_QUEUE_NUMS_DEFAULT);
+        let retry_topic = format!("{RETRY_GROUP_TOPIC_PREFIX}{}", back.group);
+        let retry_queue = (self.next_retry_queue() % queues as usize) as u32;
+        let limit = RetryLimit {
+            times: original.reconsume_times + 1,
+            max: max_times,
+            give_up: back.delay_level < 0,
+        };
+        let level_text = level.max(0).to_string();
+        let wait = divert_for(
+            &[(property::DELAY, level_text.as_str())],
+            &self.schedule.borrow().levels,
+            crate::error::now_ms(),
+        )?;
+        let destination = route(&RouteRequest {
+            topic: &retry_topic,
+            queue_id: retry_queue,
+            retry: Some((&back.group, limit)),
+            half: false,
+            wait,
+        });
         let mut extra: Vec<(&str, &str)> = vec![
             (property::RETRY_TOPIC, &retry_topic_value),
             (property::ORIGIN_MESSAGE_ID, &origin_id),
         ];
-        let (topic, queue_id) = if dead {
-            let dlq = format!("{DLQ_GROUP_TOPIC_PREFIX}{}", back.group);
-            self.ensure_dlq_topic(&dlq);
+        if matches!(destination, Destination::DeadLetter { .. }) {
             extra.push((property::DLQ_ORIGIN_TOPIC, &retry_topic_value));
             extra.push((property::DLQ_ORIGIN_MESSAGE_ID, &origin_id));
-            (dlq, 0)
         } else {
-            let level = if back.delay_level == 0 {
-                RETRY_DELAY_LEVEL_BASE + original.reconsume_times
-            } else {
-                back.delay_level
-            };
-            level_text = level.to_string();
+            // The level it waits for stays visible in its properties, as in RocketMQ.
             extra.push((property::DELAY, &level_text));
-            let queues = group.retry_queue_nums.max(RETRY_QUEUE_NUMS_DEFAULT);
             self.ensure_retry_topic(&back.group, queues);
-            let retry = format!("{RETRY_GROUP_TOPIC_PREFIX}{}", back.group);
-            let queue_id = (self.next_retry_queue() % queues as usize) as u32;
-            (retry, queue_id)
-        };
+        }
         let replaced = [
             property::RETRY_TOPIC,
             property::ORIGIN_MESSAGE_ID,
@@ -153,23 +164,7 @@ impl Broker {
         let mut properties = Vec::with_capacity(original.properties.len() + 96);
         encode_properties(&mut properties, &kept);
         let tags_code = lookup(property::TAGS).map_or(0, |tag| i64::from(java_string_hash(tag)));
-        let mut store_topic: &str = &topic;
-        let mut store_queue = queue_id;
-        let mut store_tags = tags_code;
-        let divert = divert_for(
-            &kept,
-            &self.schedule.borrow().levels,
-            crate::error::now_ms(),
-        )?;
-        if divert != Divert::None {
-            let (t, q, deliver_ms) = self.divert(divert, &topic, queue_id, &mut properties);
-            store_topic = t;
-            store_queue = q;
-            store_tags = deliver_ms;
-        }
-        let message = MessageToStore {
-            topic: store_topic,
-            queue_id: store_queue,
+        let message = Outgoing {
             flag: original.flag,
             sys_flag: original.sys_flag,
             born_timestamp_ms: original.born_timestamp_ms,
@@ -177,13 +172,13 @@ impl Broker {
             reconsume_times: original.reconsume_times + 1,
             prepared_transaction_offset: original.prepared_transaction_offset,
             body: original.body,
-            properties: &properties,
-            tags_code: store_tags,
+            properties: &mut properties,
+            tags_code,
+            keys: None,
+            unique_id: "",
+            producer_group: "",
         };
-        let appended = self.store.append(&message).map_err(store_error)?;
-        if divert == Divert::None {
-            self.notify_message_arrived(store_topic, store_queue);
-        }
+        let appended = self.append(message, &destination).map_err(store_error)?;
         if self.store.flush_mode() == FlushMode::Sync {
             self.store
                 .wait_durable(appended.end_offset)
@@ -193,22 +188,14 @@ impl Broker {
         Ok(())
     }
 
-    /// Creates `%DLQ%<group>` (one queue, write-only, as RocketMQ) on every shard when missing.
-    fn ensure_dlq_topic(&self, topic: &str) {
-        if self.topics.borrow().get(topic).is_none() {
-            self.upsert_topic_everywhere(TopicConfig::new(topic, 1, perm::WRITE));
-        }
-    }
-
-    /// The dead-letter rule of a send to `%RETRY%<group>`: past the group's retryMaxTimes
-    /// (or the request's maxReconsumeTimes) the message goes to `%DLQ%<group>` queue 0,
-    /// undelayed. Returns the topic to store in and whether it is the DLQ.
-    pub(super) fn retry_or_dead_letter(
+    /// The retry limit of a send to `%RETRY%<group>` (`route`'s dead-letter rule): the
+    /// group's retryMaxTimes, or the request's maxReconsumeTimes. None for other topics.
+    pub(crate) fn retry_limit<'t>(
         &self,
-        topic: &str,
+        topic: &'t str,
         reconsume_times: i32,
         max_reconsume_times: Option<i32>,
-    ) -> Result<Option<String>, RequestError> {
+    ) -> Result<Option<(&'t str, RetryLimit)>, RequestError> {
         let Some(group) = topic.strip_prefix(RETRY_GROUP_TOPIC_PREFIX) else {
             return Ok(None);
         };
@@ -216,11 +203,11 @@ impl Broker {
         let max = max_reconsume_times
             .filter(|m| *m >= 0)
             .unwrap_or(config.retry_max_times as i32);
-        if reconsume_times > max {
-            let dlq = format!("{DLQ_GROUP_TOPIC_PREFIX}{group}");
-            self.ensure_dlq_topic(&dlq);
-            return Ok(Some(dlq));
-        }
-        Ok(None)
+        let limit = RetryLimit {
+            times: reconsume_times,
+            max,
+            give_up: false,
+        };
+        Ok(Some((group, limit)))
     }
 }

@@ -2,18 +2,21 @@
 //! subscriptions, consumer-group membership and the NOTIFY_CONSUMER_IDS_CHANGED pushes that
 //! make clients rebalance. A client whose connection closes, or that has not sent a heartbeat
 //! for CLIENT_EXPIRY_MS, is removed and its group told.
-
-use std::collections::BTreeMap;
-use std::rc::Rc;
+//!
+//! Also the language and version each connection announced (GET_CONSUMER_CONNECTION_LIST).
 
 use crate::body::{ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData};
 use crate::remoting::{request_code, FrameEncoder, LanguageCode};
 use crate::server::Connection;
+use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// A client silent this long is dropped (RocketMQ's channel expiry).
 pub const CLIENT_EXPIRY_MS: i64 = 120_000;
+
 /// How often expired clients are looked for.
 pub const CLIENT_SCAN_INTERVAL_MS: u64 = 10_000;
+
 /// Distinct groups one shard tracks; beyond this heartbeats are refused (SYSTEM_BUSY).
 pub const GROUPS_MAX: usize = 100_000;
 
@@ -193,5 +196,30 @@ impl ClientTable {
                 frame.finish(&[]);
             });
         }
+    }
+}
+
+/// The language and version each client connection announced in its HEART_BEAT header
+/// (GET_CONSUMER_CONNECTION_LIST reports them), by connection id.
+#[derive(Default)]
+pub struct ClientLanguages {
+    pub(crate) by_connection: BTreeMap<u64, (LanguageCode, i32)>,
+}
+
+impl ClientLanguages {
+    pub fn note(&mut self, connection_id: u64, language: LanguageCode, version: i32) {
+        self.by_connection
+            .insert(connection_id, (language, version));
+    }
+
+    pub fn forget(&mut self, connection_id: u64) {
+        self.by_connection.remove(&connection_id);
+    }
+
+    pub(crate) fn of(&self, connection_id: u64) -> (LanguageCode, i32) {
+        self.by_connection
+            .get(&connection_id)
+            .copied()
+            .unwrap_or((LanguageCode::Other, 0))
     }
 }

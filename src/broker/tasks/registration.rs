@@ -3,34 +3,35 @@
 //! One long-lived connection per namesrv (a Java namesrv drops a broker whose connection
 //! closes), re-opened when it breaks.
 
+use crate::body::RegisterBrokerBody;
+use crate::broker::Broker;
+use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use shards::runtime::{self, TcpStream};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use shards::runtime::{self, TcpStream};
-
-use crate::body::RegisterBrokerBody;
-use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
-
-use super::Broker;
-
 /// RocketMQ's registerNameServerPeriod.
 pub const REGISTER_PERIOD_MS: u64 = 30_000;
+
 /// The second registration comes this soon after the first (as Java brokers do).
 pub const FIRST_REREGISTER_DELAY_MS: u64 = 10_000;
+
 /// How long we wait for a namesrv to answer.
 pub const NAMESRV_REQUEST_TIMEOUT_MS: u64 = 3_000;
+
 /// How long we tell the namesrv to keep us without news.
 pub const HEARTBEAT_TIMEOUT_MS: i64 = 120_000;
+
 /// Largest answer we accept from a namesrv.
-const NAMESRV_RESPONSE_MAX_BYTES: usize = 16 << 20;
+pub(crate) const NAMESRV_RESPONSE_MAX_BYTES: usize = 16 << 20;
 
 /// A request/response connection to one namesrv.
 pub struct NamesrvConnection {
-    addr: SocketAddr,
-    stream: Option<TcpStream>,
-    next_opaque: i32,
+    pub(crate) addr: SocketAddr,
+    pub(crate) stream: Option<TcpStream>,
+    pub(crate) next_opaque: i32,
 }
 
 impl NamesrvConnection {
@@ -56,7 +57,7 @@ impl NamesrvConnection {
         result
     }
 
-    async fn call_inner(
+    pub(crate) async fn call_inner(
         &mut self,
         build: impl Fn(&mut Vec<u8>, i32),
     ) -> Result<(i32, Option<String>), String> {
@@ -100,8 +101,45 @@ impl NamesrvConnection {
     }
 }
 
+pub(crate) fn ha_addr(identity: &crate::broker::BrokerIdentity) -> String {
+    let address = identity.address;
+    format!("{}:{}", address.ip(), address.port().saturating_add(1))
+}
+
+/// Pause before retrying a first registration that failed (a namesrv still starting),
+/// doubled after each failure up to REGISTER_RETRY_DELAY_MAX_MS.
+pub(crate) const REGISTER_RETRY_DELAY_MS: u64 = 200;
+
+pub(crate) const REGISTER_RETRY_DELAY_MAX_MS: u64 = 5_000;
+
+/// The registration loop of one shard; runs until the process stops. `on_first_success`
+/// runs once, after every namesrv has accepted the first registration.
+pub async fn run(
+    broker: Rc<Broker>,
+    namesrv_addrs: Vec<SocketAddr>,
+    on_first_success: impl FnOnce(),
+) {
+    let mut namesrvs: Vec<NamesrvConnection> = namesrv_addrs
+        .into_iter()
+        .map(NamesrvConnection::new)
+        .collect();
+    let mut retry_delay_ms = REGISTER_RETRY_DELAY_MS;
+    while !broker.register_with_all(&mut namesrvs).await {
+        runtime::sleep(Duration::from_millis(retry_delay_ms)).await;
+        retry_delay_ms = (retry_delay_ms * 2).min(REGISTER_RETRY_DELAY_MAX_MS);
+    }
+    on_first_success();
+    let mut period = Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
+    loop {
+        let signal = broker.register_now.clone();
+        futures_lite::future::or(runtime::sleep(period), signal.wait()).await;
+        period = Duration::from_millis(REGISTER_PERIOD_MS);
+        broker.register_with_all(&mut namesrvs).await;
+    }
+}
+
 impl Broker {
-    fn encode_registration(&self, out: &mut Vec<u8>, opaque: i32, body: &[u8]) {
+    pub(crate) fn encode_registration(&self, out: &mut Vec<u8>, opaque: i32, body: &[u8]) {
         let identity = &self.identity;
         let crc = crc32fast::hash(body) & 0x7FFF_FFFF;
         let mut frame = FrameEncoder::request(out, request_code::REGISTER_BROKER, opaque, false);
@@ -117,7 +155,7 @@ impl Broker {
         frame.finish(body);
     }
 
-    fn encode_unregistration(&self, out: &mut Vec<u8>, opaque: i32) {
+    pub(crate) fn encode_unregistration(&self, out: &mut Vec<u8>, opaque: i32) {
         let identity = &self.identity;
         let mut frame = FrameEncoder::request(out, request_code::UNREGISTER_BROKER, opaque, false);
         frame
@@ -129,7 +167,7 @@ impl Broker {
     }
 
     /// Registers with every namesrv; true when all of them accepted.
-    async fn register_with_all(&self, namesrvs: &mut [NamesrvConnection]) -> bool {
+    pub(crate) async fn register_with_all(&self, namesrvs: &mut [NamesrvConnection]) -> bool {
         let mut all_accepted = true;
         let body = RegisterBrokerBody {
             topic_config_table: self.topics.borrow().snapshot(),
@@ -165,41 +203,5 @@ impl Broker {
                 .call(|out, opaque| self.encode_unregistration(out, opaque))
                 .await;
         }
-    }
-}
-
-fn ha_addr(identity: &super::BrokerIdentity) -> String {
-    let address = identity.address;
-    format!("{}:{}", address.ip(), address.port().saturating_add(1))
-}
-
-/// Pause before retrying a first registration that failed (a namesrv still starting),
-/// doubled after each failure up to REGISTER_RETRY_DELAY_MAX_MS.
-const REGISTER_RETRY_DELAY_MS: u64 = 200;
-const REGISTER_RETRY_DELAY_MAX_MS: u64 = 5_000;
-
-/// The registration loop of one shard; runs until the process stops. `on_first_success`
-/// runs once, after every namesrv has accepted the first registration.
-pub async fn run(
-    broker: Rc<Broker>,
-    namesrv_addrs: Vec<SocketAddr>,
-    on_first_success: impl FnOnce(),
-) {
-    let mut namesrvs: Vec<NamesrvConnection> = namesrv_addrs
-        .into_iter()
-        .map(NamesrvConnection::new)
-        .collect();
-    let mut retry_delay_ms = REGISTER_RETRY_DELAY_MS;
-    while !broker.register_with_all(&mut namesrvs).await {
-        runtime::sleep(Duration::from_millis(retry_delay_ms)).await;
-        retry_delay_ms = (retry_delay_ms * 2).min(REGISTER_RETRY_DELAY_MAX_MS);
-    }
-    on_first_success();
-    let mut period = Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
-    loop {
-        let signal = broker.register_now.clone();
-        futures_lite::future::or(runtime::sleep(period), signal.wait()).await;
-        period = Duration::from_millis(REGISTER_PERIOD_MS);
-        broker.register_with_all(&mut namesrvs).await;
     }
 }

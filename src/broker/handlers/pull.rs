@@ -14,31 +14,32 @@
 //! The pull's filter (TAG, or SQL92 over each candidate's properties) is chosen in
 //! `filters.rs`; the store applies it in two stages (`shards::store::PullFilter`).
 
-use std::rc::Rc;
-
-use shards::long_poll::ParkOutcome;
-use shards::runtime::monotonic_ms;
-use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
-
-use crate::error::RequestError;
+use crate::broker::Broker;
+use crate::error::{store_error, RequestError};
 use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-
-use super::Broker;
-use crate::error::store_error;
+use shards::long_poll::ParkOutcome;
+use shards::runtime::monotonic_ms;
+use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
+use std::rc::Rc;
 
 /// Messages one pull returns at most, whatever the client asks (RocketMQ's default).
 pub const PULL_BATCH_MAX_MESSAGES: u32 = 32;
+
 /// Bytes one pull returns at most (RocketMQ's maxTransferBytesOnMessageInMemory).
 pub const PULL_BATCH_MAX_BYTES: u32 = 256 * 1024;
+
 /// Longest a pull is held: clients time out their pulls at 30 s, so answer well before.
 pub const PULL_SUSPEND_MAX_MS: u64 = 25_000;
+
 /// Pulls parked at once on one shard; beyond it a pull gets SYSTEM_BUSY (a client retries).
 pub const PARKED_PULLS_MAX: usize = 100_000;
+
 /// Granularity of the long-poll wheel: a parked pull expires at most this late (plus the
 /// shard's own lateness), and the shard's ticking task runs this often.
 pub const PULL_WHEEL_TICK_MS: u64 = 5;
+
 /// Slots of the long-poll wheel: one turn (20.48 s) covers the clients' usual suspend
 /// timeouts (15 s, 20 s), so a slot scan rarely meets an entry due in a later round.
 pub const PULL_WHEEL_SLOTS: usize = 4096;
@@ -46,29 +47,65 @@ pub const PULL_WHEEL_SLOTS: usize = 4096;
 const _: () = assert!(PULL_WHEEL_TICK_MS * PULL_WHEEL_SLOTS as u64 >= 20_000);
 
 /// Room a pull answer's frame takes beyond its body (length prefixes, JSON header).
-const PULL_ANSWER_HEADER_MAX_BYTES: usize = 1024;
+pub(crate) const PULL_ANSWER_HEADER_MAX_BYTES: usize = 1024;
 
-const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
-const PULL_FLAG_SUSPEND: i32 = 0x2;
-const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
+pub(crate) const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
+
+pub(crate) const PULL_FLAG_SUSPEND: i32 = 0x2;
+
+pub(crate) const PULL_FLAG_SUBSCRIPTION: i32 = 0x4;
 
 /// The owned parts of a pull request (the frame buffer is reused while the pull waits).
-struct PullRequest {
-    opaque: i32,
-    oneway: bool,
-    group: String,
-    topic: String,
-    queue_id: u32,
-    queue_offset: u64,
-    max_messages: u32,
-    max_bytes: u32,
-    suspend_timeout_ms: u64,
-    may_suspend: bool,
-    filter: MessageFilter,
+pub(crate) struct PullRequest {
+    pub(crate) opaque: i32,
+    pub(crate) oneway: bool,
+    pub(crate) group: String,
+    pub(crate) topic: String,
+    pub(crate) queue_id: u32,
+    pub(crate) queue_offset: u64,
+    pub(crate) max_messages: u32,
+    pub(crate) max_bytes: u32,
+    pub(crate) suspend_timeout_ms: u64,
+    pub(crate) may_suspend: bool,
+    pub(crate) filter: MessageFilter,
+}
+
+pub(crate) fn respond_error(connection: &Connection, pull: &PullRequest, error: RequestError) {
+    if !pull.oneway {
+        error.respond(connection, pull.opaque);
+    }
+}
+
+/// RocketMQ's mapping from store status to pull response code (REMOTING.md §3.3).
+pub(crate) fn pull_code(result: &GetMessageResult, requested_offset: u64) -> i32 {
+    match result.status {
+        GetStatus::Found => response_code::SUCCESS,
+        GetStatus::NoMessageInQueue if requested_offset == 0 => response_code::PULL_NOT_FOUND,
+        GetStatus::NoMessageInQueue => response_code::PULL_OFFSET_MOVED,
+        GetStatus::OffsetOverflowOne => response_code::PULL_NOT_FOUND,
+        GetStatus::OffsetTooSmall | GetStatus::OffsetOverflowBadly => {
+            response_code::PULL_OFFSET_MOVED
+        }
+        GetStatus::NoMatchedMessage | GetStatus::OffsetFoundNull => {
+            response_code::PULL_RETRY_IMMEDIATELY
+        }
+    }
+}
+
+pub(crate) fn status_name(status: GetStatus) -> &'static str {
+    match status {
+        GetStatus::Found => "FOUND",
+        GetStatus::NoMessageInQueue => "NO_MESSAGE_IN_QUEUE",
+        GetStatus::OffsetTooSmall => "OFFSET_TOO_SMALL",
+        GetStatus::OffsetOverflowOne => "OFFSET_OVERFLOW_ONE",
+        GetStatus::OffsetOverflowBadly => "OFFSET_OVERFLOW_BADLY",
+        GetStatus::NoMatchedMessage => "NO_MATCHED_MESSAGE",
+        GetStatus::OffsetFoundNull => "OFFSET_FOUND_NULL",
+    }
 }
 
 impl Broker {
-    pub(super) fn pull_message(
+    pub(crate) fn pull_message(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -144,7 +181,7 @@ impl Broker {
 
     /// The group's settings allow this pull: consumeEnable, and consumeBroadcastEnable for
     /// a group whose consumers said BROADCASTING in their heartbeat.
-    fn check_group_may_pull(&self, group: &str) -> Result<(), RequestError> {
+    pub(crate) fn check_group_may_pull(&self, group: &str) -> Result<(), RequestError> {
         let config = self.consumer_group_config(group)?;
         if !config.consume_enable {
             return Err(RequestError::NoPermission(format!(
@@ -165,7 +202,7 @@ impl Broker {
         Ok(())
     }
 
-    async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
+    pub(crate) async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
         let mut result = self.read_queue(&pull, &connection).await;
         let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
         if found_nothing && pull.may_suspend && pull.suspend_timeout_ms > 0 {
@@ -187,7 +224,7 @@ impl Broker {
 
     /// Parks a pull that found nothing until a message reaches its queue, its suspend
     /// timeout passes or its connection closes.
-    async fn park_pull(
+    pub(crate) async fn park_pull(
         &self,
         pull: &PullRequest,
         connection: &Connection,
@@ -216,7 +253,7 @@ impl Broker {
         Ok(self.pull_waiters.wait(id).await)
     }
 
-    async fn read_queue(
+    pub(crate) async fn read_queue(
         &self,
         pull: &PullRequest,
         connection: &Rc<Connection>,
@@ -250,7 +287,12 @@ impl Broker {
             .map_err(store_error)
     }
 
-    fn respond_found(&self, connection: &Connection, pull: &PullRequest, found: GetMessageResult) {
+    pub(crate) fn respond_found(
+        &self,
+        connection: &Connection,
+        pull: &PullRequest,
+        found: GetMessageResult,
+    ) {
         let code = pull_code(&found, pull.queue_offset);
         if code == response_code::SUCCESS {
             let got = self.stats.messages_got.get() + u64::from(found.message_count);
@@ -273,39 +315,5 @@ impl Broker {
             };
             frame.finish(body);
         });
-    }
-}
-
-fn respond_error(connection: &Connection, pull: &PullRequest, error: RequestError) {
-    if !pull.oneway {
-        error.respond(connection, pull.opaque);
-    }
-}
-
-/// RocketMQ's mapping from store status to pull response code (REMOTING.md §3.3).
-fn pull_code(result: &GetMessageResult, requested_offset: u64) -> i32 {
-    match result.status {
-        GetStatus::Found => response_code::SUCCESS,
-        GetStatus::NoMessageInQueue if requested_offset == 0 => response_code::PULL_NOT_FOUND,
-        GetStatus::NoMessageInQueue => response_code::PULL_OFFSET_MOVED,
-        GetStatus::OffsetOverflowOne => response_code::PULL_NOT_FOUND,
-        GetStatus::OffsetTooSmall | GetStatus::OffsetOverflowBadly => {
-            response_code::PULL_OFFSET_MOVED
-        }
-        GetStatus::NoMatchedMessage | GetStatus::OffsetFoundNull => {
-            response_code::PULL_RETRY_IMMEDIATELY
-        }
-    }
-}
-
-fn status_name(status: GetStatus) -> &'static str {
-    match status {
-        GetStatus::Found => "FOUND",
-        GetStatus::NoMessageInQueue => "NO_MESSAGE_IN_QUEUE",
-        GetStatus::OffsetTooSmall => "OFFSET_TOO_SMALL",
-        GetStatus::OffsetOverflowOne => "OFFSET_OVERFLOW_ONE",
-        GetStatus::OffsetOverflowBadly => "OFFSET_OVERFLOW_BADLY",
-        GetStatus::NoMatchedMessage => "NO_MATCHED_MESSAGE",
-        GetStatus::OffsetFoundNull => "OFFSET_FOUND_NULL",
     }
 }

@@ -8,38 +8,36 @@
 //! wake-up each. The answers are encoded back to back into one buffer (no allocation per
 //! send once it has grown).
 
+use crate::error::store_error;
+use crate::server::{Connection, InFlight};
+use shards::store::Store;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use shards::store::Store;
-
-use crate::error::store_error;
-use crate::server::{Connection, InFlight};
-
 /// The answers of one shard's SYNC_FLUSH sends, oldest first.
 #[derive(Default)]
 pub struct DurableReplies {
-    queue: RefCell<VecDeque<WaitingReply>>,
+    pub(crate) queue: RefCell<VecDeque<WaitingReply>>,
     /// The queued answers' frames, back to back; `WaitingReply::frame_end` indexes it. Cleared
     /// whenever the queue empties, compacted when its sent front grows past half of it.
-    frames: RefCell<Vec<u8>>,
+    pub(crate) frames: RefCell<Vec<u8>>,
     /// Bytes at the front of `frames` already sent.
-    frames_sent: Cell<usize>,
-    queued: shards::sync::Signal,
-    running: Cell<bool>,
+    pub(crate) frames_sent: Cell<usize>,
+    pub(crate) queued: shards::sync::Signal,
+    pub(crate) running: Cell<bool>,
 }
 
-struct WaitingReply {
+pub(crate) struct WaitingReply {
     /// Commitlog offset the send's last record ends at.
-    end_offset: u64,
-    connection: Rc<Connection>,
-    opaque: i32,
+    pub(crate) end_offset: u64,
+    pub(crate) connection: Rc<Connection>,
+    pub(crate) opaque: i32,
     /// Where the encoded success answer ends in `frames` (it starts where the previous one
     /// ends, or at `frames_sent` for the first).
-    frame_end: usize,
+    pub(crate) frame_end: usize,
     /// Counts against the connection's requests in flight until answered.
-    _in_flight: InFlight,
+    pub(crate) _in_flight: InFlight,
 }
 
 impl DurableReplies {
@@ -73,7 +71,7 @@ impl DurableReplies {
         self.queued.notify();
     }
 
-    async fn run(self: Rc<Self>, store: Store) {
+    pub(crate) async fn run(self: Rc<Self>, store: Store) {
         loop {
             let oldest = self.queue.borrow().front().map(|reply| reply.end_offset);
             let Some(oldest) = oldest else {
@@ -107,7 +105,7 @@ impl DurableReplies {
 
     /// Forgets the frames already sent: all of them when nothing waits, else (moving the rest
     /// to the front) once they are more than half of the buffer.
-    fn drop_sent_frames(&self) {
+    pub(crate) fn drop_sent_frames(&self) {
         let sent = self.frames_sent.get();
         let mut frames = self.frames.borrow_mut();
         let mut queue = self.queue.borrow_mut();

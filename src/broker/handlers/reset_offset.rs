@@ -31,85 +31,26 @@
 //!   in its log: "has unfinished pullMsgEvent" forever). `ResetOffsetBodyForC` is still
 //!   written correctly by the protocol module for clients that want it.
 
-use std::collections::BTreeMap;
-use std::rc::Rc;
-
-use shards::store::{GetMessageResult, GetStatus};
-
 use crate::body::{MessageQueue, ResetOffsetBody};
-use crate::error::RequestError;
+use crate::broker::Broker;
+use crate::error::{store_error, RequestError};
 use crate::remoting::{request_code, response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
-
-use super::Broker;
-use crate::error::store_error;
-
-/// Queues reset and not yet pulled again by their group, at most (beyond it a reset still
-/// commits the offsets and pushes 220, but does not mark its queues for the pull path).
-pub const PENDING_RESETS_MAX_QUEUES: usize = 65_536;
-
-/// (group, topic, queue) reset to an offset whose group has not pulled there since.
-#[derive(Default)]
-pub struct PendingResets {
-    offsets: BTreeMap<(String, String, u32), u64>,
-}
-
-impl PendingResets {
-    fn insert(&mut self, group: &str, topic: &str, queue_id: u32, offset: u64) {
-        let key = (group.to_string(), topic.to_string(), queue_id);
-        if self.offsets.len() < PENDING_RESETS_MAX_QUEUES || self.offsets.contains_key(&key) {
-            self.offsets.insert(key, offset);
-        }
-    }
-
-    /// Whether a reset of (group, topic, queue) waits for the group's next pull.
-    pub fn contains(&self, group: &str, topic: &str, queue_id: u32) -> bool {
-        !self.offsets.is_empty()
-            && self
-                .offsets
-                .contains_key(&(group.to_string(), topic.to_string(), queue_id))
-    }
-
-    /// Consumes the pending reset of (group, topic, queue); returns the offset a pull of
-    /// `pulled_offset` must move to, None when there is none or it already asks for it.
-    pub fn take(
-        &mut self,
-        group: &str,
-        topic: &str,
-        queue_id: u32,
-        pulled_offset: u64,
-    ) -> Option<u64> {
-        if self.offsets.is_empty() {
-            return None;
-        }
-        let key = (group.to_string(), topic.to_string(), queue_id);
-        self.offsets
-            .remove(&key)
-            .filter(|offset| *offset != pulled_offset)
-    }
-
-    /// Queues waiting (for runtime info and tests).
-    pub fn len(&self) -> usize {
-        self.offsets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
-    }
-}
+use shards::store::{GetMessageResult, GetStatus};
+use std::rc::Rc;
 
 /// What one reset asks for, owned (it is served after the request buffer moves on).
-struct ResetRequest {
-    topic: String,
-    group: String,
-    timestamp_ms: i64,
-    force: bool,
+pub(crate) struct ResetRequest {
+    pub(crate) topic: String,
+    pub(crate) group: String,
+    pub(crate) timestamp_ms: i64,
+    pub(crate) force: bool,
     /// One queue and, optionally, its explicit target offset (5.x); None: every queue.
-    single_queue: Option<(u32, Option<u64>)>,
+    pub(crate) single_queue: Option<(u32, Option<u64>)>,
 }
 
 impl Broker {
-    pub(super) fn invoke_broker_to_reset_offset(
+    pub(crate) fn invoke_broker_to_reset_offset(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
@@ -171,9 +112,11 @@ impl Broker {
         });
         Ok(())
     }
+}
 
+impl Broker {
     /// Finds each queue's target offset and commits it; returns the table the group now has.
-    async fn reset_offsets(
+    pub(crate) async fn reset_offsets(
         &self,
         reset: &ResetRequest,
         read_queues: u32,
@@ -206,7 +149,7 @@ impl Broker {
                 offset as u64,
             );
             // Held pulls of the queue re-read now and meet the pending reset.
-            self.notify_message_arrived(&reset.topic, queue_id);
+            self.pull_waiters.wake_queue(&reset.topic, queue_id);
             let queue = MessageQueue {
                 topic: reset.topic.clone(),
                 broker_name: self.identity.broker_name.clone(),
@@ -216,11 +159,13 @@ impl Broker {
         }
         Ok(table)
     }
+}
 
+impl Broker {
     /// The offset a queue is reset to: the explicit one (checked against the queue's
     /// bounds), the queue's end for a negative timestamp, else the first message stored at
     /// or after the timestamp.
-    async fn reset_target(
+    pub(crate) async fn reset_target(
         &self,
         topic: &str,
         queue_id: u32,
@@ -247,10 +192,12 @@ impl Broker {
             .await
             .map_err(store_error)
     }
+}
 
+impl Broker {
     /// RESET_CONSUMER_CLIENT_OFFSET (oneway) to every non-C++ consumer connection of the
     /// group here (C++ ones are moved by the pull path, see the module doc).
-    fn push_reset_to_consumers(&self, reset: &ResetRequest, table: &ResetOffsetBody) {
+    pub(crate) fn push_reset_to_consumers(&self, reset: &ResetRequest, table: &ResetOffsetBody) {
         let clients = self.clients.borrow();
         let Some(group) = clients.consumers.get(&reset.group) else {
             return;
@@ -279,10 +226,12 @@ impl Broker {
             });
         }
     }
+}
 
+impl Broker {
     /// The pull path of a reset: a pull of `offset` on a queue reset since the group last
     /// pulled there is answered PULL_RETRY_IMMEDIATELY with `nextBeginOffset` at the reset.
-    pub(super) fn pending_reset_answer(
+    pub(crate) fn pending_reset_answer(
         &self,
         group: &str,
         topic: &str,

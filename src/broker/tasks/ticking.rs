@@ -11,18 +11,16 @@
 //! The checks cost two clock reads per send. Consumers are bounded elsewhere: a consumer that
 //! stops reading only fills its own connection's output cap (`server::OUTPUT_PAUSE_BYTES`).
 
+use crate::broker::handlers::pull::PULL_WHEEL_TICK_MS;
+use crate::broker::Broker;
+use crate::error::RequestError;
+use shards::runtime::monotonic_ms;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use shards::runtime::monotonic_ms;
-
-use crate::error::RequestError;
-
-use super::pull::PULL_WHEEL_TICK_MS;
-use super::Broker;
-
 /// RocketMQ's waitTimeMillsInSendQueue: a shard running this late refuses sends.
 pub const SEND_QUEUE_WAIT_MAX_MS: u64 = 200;
+
 /// RocketMQ's osPageCacheBusyTimeOutMills: a flush running this long refuses sends.
 pub const STORE_FLUSH_BUSY_MS: u64 = 1_000;
 
@@ -35,16 +33,16 @@ pub const LATENESS_HOLD_MS: u64 = 50;
 #[derive(Default)]
 pub struct ShardLoad {
     /// When the ticking task last ran (None before its first run).
-    last_tick_at: Cell<Option<Instant>>,
+    pub(crate) last_tick_at: Cell<Option<Instant>>,
     /// The worst lateness of a recent tick, and until when it counts.
-    held_lateness: Cell<(Duration, Option<Instant>)>,
+    pub(crate) held_lateness: Cell<(Duration, Option<Instant>)>,
     /// Sends refused as overload since start (GET_BROKER_RUNTIME_INFO `sendRefusedBusy`).
     pub refused_sends: Cell<u64>,
 }
 
 impl ShardLoad {
     /// Called by the ticking task each time it runs.
-    fn on_tick(&self, now: Instant) {
+    pub(crate) fn on_tick(&self, now: Instant) {
         if let Some(last) = self.last_tick_at.get() {
             let period = Duration::from_millis(PULL_WHEEL_TICK_MS);
             let lateness = now.saturating_duration_since(last).saturating_sub(period);
@@ -56,7 +54,7 @@ impl ShardLoad {
         self.last_tick_at.set(Some(now));
     }
 
-    fn held(&self, now: Instant) -> Duration {
+    pub(crate) fn held(&self, now: Instant) -> Duration {
         match self.held_lateness.get() {
             (lateness, Some(until)) if now < until => lateness,
             _ => Duration::ZERO,
@@ -85,7 +83,7 @@ impl Broker {
 
     /// SYSTEM_BUSY when this shard is overloaded (see the module docs); called before a send
     /// touches the store.
-    pub(super) fn refuse_send_if_overloaded(&self) -> Result<(), RequestError> {
+    pub(crate) fn refuse_send_if_overloaded(&self) -> Result<(), RequestError> {
         let now = Instant::now();
         let lateness = self.load.lateness(now);
         if lateness > Duration::from_millis(SEND_QUEUE_WAIT_MAX_MS) {
@@ -106,7 +104,7 @@ impl Broker {
         Ok(())
     }
 
-    fn refuse(&self, remark: String) -> RequestError {
+    pub(crate) fn refuse(&self, remark: String) -> RequestError {
         self.load
             .refused_sends
             .set(self.load.refused_sends.get() + 1);

@@ -1,35 +1,22 @@
-//! Subscription groups of one shard: `config/subscriptionGroup.json` (+ `.bak`),
-//! UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200), GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201),
-//! DELETE_SUBSCRIPTIONGROUP (207) and GET_SUBSCRIPTIONGROUP_CONFIG (352).
-//!
-//! Each shard is one broker endpoint, so each keeps its own group table, as each RocketMQ
-//! broker does: `mqadmin updateSubGroup -c <cluster>` (and `shardmq admin`) send the change to
-//! every broker of the cluster. A group is created with RocketMQ's defaults the first time a
-//! consumer of it sends a heartbeat or a pull (autoCreateSubscriptionGroup). Settings that
-//! take effect: consumeEnable (pulls refused), consumeBroadcastEnable (BROADCASTING
-//! consumers refused), retryQueueNums (queues of `%RETRY%<group>`), retryMaxTimes (deliveries
-//! before the dead-letter queue).
-
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::rc::Rc;
+//! One shard's subscription groups: `config/subscriptionGroup.json` (+ `.bak`), RocketMQ's
+//! defaults, name checks, the bound on how many a shard keeps.
 
 use crate::body::{SubscriptionGroupConfig, SubscriptionGroupTable};
+use crate::broker::state::topics::validate_name;
+use crate::broker::state::versioned::VersionedFile;
 use crate::error::RequestError;
-use crate::namesrv::respond_body;
-use crate::remoting::RemotingCommand;
-use crate::server::Connection;
-
-use super::topics::validate_name;
-use super::versioned::VersionedFile;
-use super::Broker;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
 pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
+
 /// Longest group name (RocketMQ's CHARACTER_MAX_LENGTH).
 pub const GROUP_NAME_MAX_CHARS: usize = 255;
+
 /// Groups created with the broker (RocketMQ's built-in tool and self-test groups).
-const BUILTIN_GROUPS: [&str; 3] = ["TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP"];
+pub(crate) const BUILTIN_GROUPS: [&str; 3] =
+    ["TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP"];
 
 /// Checks a group name: RocketMQ's character set and length limit.
 pub fn validate_group_name(group: &str) -> Result<(), RequestError> {
@@ -37,8 +24,8 @@ pub fn validate_group_name(group: &str) -> Result<(), RequestError> {
 }
 
 pub struct GroupTable {
-    file: VersionedFile,
-    groups: BTreeMap<String, SubscriptionGroupConfig>,
+    pub(crate) file: VersionedFile,
+    pub(crate) groups: BTreeMap<String, SubscriptionGroupConfig>,
 }
 
 impl GroupTable {
@@ -114,96 +101,18 @@ impl GroupTable {
         }
     }
 
-    fn bump_and_persist(&mut self) {
+    pub(crate) fn bump_and_persist(&mut self) {
         self.file.bump();
         self.persist();
     }
 
-    fn persist(&self) {
+    pub(crate) fn persist(&self) {
         self.file.write_soon();
     }
 
     /// The file behind the table (its writer and durable versions).
     pub fn persisted(&self) -> &std::rc::Rc<crate::persist::Persisted> {
         &self.file.persisted
-    }
-}
-
-impl Broker {
-    /// The group's config for a consumer request, auto-created on first use.
-    pub(super) fn consumer_group_config(
-        &self,
-        group: &str,
-    ) -> Result<SubscriptionGroupConfig, RequestError> {
-        self.groups
-            .borrow_mut()
-            .find_or_create(group)
-            .ok_or_else(|| {
-                RequestError::SubscriptionGroupNotExist(format!(
-                    "subscription group [{group}] does not exist and cannot be created here"
-                ))
-            })
-    }
-
-    pub(super) fn update_and_create_subscription_group(
-        &self,
-        request: &RemotingCommand<'_>,
-        connection: &Rc<Connection>,
-    ) -> Result<(), RequestError> {
-        let config = SubscriptionGroupConfig::parse(request.body)?;
-        self.groups.borrow_mut().upsert(config)?;
-        let file = self.groups.borrow().persisted().clone();
-        self.answer_when_durable(file.clone(), file.latest(), connection, request);
-        Ok(())
-    }
-
-    pub(super) fn all_subscription_group_config(
-        &self,
-        request: &RemotingCommand<'_>,
-        connection: &Rc<Connection>,
-    ) -> Result<(), RequestError> {
-        let body = self.groups.borrow().snapshot().encode();
-        respond_body(connection, request, &body);
-        Ok(())
-    }
-
-    pub(super) fn get_subscription_group_config(
-        &self,
-        request: &RemotingCommand<'_>,
-        connection: &Rc<Connection>,
-    ) -> Result<(), RequestError> {
-        let group = request.ext_fields.required("group")?;
-        let body = match self.groups.borrow().get(group) {
-            Some(config) => config.encode(),
-            None => {
-                return Err(RequestError::SubscriptionGroupNotExist(format!(
-                    "subscription group [{group}] does not exist"
-                )))
-            }
-        };
-        respond_body(connection, request, &body);
-        Ok(())
-    }
-
-    /// DELETE_SUBSCRIPTIONGROUP: ext groupName, cleanOffset (drop the group's offsets too).
-    pub(super) fn delete_subscription_group(
-        &self,
-        request: &RemotingCommand<'_>,
-        connection: &Rc<Connection>,
-    ) -> Result<(), RequestError> {
-        let ext = &request.ext_fields;
-        let group = ext.required("groupName")?;
-        if !self.groups.borrow_mut().remove(group) {
-            return Err(RequestError::SubscriptionGroupNotExist(format!(
-                "subscription group [{group}] does not exist"
-            )));
-        }
-        if ext.bool_lenient("cleanOffset") == Some(true) {
-            self.offsets.borrow_mut().remove_group(group);
-        }
-        let file = self.groups.borrow().persisted().clone();
-        self.answer_when_durable(file.clone(), file.latest(), connection, request);
-        Ok(())
     }
 }
 

@@ -1,0 +1,232 @@
+//! What the operator's tools ask a broker: GET_BROKER_RUNTIME_INFO (28), GET_TOPIC_STATS_INFO
+//! (202), GET_CONSUME_STATS (208).
+
+use crate::body::{self, ConsumeStats, MessageQueue, OffsetWrapper, TopicOffset, TopicStatsTable};
+use crate::broker::handlers::query::respond_body_to;
+use crate::broker::Broker;
+use crate::error::RequestError;
+use crate::namesrv::respond_body;
+use crate::remoting::{RemotingCommand, BROKER_VERSION};
+use crate::server::Connection;
+use shards::store::{record, Store};
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+
+/// Topics one GET_CONSUME_STATS reports, at most (a group's offsets name its topics).
+pub const CONSUME_STATS_TOPICS_MAX: usize = 1024;
+
+/// Separator of GET_CONSUME_STATS's `topicList`.
+pub(crate) const TOPIC_LIST_SEPARATOR: char = ';';
+
+/// Store time of the message at `queue_offset`; 0 when there is none (RocketMQ's
+/// getMessageStoreTimeStamp answers -1 then; admin bodies carry 0).
+pub(crate) async fn store_time_at(
+    store: &Store,
+    topic: &str,
+    queue_id: u32,
+    queue_offset: u64,
+) -> i64 {
+    let found = store
+        .get_messages(topic, queue_id, queue_offset, 1, 1, &|_| true)
+        .await;
+    let Ok(found) = found else { return 0 };
+    record::decode(&found.body).map_or(0, |m| m.store_timestamp_ms)
+}
+
+impl Broker {
+    pub(crate) fn topic_stats_info(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let topic = request.ext_fields.required("topic")?.to_string();
+        let config = self.topics.borrow().get(&topic).cloned();
+        let Some(config) = config else {
+            return Err(RequestError::TopicNotExist(format!(
+                "topic[{topic}] not exist"
+            )));
+        };
+        let queue_count = config.write_queue_nums.max(config.read_queue_nums);
+        let (broker, connection, opaque) = (self.clone(), connection.clone(), request.opaque);
+        let oneway = request.is_oneway();
+        shards::runtime::spawn_detached(async move {
+            let mut table = TopicStatsTable::default();
+            for queue_id in 0..queue_count {
+                let min_offset = broker.store.min_queue_offset(&topic, queue_id);
+                let max_offset = broker.store.max_queue_offset(&topic, queue_id);
+                let last_update_timestamp = match max_offset {
+                    0 => 0,
+                    max => store_time_at(&broker.store, &topic, queue_id, max - 1).await,
+                };
+                table.offset_table.push((
+                    broker.message_queue(&topic, queue_id),
+                    TopicOffset {
+                        min_offset: min_offset as i64,
+                        max_offset: max_offset as i64,
+                        last_update_timestamp,
+                    },
+                ));
+            }
+            if !oneway {
+                respond_body_to(&connection, opaque, &table.encode());
+            }
+        });
+        Ok(())
+    }
+}
+
+impl Broker {
+    pub(crate) fn consume_stats(
+        self: &Rc<Self>,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let ext = &request.ext_fields;
+        let group = ext.required("consumerGroup")?.to_string();
+        let topic_list: Vec<String> = ext
+            .get_non_empty("topicList")
+            .map(|list| {
+                list.split(TOPIC_LIST_SEPARATOR)
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let topics = if topic_list.is_empty() {
+            self.consumed_topics(&group, ext.get_non_empty("topic"))
+        } else {
+            topic_list
+        };
+        let mut queues = Vec::new();
+        for topic in topics.iter().take(CONSUME_STATS_TOPICS_MAX) {
+            let Some(config) = self.topics.borrow().get(topic).cloned() else {
+                continue;
+            };
+            let offsets = self.offsets.borrow();
+            for queue_id in 0..config.read_queue_nums {
+                let consumer_offset = offsets.query(&group, topic, queue_id).unwrap_or(0).max(0);
+                queues.push((topic.clone(), queue_id, consumer_offset));
+            }
+        }
+        let (broker, connection, opaque) = (self.clone(), connection.clone(), request.opaque);
+        let oneway = request.is_oneway();
+        shards::runtime::spawn_detached(async move {
+            let mut stats = ConsumeStats::default();
+            for (topic, queue_id, consumer_offset) in queues {
+                let broker_offset = broker.store.max_queue_offset(&topic, queue_id) as i64;
+                let last_timestamp = match consumer_offset {
+                    0 => 0,
+                    offset => {
+                        let at = (offset - 1) as u64;
+                        store_time_at(&broker.store, &topic, queue_id, at).await
+                    }
+                };
+                stats.offset_table.push((
+                    broker.message_queue(&topic, queue_id),
+                    OffsetWrapper {
+                        broker_offset,
+                        consumer_offset,
+                        pull_offset: consumer_offset,
+                        last_timestamp,
+                    },
+                ));
+            }
+            if !oneway {
+                respond_body_to(&connection, opaque, &stats.encode());
+            }
+        });
+        Ok(())
+    }
+}
+
+impl Broker {
+    /// The topics GET_CONSUME_STATS reports for a group without a topic list: the asked
+    /// topic, or every topic the group committed offsets for; while the group is online,
+    /// only those it subscribes (RocketMQ's rule).
+    pub(crate) fn consumed_topics(&self, group: &str, topic: Option<&str>) -> Vec<String> {
+        let mut topics: BTreeSet<String> = match topic {
+            Some(topic) => BTreeSet::from([topic.to_string()]),
+            None => self
+                .offsets
+                .borrow()
+                .entries()
+                .keys()
+                .filter_map(|key| key.split_once('@'))
+                .filter(|(_, key_group)| *key_group == group)
+                .map(|(topic, _)| topic.to_string())
+                .collect(),
+        };
+        let clients = self.clients.borrow();
+        if let Some(online) = clients.consumers.get(group) {
+            if !online.subscriptions.is_empty() {
+                topics.retain(|t| online.subscriptions.contains_key(t));
+            }
+        }
+        topics.into_iter().collect()
+    }
+}
+
+impl Broker {
+    pub(crate) fn message_queue(&self, topic: &str, queue_id: u32) -> MessageQueue {
+        MessageQueue {
+            topic: topic.to_string(),
+            broker_name: self.identity.broker_name.clone(),
+            queue_id,
+        }
+    }
+}
+
+impl Broker {
+    pub(crate) fn runtime_info(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let stats = self.store.stats();
+        let mut table = BTreeMap::new();
+        let mut put = |key: &str, value: String| {
+            table.insert(key.to_string(), value);
+        };
+        put("brokerVersion", BROKER_VERSION.to_string());
+        put(
+            "brokerVersionDesc",
+            format!("shardmq {}", env!("CARGO_PKG_VERSION")),
+        );
+        put("brokerActive", "true".into());
+        put(
+            "msgPutTotalTodayNow",
+            self.stats.messages_put.get().to_string(),
+        );
+        put(
+            "msgGetTotalTodayNow",
+            self.stats.messages_got.get().to_string(),
+        );
+        put("bootTimestamp", self.stats.started_at_ms.get().to_string());
+        put(
+            "commitLogMaxOffset",
+            self.store.max_physical_offset().to_string(),
+        );
+        put(
+            "commitLogMinOffset",
+            self.store.min_physical_offset().to_string(),
+        );
+        put("storeStats", format!("{stats:?}"));
+        put("parkedPulls", self.pull_waiters.len().to_string());
+        put("sendRefusedBusy", self.load.refused_sends.get().to_string());
+        let transactions = self.transactions.borrow();
+        put(
+            "transactionHalfPending",
+            transactions.pending_len().to_string(),
+        );
+        let tx = transactions.stats;
+        put("transactionCommitted", tx.committed.to_string());
+        put("transactionRolledBack", tx.rolled_back.to_string());
+        put("transactionChecksSent", tx.checks_sent.to_string());
+        put("transactionDiscarded", tx.discarded.to_string());
+        drop(transactions);
+        put("flushDiskType", format!("{:?}", self.store.flush_mode()));
+        respond_body(connection, request, &body::encode_kv_table(&table));
+        Ok(())
+    }
+}
