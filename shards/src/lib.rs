@@ -4,13 +4,14 @@
 //! (commitlog, consume queues) and the per-shard long-poll wheel (pure bookkeeping, driven by
 //! the shard's ticking task).
 
+pub mod limits;
 pub mod long_poll;
 pub mod mesh;
 pub mod runtime;
 pub mod store;
 pub mod sync;
 pub mod throttle;
+pub mod types;
 pub mod wheel;
 
-/// Index of a shard on this node: shard i is pinned to one core and is broker endpoint i.
-pub type ShardId = usize;
+pub use types::{CommitLogOffset, QueueId, QueueOffset, ShardId};

@@ -159,6 +159,11 @@ impl LongPoll {
         ids.len()
     }
 
+    /// When the next parked pull's deadline comes (None: nothing parked).
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.wheel.next_due_ms()
+    }
+
     /// Moves the clock to `now_ms`: finishes the pulls whose deadline passed as `Expired`.
     /// Returns how many.
     pub fn advance(&mut self, now_ms: u64) -> usize {
@@ -273,6 +278,11 @@ impl ParkedPulls {
     /// See `LongPoll::connection_closed`.
     pub fn connection_closed(&self, connection: ConnectionId) -> usize {
         self.inner.borrow_mut().connection_closed(connection)
+    }
+
+    /// See `LongPoll::next_due_ms`.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.inner.borrow().next_due_ms()
     }
 
     /// See `LongPoll::advance`.

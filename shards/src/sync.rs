@@ -1,6 +1,7 @@
 //! Single-shard wake-up primitives (no atomics: everything here lives on one executor).
 //!
-//! `Signal` wakes one waiting task (a connection's writer); `WaiterSet` holds many parked
+//! `Signal` wakes one waiting task (a connection's writer); `Event` wakes every waiting task
+//! (the mesh's progress, which several waits watch); `WaiterSet` holds many parked
 //! tasks keyed by id so that a parked task that gives up removes itself (no growth from
 //! timed-out waiters): a connection's answers waiting for output room. Long-polling pulls
 //! have their own structure with deadlines and per-connection bookkeeping (`long_poll`).
@@ -36,6 +37,38 @@ impl Signal {
                 *self.waker.borrow_mut() = Some(cx.waker().clone());
                 Poll::Pending
             }
+        })
+    }
+}
+
+/// Wakes every task waiting for "something changed" (any number of them); a waiter that
+/// started waiting before a notify is never missed, one that starts after waits for the next.
+#[derive(Default)]
+pub struct Event {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Event {
+    pub fn notify(&self) {
+        self.generation.set(self.generation.get() + 1);
+        for waker in self.wakers.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Resolves at the next `notify` after this call.
+    pub fn wait(&self) -> impl Future<Output = ()> + '_ {
+        let started = self.generation.get();
+        std::future::poll_fn(move |cx| {
+            if self.generation.get() != started {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
         })
     }
 }

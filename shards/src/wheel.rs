@@ -28,9 +28,7 @@ pub struct TimerId {
 
 /// End of a list, in `prev`/`next`/slot heads.
 const NIL: u32 = u32::MAX;
-/// Most entries a wheel holds at once (node indexes are u32 and `NIL` is reserved); owners
-/// bound themselves far below this (the long-poll limit).
-pub const WHEEL_ENTRIES_MAX: usize = (u32::MAX - 1) as usize;
+pub use crate::limits::WHEEL_ENTRIES_MAX;
 
 struct Node<T> {
     /// None while the node is on the free list.

@@ -21,22 +21,38 @@ fn appended_records_decode_to_what_was_stored() {
             clock.0.set(1_700_000_000_000 + i as i64);
             results.push(append(&store, "TopicA", (i % 2) as u32, i, 100, "TagA"));
         }
-        assert_eq!(results[0].physical_offset, 0);
+        assert_eq!(results[0].physical_offset, shards::CommitLogOffset(0));
         for pair in results.windows(2) {
             assert_eq!(pair[0].end_offset, pair[1].physical_offset);
         }
-        assert_eq!(store.max_queue_offset("TopicA", 0), 5);
-        assert_eq!(store.max_queue_offset("TopicA", 1), 5);
-        assert_eq!(store.max_queue_offset("TopicA", 2), 0);
+        assert_eq!(
+            store.max_queue_offset("TopicA", shards::QueueId(0)),
+            shards::QueueOffset(5)
+        );
+        assert_eq!(
+            store.max_queue_offset("TopicA", shards::QueueId(1)),
+            shards::QueueOffset(5)
+        );
+        assert_eq!(
+            store.max_queue_offset("TopicA", shards::QueueId(2)),
+            shards::QueueOffset(0)
+        );
         assert_eq!(store.queue_ids("TopicA"), vec![0, 1]);
 
         let found = store
-            .get_messages("TopicA", 1, 0, 32, 1 << 20, &|_| true)
+            .get_messages(
+                "TopicA",
+                shards::QueueId(1),
+                shards::QueueOffset(0),
+                32,
+                1 << 20,
+                &|_| true,
+            )
             .await
             .unwrap();
         assert_eq!(found.status, GetStatus::Found);
-        assert_eq!((found.message_count, found.next_begin_offset), (5, 5));
-        assert_eq!((found.min_offset, found.max_offset), (0, 5));
+        assert_eq!((found.message_count, found.next_begin_offset.0), (5, 5));
+        assert_eq!((found.min_offset.0, found.max_offset.0), (0, 5));
         let messages = record::decode_all(&found.body).unwrap();
         for (k, msg) in messages.iter().enumerate() {
             let i = 2 * k as u64 + 1;
@@ -72,48 +88,83 @@ fn pull_status_mapping() {
             .unwrap();
         let all = |_: i64| true;
         let empty = store
-            .get_messages("Nope", 0, 0, 32, 1 << 20, &all)
+            .get_messages(
+                "Nope",
+                shards::QueueId(0),
+                shards::QueueOffset(0),
+                32,
+                1 << 20,
+                &all,
+            )
             .await
             .unwrap();
         assert_eq!(
-            (empty.status, empty.next_begin_offset),
+            (empty.status, empty.next_begin_offset.0),
             (GetStatus::NoMessageInQueue, 0)
         );
         let moved = store
-            .get_messages("Nope", 0, 7, 32, 1 << 20, &all)
+            .get_messages(
+                "Nope",
+                shards::QueueId(0),
+                shards::QueueOffset(7),
+                32,
+                1 << 20,
+                &all,
+            )
             .await
             .unwrap();
         assert_eq!(
-            (moved.status, moved.next_begin_offset),
+            (moved.status, moved.next_begin_offset.0),
             (GetStatus::NoMessageInQueue, 0)
         );
         for i in 0..3 {
             append(&store, "T", 0, i, 10, "a");
         }
         let one = store
-            .get_messages("T", 0, 3, 32, 1 << 20, &all)
+            .get_messages(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(3),
+                32,
+                1 << 20,
+                &all,
+            )
             .await
             .unwrap();
         assert_eq!(
-            (one.status, one.next_begin_offset),
+            (one.status, one.next_begin_offset.0),
             (GetStatus::OffsetOverflowOne, 3)
         );
         let bad = store
-            .get_messages("T", 0, 9, 32, 1 << 20, &all)
+            .get_messages(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(9),
+                32,
+                1 << 20,
+                &all,
+            )
             .await
             .unwrap();
         assert_eq!(
-            (bad.status, bad.next_begin_offset),
+            (bad.status, bad.next_begin_offset.0),
             (GetStatus::OffsetOverflowBadly, 3)
         );
         let none = |_: i64| false;
         let unmatched = store
-            .get_messages("T", 0, 1, 32, 1 << 20, &none)
+            .get_messages(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(1),
+                32,
+                1 << 20,
+                &none,
+            )
             .await
             .unwrap();
         assert_eq!(unmatched.status, GetStatus::NoMatchedMessage);
         assert_eq!(
-            (unmatched.next_begin_offset, unmatched.message_count),
+            (unmatched.next_begin_offset.0, unmatched.message_count),
             (3, 0)
         );
         assert!(unmatched.body.is_empty());
@@ -136,12 +187,19 @@ fn tag_filter_and_batch_limits() {
         let red = i64::from(record::java_string_hash("Red"));
         let only_red = move |code: i64| code == red;
         let found = store
-            .get_messages("T", 3, 1, 32, 1 << 20, &only_red)
+            .get_messages(
+                "T",
+                shards::QueueId(3),
+                shards::QueueOffset(1),
+                32,
+                1 << 20,
+                &only_red,
+            )
             .await
             .unwrap();
         assert_eq!(found.status, GetStatus::Found);
         assert_eq!(found.message_count, 9); // 4, 8, ..., 36
-        assert_eq!(found.next_begin_offset, 40);
+        assert_eq!(found.next_begin_offset.0, shards::QueueOffset(40));
         let offsets: Vec<u64> = record::decode_all(&found.body)
             .unwrap()
             .iter()
@@ -151,31 +209,58 @@ fn tag_filter_and_batch_limits() {
 
         let all = |_: i64| true;
         let three = store
-            .get_messages("T", 3, 5, 3, 1 << 20, &all)
+            .get_messages(
+                "T",
+                shards::QueueId(3),
+                shards::QueueOffset(5),
+                3,
+                1 << 20,
+                &all,
+            )
             .await
             .unwrap();
-        assert_eq!((three.message_count, three.next_begin_offset), (3, 8));
+        assert_eq!((three.message_count, three.next_begin_offset.0), (3, 8));
         let two = sizes[0] + sizes[1];
         let by_bytes = store
-            .get_messages("T", 3, 0, 32, two + sizes[2] - 1, &all)
+            .get_messages(
+                "T",
+                shards::QueueId(3),
+                shards::QueueOffset(0),
+                32,
+                two + sizes[2] - 1,
+                &all,
+            )
             .await
             .unwrap();
-        assert_eq!((by_bytes.message_count, by_bytes.next_begin_offset), (2, 2));
-        assert_eq!(by_bytes.body.len(), two as usize);
-        let first_always = store.get_messages("T", 3, 0, 32, 1, &all).await.unwrap();
         assert_eq!(
-            (first_always.message_count, first_always.next_begin_offset),
+            (by_bytes.message_count, by_bytes.next_begin_offset.0),
+            (2, 2)
+        );
+        assert_eq!(by_bytes.body.len(), two as usize);
+        let first_always = store
+            .get_messages("T", shards::QueueId(3), shards::QueueOffset(0), 32, 1, &all)
+            .await
+            .unwrap();
+        assert_eq!(
+            (first_always.message_count, first_always.next_begin_offset.0),
             (1, 1)
         );
         // Filtered units at the start of a full batch still count in next_begin_offset.
         let skip_then_full = store
-            .get_messages("T", 3, 1, 1, 1 << 20, &only_red)
+            .get_messages(
+                "T",
+                shards::QueueId(3),
+                shards::QueueOffset(1),
+                1,
+                1 << 20,
+                &only_red,
+            )
             .await
             .unwrap();
         assert_eq!(
             (
                 skip_then_full.message_count,
-                skip_then_full.next_begin_offset
+                skip_then_full.next_begin_offset.0
             ),
             (1, 5)
         );
@@ -193,11 +278,11 @@ fn read_record_by_offset_and_msg_id() {
         let a = append(&store, "T", 0, 1, 50, "x");
         let b = append(&store, "T", 0, 2, 50, "x");
         store.wait_durable(b.end_offset).await.unwrap();
-        let id = record::offset_msg_id(host.into(), b.physical_offset);
+        let id = record::offset_msg_id(host.into(), b.physical_offset.0);
         let (addr, offset) = record::parse_offset_msg_id(&id).unwrap();
         assert_eq!(addr, SocketAddr::V4(host));
         let bytes = store
-            .read_record(offset)
+            .read_record(shards::CommitLogOffset(offset))
             .await
             .unwrap()
             .expect("record at b");
@@ -210,7 +295,11 @@ fn read_record_by_offset_and_msg_id() {
             .unwrap()
             .is_none());
         assert!(store.read_record(b.end_offset).await.unwrap().is_none());
-        assert!(store.read_record(u64::MAX - 10).await.unwrap().is_none());
+        assert!(store
+            .read_record(shards::CommitLogOffset(u64::MAX - 10))
+            .await
+            .unwrap()
+            .is_none());
         store.close().await.unwrap();
     });
 }
@@ -222,31 +311,44 @@ fn offsets_by_store_time() {
         let clock = manual_clock(10_000);
         let config = config(dir.path(), FlushMode::Async, SEGMENT);
         let store = Store::open_with_clock(config, clock.clone()).await.unwrap();
-        assert_eq!(store.earliest_store_time("T", 0).await.unwrap(), None);
         assert_eq!(
             store
-                .queue_offset_by_timestamp("T", 0, 5, false)
+                .earliest_store_time("T", shards::QueueId(0))
                 .await
                 .unwrap(),
-            0
+            None
+        );
+        assert_eq!(
+            store
+                .queue_offset_by_timestamp("T", shards::QueueId(0), 5, false)
+                .await
+                .unwrap(),
+            shards::QueueOffset(0)
         );
         for i in 0..10 {
             clock.0.set(10_000 + 100 * i as i64); // stored at 10000, 10100, ... 10900
             append(&store, "T", 0, i, 10, "t");
         }
         assert_eq!(
-            store.earliest_store_time("T", 0).await.unwrap(),
+            store
+                .earliest_store_time("T", shards::QueueId(0))
+                .await
+                .unwrap(),
             Some(10_000)
         );
-        let search = |ts, upper| store.queue_offset_by_timestamp("T", 0, ts, upper);
-        assert_eq!(search(10_250, false).await.unwrap(), 3);
-        assert_eq!(search(10_250, true).await.unwrap(), 2);
-        assert_eq!(search(10_300, false).await.unwrap(), 3);
-        assert_eq!(search(10_300, true).await.unwrap(), 3);
-        assert_eq!(search(1, false).await.unwrap(), 0);
-        assert_eq!(search(1, true).await.unwrap(), 0);
-        assert_eq!(search(99_999, false).await.unwrap(), 10);
-        assert_eq!(search(99_999, true).await.unwrap(), 9);
+        let search =
+            |ts, upper| store.queue_offset_by_timestamp("T", shards::QueueId(0), ts, upper);
+        assert_eq!(search(10_250, false).await.unwrap(), shards::QueueOffset(3));
+        assert_eq!(search(10_250, true).await.unwrap(), shards::QueueOffset(2));
+        assert_eq!(search(10_300, false).await.unwrap(), shards::QueueOffset(3));
+        assert_eq!(search(10_300, true).await.unwrap(), shards::QueueOffset(3));
+        assert_eq!(search(1, false).await.unwrap(), shards::QueueOffset(0));
+        assert_eq!(search(1, true).await.unwrap(), shards::QueueOffset(0));
+        assert_eq!(
+            search(99_999, false).await.unwrap(),
+            shards::QueueOffset(10)
+        );
+        assert_eq!(search(99_999, true).await.unwrap(), shards::QueueOffset(9));
         // A clock that steps back never makes store times decrease.
         clock.0.set(5);
         let late = append(&store, "T", 0, 10, 10, "t");
@@ -301,7 +403,10 @@ fn rejects_bad_input_and_deletes_topics() {
         assert_eq!(store.queue_ids("Gone"), vec![0, 1]);
         store.delete_topic("Gone");
         assert!(store.queue_ids("Gone").is_empty());
-        assert_eq!(store.max_queue_offset("Gone", 0), 0);
+        assert_eq!(
+            store.max_queue_offset("Gone", shards::QueueId(0)),
+            shards::QueueOffset(0)
+        );
         assert!(!dir.path().join("consumequeue").join("Gone").exists());
         store.close().await.unwrap();
         msg.topic = "T";

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use futures_lite::future::zip;
-use glommio::io::DmaFile;
+use shards::runtime::fs::DirectFile;
 use shards::store::{record, FlushMode, GetStatus, Store, StoreError};
 use store_support::*;
 
@@ -26,13 +26,16 @@ fn sync_mode_group_commit() {
             .unwrap();
         let first = append(&store, "T", 0, 0, 64, "t");
         store.wait_durable(first.end_offset).await.unwrap();
-        assert!(store.stats().durable_offset >= first.end_offset);
+        assert!(store.stats().durable_offset >= first.end_offset.0);
         let before = store.stats();
         let ends: Vec<u64> = (1..=300)
-            .map(|i| append(&store, "T", 0, i, 64, "t").end_offset)
+            .map(|i| append(&store, "T", 0, i, 64, "t").end_offset.0)
             .collect();
         for &end in &ends {
-            store.wait_durable(end).await.unwrap();
+            store
+                .wait_durable(shards::CommitLogOffset(end))
+                .await
+                .unwrap();
         }
         let after = store.stats();
         let flushes = after.flushes - before.flushes;
@@ -57,7 +60,7 @@ fn concurrent_waiters_share_flushes() {
         // Two producers appending and waiting in turn: each flush carries the other's appends.
         let producer = |queue: u32| {
             let store = store.clone();
-            glommio::spawn_local(async move {
+            shards::runtime::spawn(async move {
                 for i in 0..200 {
                     let end = append(&store, "T", queue, i, 128, "t").end_offset;
                     store.wait_durable(end).await.unwrap();
@@ -101,9 +104,9 @@ fn async_flush_batch_starts_a_flush_before_the_interval() {
         small_batch.flush_dirty_max_bytes = 8192;
         let store = Store::open(small_batch).await.unwrap();
         let first = append(&store, "T", 0, 0, 64, "t").end_offset;
-        glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
+        shards::runtime::sleep(std::time::Duration::from_millis(300)).await;
         assert!(
-            store.stats().durable_offset < first,
+            store.stats().durable_offset < first.0,
             "under the batch, a message waits for the 60 s interval"
         );
         let mut end = first;
@@ -143,13 +146,16 @@ fn segments_roll_and_read_back_after_reopen() {
         store.wait_durable(last.unwrap().end_offset).await.unwrap();
         let end = store.max_physical_offset();
         assert!(
-            end > 3 * SMALL_SEGMENT,
+            end > shards::CommitLogOffset(3 * SMALL_SEGMENT),
             "the log spans several segments: {end}"
         );
         // No record crosses a segment boundary.
         for q in 0..3 {
             let bodies = pull_all(&store, "Roll", q, 0).await;
-            assert_eq!(bodies.len() as u64, store.max_queue_offset("Roll", q));
+            assert_eq!(
+                bodies.len() as u64,
+                store.max_queue_offset("Roll", shards::QueueId(q))
+            );
         }
         store.close().await.unwrap();
         end
@@ -172,7 +178,7 @@ fn segments_roll_and_read_back_after_reopen() {
         assert_eq!(seen, count);
         let next = append(&store, "Roll", 0, count, 1000, "t");
         assert_eq!(next.physical_offset, rolled);
-        assert_eq!(next.queue_offset, count.div_ceil(3));
+        assert_eq!(next.queue_offset, shards::QueueOffset(count.div_ceil(3)));
         store.close().await.unwrap();
     });
 }
@@ -194,7 +200,7 @@ fn sync_load_across_segments_with_paced_zero_fill() {
         let tasks: Vec<_> = (0..writers)
             .map(|w| {
                 let store = store.clone();
-                glommio::spawn_local(async move {
+                shards::runtime::spawn(async move {
                     for k in 0..per_writer {
                         let i = w + writers * k;
                         let end = append(&store, "Paced", w as u32 % 4, i, size(i), "t").end_offset;
@@ -221,7 +227,10 @@ fn sync_load_across_segments_with_paced_zero_fill() {
         let store = Store::open(config(dir.path(), FlushMode::Sync, segment))
             .await
             .unwrap();
-        assert_eq!(store.max_physical_offset(), written);
+        assert_eq!(
+            store.max_physical_offset(),
+            shards::CommitLogOffset(written)
+        );
         let mut seen = 0;
         for q in 0..4u32 {
             let bodies = pull_all(&store, "Paced", q, 0).await;
@@ -240,23 +249,27 @@ fn freshly_created_segment_reads_back_through_dma() {
             .await
             .unwrap();
         let mut last = append(&store, "T", 0, 0, 500, "t");
-        while last.end_offset < SMALL_SEGMENT + 600 {
-            last = append(&store, "T", 0, last.queue_offset + 1, 500, "t");
+        while last.end_offset < shards::CommitLogOffset(SMALL_SEGMENT + 600) {
+            last = append(&store, "T", 0, (last.queue_offset + 1).0, 500, "t");
         }
         store.wait_durable(last.end_offset).await.unwrap();
         // The second segment was created by this store a moment ago; read its first record
         // with a DMA read, as the store's readers do.
-        let file = DmaFile::open(segment_path(dir.path(), SMALL_SEGMENT))
+        let file = DirectFile::open_read_only(&segment_path(dir.path(), SMALL_SEGMENT))
             .await
             .unwrap();
-        let bytes = file
-            .read_at(0, 4096)
+        let mut bytes = vec![0u8; 4096];
+        file.read_exact_at(0, &mut bytes)
             .await
             .expect("DMA read of a fresh segment");
         let first = record::decode(&bytes).unwrap();
         assert_eq!(first.physical_offset, SMALL_SEGMENT);
         file.close().await.unwrap();
-        let again = store.read_record(SMALL_SEGMENT).await.unwrap().unwrap();
+        let again = store
+            .read_record(shards::CommitLogOffset(SMALL_SEGMENT))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             record::decode(&again).unwrap().queue_offset,
             first.queue_offset
@@ -274,13 +287,7 @@ fn probe_trap_is_detected_when_an_empty_dma_file_came_first() {
         let empty = elsewhere.path().join("empty");
         move || {
             run(|| async move {
-                let file = glommio::io::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .dma_open(&empty)
-                    .await
-                    .unwrap();
+                let file = DirectFile::open(&empty, true).await.unwrap();
                 file.close().await.unwrap();
                 Store::open(config(&root, FlushMode::Sync, SMALL_SEGMENT))
                     .await
@@ -333,7 +340,11 @@ fn reopen_keeps_messages_and_rebuilds_deleted_queues() {
             let config = config(dir.path(), FlushMode::Sync, SMALL_SEGMENT);
             let store = Store::open(config).await.unwrap();
             for ((topic, q), count) in expected {
-                assert_eq!(store.max_queue_offset(topic, q), count, "{topic}/{q}");
+                assert_eq!(
+                    store.max_queue_offset(topic, shards::QueueId(q)),
+                    shards::QueueOffset(count),
+                    "{topic}/{q}"
+                );
                 let bodies = pull_all(&store, topic, q, 0).await;
                 assert_eq!(bodies.len() as u64, count);
                 let first = q as u64; // message i goes to queue i % 4
@@ -353,9 +364,12 @@ fn unclean_stop_keeps_acknowledged_messages() {
             .unwrap();
         let mut end = 0;
         for i in 0..120 {
-            end = append(&store, "T", 0, i, 700, "t").end_offset;
+            end = append(&store, "T", 0, i, 700, "t").end_offset.0;
         }
-        store.wait_durable(end).await.unwrap();
+        store
+            .wait_durable(shards::CommitLogOffset(end))
+            .await
+            .unwrap();
         // Not waited for: may or may not survive.
         append(&store, "T", 0, 120, 700, "t");
         end
@@ -365,9 +379,12 @@ fn unclean_stop_keeps_acknowledged_messages() {
         let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
             .await
             .unwrap();
-        assert!(store.max_physical_offset() >= acknowledged);
-        let max = store.max_queue_offset("T", 0);
-        assert!(max == 120 || max == 121, "max offset {max}");
+        assert!(store.max_physical_offset() >= shards::CommitLogOffset(acknowledged));
+        let max = store.max_queue_offset("T", shards::QueueId(0));
+        assert!(
+            max == shards::QueueOffset(120) || max == shards::QueueOffset(121),
+            "max offset {max}"
+        );
         let bodies = pull_all(&store, "T", 0, 0).await;
         assert_eq!(bodies.len() as u64, max);
         for (i, body) in bodies.iter().enumerate() {
@@ -400,7 +417,7 @@ fn torn_tail_is_cut_at_the_last_good_record() {
     let segment = last.physical_offset - last.physical_offset % SMALL_SEGMENT;
     let file = OpenOptions::new()
         .write(true)
-        .open(segment_path(dir.path(), segment))
+        .open(segment_path(dir.path(), segment.0))
         .unwrap();
     let body_at = last.physical_offset - segment + 100;
     file.write_at(b"\xFF\xFE", body_at).unwrap();
@@ -411,7 +428,10 @@ fn torn_tail_is_cut_at_the_last_good_record() {
             .await
             .unwrap();
         assert_eq!(store.max_physical_offset(), previous_end);
-        assert_eq!(store.max_queue_offset("T", 1), 29);
+        assert_eq!(
+            store.max_queue_offset("T", shards::QueueId(1)),
+            shards::QueueOffset(29)
+        );
         assert!(store
             .read_record(last.physical_offset)
             .await
@@ -419,8 +439,8 @@ fn torn_tail_is_cut_at_the_last_good_record() {
             .is_none());
         let next = append(&store, "T", 1, 99, 900, "t");
         assert_eq!(
-            (next.physical_offset, next.queue_offset),
-            (previous_end, 29)
+            (next.physical_offset.0, next.queue_offset.0),
+            (previous_end.0, 29)
         );
         store.wait_durable(next.end_offset).await.unwrap();
         drop(store);
@@ -429,7 +449,10 @@ fn torn_tail_is_cut_at_the_last_good_record() {
         let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
             .await
             .unwrap();
-        assert_eq!(store.max_queue_offset("T", 1), 30);
+        assert_eq!(
+            store.max_queue_offset("T", shards::QueueId(1)),
+            shards::QueueOffset(30)
+        );
         let bodies = pull_all(&store, "T", 1, 0).await;
         assert_eq!(bodies[29], body_of(99, 900));
         store.close().await.unwrap();
@@ -456,17 +479,27 @@ fn truncated_file_tail_is_recovered() {
         .open(segment_path(dir.path(), 0))
         .unwrap();
     let cut = results[7].physical_offset + 50;
-    file.write_at(&vec![0u8; (results[9].end_offset - cut) as usize], cut)
+    file.write_at(&vec![0u8; (results[9].end_offset - cut) as usize], cut.0)
         .unwrap();
     drop(file);
     run(|| async {
         let store = Store::open(config(dir.path(), FlushMode::Sync, SMALL_SEGMENT))
             .await
             .unwrap();
-        assert_eq!(store.max_queue_offset("T", 0), 7);
+        assert_eq!(
+            store.max_queue_offset("T", shards::QueueId(0)),
+            shards::QueueOffset(7)
+        );
         assert_eq!(store.max_physical_offset(), results[7].physical_offset);
         let found = store
-            .get_messages("T", 0, 7, 32, 1 << 20, &|_| true)
+            .get_messages(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(7),
+                32,
+                1 << 20,
+                &|_| true,
+            )
             .await
             .unwrap();
         assert_eq!(found.status, GetStatus::OffsetOverflowOne);
@@ -514,7 +547,7 @@ fn failed_write_poisons_the_store() {
         let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
             .await
             .unwrap();
-        assert!(store.max_queue_offset("T", 0) >= 1);
+        assert!(store.max_queue_offset("T", shards::QueueId(0)) >= shards::QueueOffset(1));
         store.close().await.unwrap();
     });
 }
@@ -579,7 +612,10 @@ fn a_write_that_finds_the_disk_full_is_retried_not_poisoned() {
         let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
             .await
             .unwrap();
-        assert_eq!(store.max_queue_offset("T", 0), accepted);
+        assert_eq!(
+            store.max_queue_offset("T", shards::QueueId(0)),
+            shards::QueueOffset(accepted)
+        );
         store.close().await.unwrap();
     });
 }

@@ -46,7 +46,14 @@ fn properties_stage_keeps_only_matching_records() {
             properties: Some(&multiple_of_three),
         };
         let found = store
-            .get_messages_matching("T", 0, 1, 32, 1 << 20, &filter)
+            .get_messages_matching(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(1),
+                32,
+                1 << 20,
+                &filter,
+            )
             .await
             .unwrap();
         assert_eq!(found.status, GetStatus::Found);
@@ -55,7 +62,7 @@ fn properties_stage_keeps_only_matching_records() {
             (1..14).map(|k| 3 * k).collect::<Vec<_>>()
         );
         assert_eq!(found.message_count, 13);
-        assert_eq!(found.next_begin_offset, 40);
+        assert_eq!(found.next_begin_offset.0, shards::QueueOffset(40));
         assert_eq!(evaluated.get(), 39);
 
         // Both stages: the tags stage drops odd units before any record is read.
@@ -66,7 +73,14 @@ fn properties_stage_keeps_only_matching_records() {
             properties: Some(&multiple_of_three),
         };
         let found = store
-            .get_messages_matching("T", 0, 0, 32, 1 << 20, &both)
+            .get_messages_matching(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(0),
+                32,
+                1 << 20,
+                &both,
+            )
             .await
             .unwrap();
         assert_eq!(queue_offsets(&found.body), vec![0, 6, 12, 18, 24, 30, 36]);
@@ -76,11 +90,18 @@ fn properties_stage_keeps_only_matching_records() {
         // is not examined and next_begin_offset points at it (RocketMQ checks the batch
         // before filtering).
         let three = store
-            .get_messages_matching("T", 0, 0, 3, 1 << 20, &filter)
+            .get_messages_matching(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(0),
+                3,
+                1 << 20,
+                &filter,
+            )
             .await
             .unwrap();
         assert_eq!(queue_offsets(&three.body), vec![0, 3, 6]);
-        assert_eq!(three.next_begin_offset, 7);
+        assert_eq!(three.next_begin_offset.0, shards::QueueOffset(7));
 
         // Nothing matches: NoMatchedMessage, and the scan goes on from past the window.
         let none = |_: &[u8]| false;
@@ -89,19 +110,33 @@ fn properties_stage_keeps_only_matching_records() {
             properties: Some(&none),
         };
         let unmatched = store
-            .get_messages_matching("T", 0, 5, 32, 1 << 20, &nothing)
+            .get_messages_matching(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(5),
+                32,
+                1 << 20,
+                &nothing,
+            )
             .await
             .unwrap();
         assert_eq!(unmatched.status, GetStatus::NoMatchedMessage);
         assert_eq!(
-            (unmatched.message_count, unmatched.next_begin_offset),
+            (unmatched.message_count, unmatched.next_begin_offset.0),
             (0, 40)
         );
         assert!(unmatched.body.is_empty());
 
         // The end of the queue answers as without a filter.
         let at_end = store
-            .get_messages_matching("T", 0, 40, 32, 1 << 20, &filter)
+            .get_messages_matching(
+                "T",
+                shards::QueueId(0),
+                shards::QueueOffset(40),
+                32,
+                1 << 20,
+                &filter,
+            )
             .await
             .unwrap();
         assert_eq!(at_end.status, GetStatus::OffsetOverflowOne);
@@ -132,27 +167,47 @@ fn properties_stage_reads_a_bounded_amount_per_pull() {
             properties: Some(&only_last),
         };
         let first = store
-            .get_messages_matching("Big", 0, 0, 32, 1 << 20, &filter)
+            .get_messages_matching(
+                "Big",
+                shards::QueueId(0),
+                shards::QueueOffset(0),
+                32,
+                1 << 20,
+                &filter,
+            )
             .await
             .unwrap();
         assert_eq!(first.status, GetStatus::NoMatchedMessage);
         let read = evaluated.get() * (record_bytes as u64);
         assert!(read <= PROPERTY_FILTER_READ_MAX_BYTES, "read {read} bytes");
-        assert!(first.next_begin_offset > 0 && first.next_begin_offset < count);
-        assert_eq!(first.next_begin_offset, evaluated.get());
+        assert!(
+            first.next_begin_offset.0 > (shards::QueueOffset(0)).0
+                && first.next_begin_offset.0 < (shards::QueueOffset(count)).0
+        );
+        assert_eq!(
+            first.next_begin_offset.0,
+            shards::QueueOffset(evaluated.get())
+        );
         // Going on from there finds the last record.
-        let mut offset = first.next_begin_offset;
+        let mut offset = first.next_begin_offset.0;
         let found = loop {
             let next = store
-                .get_messages_matching("Big", 0, offset, 32, 1 << 20, &filter)
+                .get_messages_matching(
+                    "Big",
+                    shards::QueueId(0),
+                    shards::QueueOffset(offset),
+                    32,
+                    1 << 20,
+                    &filter,
+                )
                 .await
                 .unwrap();
             if next.status == GetStatus::Found {
                 break next;
             }
             assert_eq!(next.status, GetStatus::NoMatchedMessage);
-            assert!(next.next_begin_offset > offset);
-            offset = next.next_begin_offset;
+            assert!(next.next_begin_offset.0 > offset);
+            offset = next.next_begin_offset.0;
         };
         assert_eq!(queue_offsets(&found.body), vec![count - 1]);
         assert_eq!(evaluated.get(), count);

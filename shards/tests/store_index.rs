@@ -42,7 +42,7 @@ fn append_keyed(store: &Store, topic: &str, keys: &str, unique: &str) -> u64 {
         properties: props.as_bytes(),
         tags_code: 0,
     };
-    store.append(&msg).expect("append").physical_offset
+    (store.append(&msg).expect("append").physical_offset).0
 }
 
 fn query<'a>(topic: &'a str, key: &'a str) -> MessageQuery<'a> {
@@ -133,7 +133,7 @@ fn finds_by_key_unique_id_and_time_range() {
         let other_size = other.body.len() as u64;
         assert_eq!(
             last.physical_offset,
-            store.max_physical_offset() - other_size
+            store.max_physical_offset().0 - other_size
         );
         store.close().await.unwrap();
     });
@@ -214,14 +214,20 @@ fn survives_clean_stop_and_crash_without_duplicates() {
             append_keyed(&store, "T", "k", &format!("U{i}"));
         }
         let last = append_keyed(&store, "T", "k", "U80");
-        store.wait_durable(last + 1).await.unwrap();
+        store
+            .wait_durable(shards::CommitLogOffset(last + 1))
+            .await
+            .unwrap();
         // Let a checkpoint cover some of it, then append more and crash (no close).
         shards::runtime::sleep(std::time::Duration::from_millis(1_200)).await;
         for i in 81..90 {
             append_keyed(&store, "T", "k", &format!("U{i}"));
         }
         let last = append_keyed(&store, "T", "k", "U90");
-        store.wait_durable(last + 1).await.unwrap();
+        store
+            .wait_durable(shards::CommitLogOffset(last + 1))
+            .await
+            .unwrap();
         drop(store);
     });
     run(|| async {

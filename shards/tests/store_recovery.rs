@@ -69,14 +69,14 @@ fn every_cut_recovers_to_the_records_before_it() {
         drop(store); // an unclean stop: the checkpoint stays behind the end
         results
     });
-    let end = results.last().unwrap().end_offset;
+    let end = results.last().unwrap().end_offset.0;
     // A fixed pseudo-random sequence of cut points (seeded: rerun gives the same cuts).
     let seed = 0x5EED_u64;
     let mut state = seed;
     let mut cuts = vec![
         1,
-        results[1].physical_offset,
-        results[100].physical_offset + 1,
+        results[1].physical_offset.0,
+        results[100].physical_offset.0 + 1,
         end - 1,
     ];
     for _ in 0..12 {
@@ -89,22 +89,32 @@ fn every_cut_recovers_to_the_records_before_it() {
         let copy = tempfile::tempdir().unwrap();
         copy_dir(original.path(), copy.path());
         cut_log(copy.path(), cut);
-        let survivors: Vec<_> = results.iter().filter(|r| r.end_offset <= cut).collect();
+        let survivors: Vec<_> = results
+            .iter()
+            .filter(|r| r.end_offset <= shards::CommitLogOffset(cut))
+            .collect();
         run(|| async {
             let store = Store::open(config(copy.path(), FlushMode::Sync, SEGMENT))
                 .await
                 .unwrap();
-            let expected_end = survivors.last().map_or(0, |r| r.end_offset);
+            let expected_end = survivors.last().map_or(0, |r| r.end_offset.0);
             // The end is the last whole record, or the next segment start after a filler.
             let end = store.max_physical_offset();
             assert!(
-                end == expected_end || (end % SEGMENT == 0 && end > expected_end && end <= cut),
+                end == shards::CommitLogOffset(expected_end)
+                    || (end % SEGMENT == 0
+                        && end > shards::CommitLogOffset(expected_end)
+                        && end <= shards::CommitLogOffset(cut)),
                 "seed {seed:#x} cut {cut}: end {end}, expected {expected_end}"
             );
             for q in 0..2u32 {
                 let expected = (0..survivors.len()).filter(|i| *i as u32 % 2 == q).count();
-                let max = store.max_queue_offset("T", q);
-                assert_eq!(max, expected as u64, "seed {seed:#x} cut {cut} queue {q}");
+                let max = store.max_queue_offset("T", shards::QueueId(q));
+                assert_eq!(
+                    max,
+                    shards::QueueOffset(expected as u64),
+                    "seed {seed:#x} cut {cut} queue {q}"
+                );
                 let bodies = pull_all(&store, "T", q, 0).await;
                 assert_eq!(bodies.len(), expected);
             }

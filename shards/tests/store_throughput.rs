@@ -21,7 +21,7 @@ fn sync_appends_per_second_1kib() {
         let tasks: Vec<_> = (0..in_flight)
             .map(|t| {
                 let store = store.clone();
-                glommio::spawn_local(async move {
+                shards::runtime::spawn(async move {
                     for i in 0..per_task {
                         let end = append(&store, "Bench", (t % 8) as u32, i, 1024, "t").end_offset;
                         store.wait_durable(end).await.unwrap();
@@ -50,29 +50,28 @@ fn sync_appends_per_second_1kib() {
 }
 
 /// A figure, not an assertion: what one 256 KiB O_DIRECT write and one fdatasync cost through
-/// glommio on an idle shard, over space written before (compare with fio on the same disk).
+/// the runtime (glommio) on an idle shard, over space written before (compare with fio on the same disk).
 #[test]
 #[ignore]
 fn dma_write_and_fdatasync_latency() {
-    use glommio::io::DmaFile;
+    use shards::runtime::fs::DirectFile;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latency.dat");
     run(|| async move {
-        let file = DmaFile::create(&path).await.unwrap();
+        let file = DirectFile::open(&path, true).await.unwrap();
         const PIECE: usize = 256 << 10;
         const PIECES: u64 = 256;
         for i in 0..PIECES {
-            let mut buffer = file.alloc_dma_buffer(PIECE);
-            buffer.as_bytes_mut().fill(0);
-            file.write_at(buffer, i * PIECE as u64).await.unwrap();
+            let buffer = file.alloc_buffer(PIECE);
+            file.write_at(i * PIECE as u64, buffer).await.unwrap();
         }
         file.fdatasync().await.unwrap();
         let (mut writes, mut syncs) = (Vec::new(), Vec::new());
         for i in 0..PIECES {
-            let mut buffer = file.alloc_dma_buffer(PIECE);
+            let mut buffer = file.alloc_buffer(PIECE);
             buffer.as_bytes_mut().fill(1);
             let started = Instant::now();
-            file.write_at(buffer, i * PIECE as u64).await.unwrap();
+            file.write_at(i * PIECE as u64, buffer).await.unwrap();
             let written = Instant::now();
             file.fdatasync().await.unwrap();
             writes.push(written - started);
@@ -81,7 +80,7 @@ fn dma_write_and_fdatasync_latency() {
         writes.sort();
         syncs.sort();
         println!(
-            "glommio 256 KiB O_DIRECT write p50 {:?}, fdatasync p50 {:?} (over written space)",
+            "runtime 256 KiB O_DIRECT write p50 {:?}, fdatasync p50 {:?} (over written space)",
             writes[writes.len() / 2],
             syncs[syncs.len() / 2]
         );
@@ -120,14 +119,17 @@ fn async_append_bandwidth_16kib() {
             match store.append(&msg) {
                 Ok(_) => appended += 1,
                 // Busy: 32 MiB wait for the disk; let the flusher catch up.
-                Err(_) => glommio::timer::sleep(std::time::Duration::from_micros(100)).await,
+                Err(_) => shards::runtime::sleep(std::time::Duration::from_micros(100)).await,
             }
             if i % 64 == 0 {
-                glommio::yield_if_needed().await;
+                shards::runtime::yield_now().await;
             }
         }
         let last = store.stats().write_offset;
-        store.wait_durable(last).await.unwrap();
+        store
+            .wait_durable(shards::CommitLogOffset(last))
+            .await
+            .unwrap();
         let seconds = started.elapsed().as_secs_f64();
         let stats = store.stats();
         println!(

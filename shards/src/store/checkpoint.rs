@@ -15,12 +15,10 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
-use glommio::io::BufferedFile;
 use serde::{Deserialize, Serialize};
 
-use super::error::io_error;
 use super::index::IndexMark;
-use super::segments::sync_dir;
+use crate::runtime::fs;
 
 const FILE_NAME: &str = "checkpoint";
 const TEMP_FILE_NAME: &str = "checkpoint.tmp";
@@ -42,18 +40,15 @@ pub(crate) fn read(root: &Path) -> Option<Checkpoint> {
     let path = root.join(FILE_NAME);
     let size = std::fs::metadata(&path).ok()?.len();
     if size > CHECKPOINT_SIZE_MAX_BYTES {
-        eprintln!(
-            "shardmq: store: ignoring oversized checkpoint {}",
-            path.display()
-        );
+        log::warn!("store: ignoring oversized checkpoint {}", path.display());
         return None;
     }
     let text = std::fs::read(&path).ok()?;
     match serde_json::from_slice(&text) {
         Ok(checkpoint) => Some(checkpoint),
         Err(error) => {
-            eprintln!(
-                "shardmq: store: ignoring unreadable checkpoint {}: {error}",
+            log::warn!(
+                "store: ignoring unreadable checkpoint {}: {error}",
                 path.display()
             );
             None
@@ -65,21 +60,7 @@ pub(crate) fn read(root: &Path) -> Option<Checkpoint> {
 pub(crate) async fn write(root: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
     let bytes = serde_json::to_vec(checkpoint).map_err(io::Error::other)?;
     let temp = root.join(TEMP_FILE_NAME);
-    let file = BufferedFile::create(&temp).await.map_err(io_error)?;
-    let len = bytes.len();
-    let written = file.write_at(bytes, 0).await.map_err(io_error)?;
-    if written != len {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "short checkpoint write",
-        ));
-    }
-    file.fdatasync().await.map_err(io_error)?;
-    file.close().await.map_err(io_error)?;
-    glommio::io::rename(&temp, root.join(FILE_NAME))
-        .await
-        .map_err(io_error)?;
-    sync_dir(root)
-        .await
-        .map_err(|e| io::Error::other(e.to_string()))
+    fs::write_small_file(&temp, bytes).await?;
+    fs::rename(&temp, &root.join(FILE_NAME)).await?;
+    fs::sync_dir(root).await
 }

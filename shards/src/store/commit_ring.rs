@@ -31,11 +31,11 @@
 
 use std::any::Any;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::rc::Rc;
 
-use glommio::io::DmaBuffer;
-use glommio::net::UnixStream;
+use crate::runtime::fs::AlignedBuffer;
+use crate::runtime::wake::{self, WakeReceiver, Waker};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::tail::{TailPiece, TAIL_CHUNK_BYTES};
@@ -84,7 +84,7 @@ impl ChainWrite {
     }
 
     /// Adds the first `len` bytes of `buffer`.
-    pub(crate) fn push_buffer(&mut self, buffer: Rc<DmaBuffer>, len: usize) {
+    pub(crate) fn push_buffer(&mut self, buffer: Rc<AlignedBuffer>, len: usize) {
         assert!(len <= buffer.len(), "a write stays inside its buffer");
         self.push(buffer.as_ptr(), len, buffer);
     }
@@ -142,7 +142,7 @@ struct Chain {
 pub(crate) struct CommitRing {
     ring: IoUring,
     /// The end the kernel sends the wake-up byte on (the reaper reads the other end).
-    wake_tx: std::os::unix::net::UnixStream,
+    wake_tx: Waker,
     chains: [Option<Chain>; 2],
     /// Chains start on an io_uring worker (IOSQE_ASYNC) bound to other CPUs.
     offload: bool,
@@ -157,7 +157,7 @@ impl CommitRing {
     /// A ring, and the socket end the reaper task reads to learn that a chain ended. With
     /// `io_worker_cpus`, each chain is started by an io_uring worker on those CPUs instead of
     /// inline in the submitting call.
-    pub(crate) fn new(io_worker_cpus: &[usize]) -> io::Result<(CommitRing, UnixStream)> {
+    pub(crate) fn new(io_worker_cpus: &[usize]) -> io::Result<(CommitRing, WakeReceiver)> {
         // Completions do not interrupt the shard (no IPI while it runs): their task work runs
         // at its next system call, or when `reap` sees the kernel's flag that some is pending;
         // a parked shard is still woken. Only the shard's thread submits.
@@ -174,11 +174,9 @@ impl CommitRing {
             }
             ring.submitter().register_iowq_aff(&set).is_ok()
         };
-        let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
-        wake_tx.set_nonblocking(true)?;
-        wake_rx.set_nonblocking(true)?;
-        // SAFETY: the descriptor is a freshly made socket handed over whole.
-        let wake_rx = unsafe { UnixStream::from_raw_fd(wake_rx.into_raw_fd()) };
+        // The kernel sends the byte itself (the chain's last link), on the runtime's wake-up
+        // pair that the reaper waits on.
+        let (wake_tx, wake_rx) = wake::pair()?;
         Ok((
             CommitRing {
                 ring,
@@ -254,7 +252,7 @@ impl CommitRing {
             steps.push(Step::Sync);
             results.push(fail_with.map(|errno| -errno));
         }
-        let wake_fd = types::Fd(self.wake_tx.as_raw_fd());
+        let wake_fd = types::Fd(self.wake_tx.raw_fd());
         // Never waits for room: a full socket already holds wake-ups the reaper has yet to
         // read (a chain whose send blocked would not end until the reaper ran).
         entries.push(
@@ -320,7 +318,7 @@ impl CommitRing {
             };
             if let Err(error) = entered {
                 if error.raw_os_error() != Some(libc::EINTR) {
-                    eprintln!("shardmq: store: collecting commitlog completions failed: {error}");
+                    log::warn!("store: collecting commitlog completions failed: {error}");
                 }
             }
         }
@@ -356,7 +354,7 @@ impl CommitRing {
                 Ok(_) => {}
                 Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
                 Err(error) => {
-                    eprintln!("shardmq: store: waiting for the commitlog ring failed: {error}");
+                    log::warn!("store: waiting for the commitlog ring failed: {error}");
                     // Leak the buffers rather than free memory the kernel may still read.
                     for chain in &mut self.chains {
                         std::mem::forget(chain.take());
@@ -408,52 +406,45 @@ fn outcome(chain: &Chain) -> Result<(), ChainFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_lite::AsyncReadExt;
-    use glommio::io::{DmaFile, OpenOptions};
+    use crate::runtime::fs::DirectFile;
 
     /// Waits for wake-up bytes until `count` chains have ended; their outcomes by slot.
     async fn ended(
         ring: &mut CommitRing,
-        wake_rx: &mut UnixStream,
+        wake_rx: &mut WakeReceiver,
         count: usize,
     ) -> Vec<(Slot, Result<(), ChainFailure>)> {
         let mut all = Vec::new();
         while all.len() < count {
             let mut bytes = [0u8; 8];
-            assert!(wake_rx.read(&mut bytes).await.unwrap() > 0);
+            assert!(wake_rx.read_some(&mut bytes).await.unwrap() > 0);
             all.extend(ring.reap());
         }
         assert!(!ring.any_busy());
         all
     }
 
-    fn filled(file: &DmaFile, len: usize, byte: u8) -> Rc<DmaBuffer> {
-        let mut buffer = file.alloc_dma_buffer(len);
+    fn filled(file: &DirectFile, len: usize, byte: u8) -> Rc<AlignedBuffer> {
+        let mut buffer = file.alloc_buffer(len);
         buffer.as_bytes_mut().fill(byte);
         Rc::new(buffer)
     }
 
-    fn write(file: &DmaFile, position: u64, buffer: Rc<DmaBuffer>) -> ChainWrite {
+    fn write(file: &DirectFile, position: u64, buffer: Rc<AlignedBuffer>) -> ChainWrite {
         let mut write = ChainWrite::new(file.as_raw_fd(), position);
         let len = buffer.len();
         write.push_buffer(buffer, len);
         write
     }
 
-    async fn open(path: &std::path::Path) -> DmaFile {
-        OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .dma_open(path)
-            .await
-            .unwrap()
+    async fn open(path: &std::path::Path) -> DirectFile {
+        DirectFile::open(path, true).await.unwrap()
     }
 
     #[test]
     fn chains_of_both_slots_land_and_wake_the_reader() {
         let dir = tempfile::tempdir().unwrap();
-        glommio::LocalExecutor::default().run(async {
+        crate::runtime::run_local(|| async {
             let file = open(&dir.path().join("log")).await;
             let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
             // The second write gathers two buffers (the flush of a tail run across chunks).
@@ -484,7 +475,7 @@ mod tests {
     #[test]
     fn a_failed_step_is_reported_and_the_chain_still_ends() {
         let dir = tempfile::tempdir().unwrap();
-        glommio::LocalExecutor::default().run(async {
+        crate::runtime::run_local(|| async {
             let path = dir.path().join("log");
             let file = open(&path).await;
             let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
@@ -501,7 +492,7 @@ mod tests {
             // the fdatasync and the wake-up after it.
             let read_only = std::fs::File::open(&path).unwrap();
             let mut rejected = write(&file, 0, filled(&file, 4096, 2));
-            rejected.fd = read_only.as_raw_fd();
+            rejected.fd = std::os::fd::AsRawFd::as_raw_fd(&read_only);
             ring.submit(Slot::ZeroFill, vec![rejected], &[(file.as_raw_fd(), None)])
                 .unwrap();
             let (slot, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
@@ -526,7 +517,7 @@ mod tests {
     #[test]
     fn dropping_the_ring_waits_for_a_chain_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        glommio::LocalExecutor::default().run(async {
+        crate::runtime::run_local(|| async {
             let file = open(&dir.path().join("log")).await;
             let (mut ring, _wake_rx) = CommitRing::new(&[]).unwrap();
             let buffer = filled(&file, 1 << 20, 7);

@@ -11,8 +11,6 @@
 
 use std::io;
 
-use glommio::GlommioError;
-
 /// Errors of the shard store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -96,62 +94,7 @@ pub(crate) fn is_space_error(error: &io::Error) -> bool {
     matches!(raw_os_error_of(error), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
-/// glommio's error as an io::Error that keeps the OS error code (glommio's own conversion
-/// drops it for errors that carry a path, and we need ENOSPC and EOPNOTSUPP).
-pub(crate) fn io_error<T>(error: GlommioError<T>) -> io::Error {
-    match error {
-        GlommioError::IoError(e) => e,
-        GlommioError::EnhancedIoError {
-            source,
-            op,
-            path,
-            fd,
-        } => {
-            let context = format!("{op} {path:?} (fd {fd:?})");
-            match source.raw_os_error() {
-                Some(code) => os_error_with_context(code, context),
-                None => io::Error::new(source.kind(), format!("{context}: {source}")),
-            }
-        }
-        other => io::Error::from(other),
-    }
-}
-
-/// An io::Error for OS error `code` that also says what we were doing.
-pub(crate) fn os_error_with_context(code: i32, context: String) -> io::Error {
-    let kind = io::Error::from_raw_os_error(code).kind();
-    io::Error::new(kind, OsErrorWithContext { code, context })
-}
-
-/// An OS error code plus what we were doing; `raw_os_error_of` finds the code again.
-#[derive(Debug)]
-pub(crate) struct OsErrorWithContext {
-    pub(crate) code: i32,
-    context: String,
-}
-
-impl std::fmt::Display for OsErrorWithContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {}",
-            self.context,
-            io::Error::from_raw_os_error(self.code)
-        )
-    }
-}
-
-impl std::error::Error for OsErrorWithContext {}
-
-/// The OS error code of `error`, also when it was wrapped by `io_error`.
-pub(crate) fn raw_os_error_of(error: &io::Error) -> Option<i32> {
-    error.raw_os_error().or_else(|| {
-        error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<OsErrorWithContext>())
-            .map(|e| e.code)
-    })
-}
+pub(crate) use crate::runtime::fs::{os_error_with_context, raw_os_error_of};
 
 impl From<io::Error> for StoreError {
     fn from(error: io::Error) -> StoreError {
@@ -163,11 +106,5 @@ impl From<io::Error> for StoreError {
         } else {
             StoreError::Io(error)
         }
-    }
-}
-
-impl<T> From<GlommioError<T>> for StoreError {
-    fn from(error: GlommioError<T>) -> StoreError {
-        StoreError::from(io_error(error))
     }
 }

@@ -37,31 +37,25 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use glommio::io::{BufferedFile, DmaBuffer, DmaFile};
-use glommio::net::UnixStream;
+use crate::runtime::fs::{AlignedBuffer, DirectFile};
+use crate::runtime::wake::WakeReceiver;
 
 use super::checkpoint::{self, Checkpoint};
 use super::commit_ring::{ChainWrite, Slot};
-use super::error::{io_error, is_resource_error, is_space_error, os_error_with_context, Poison};
-use super::segments::{align_down, align_up, allocate, create_segment, BLOCK_BYTES};
+use super::error::{is_resource_error, is_space_error, os_error_with_context, Poison};
+use super::segments::{align_down, align_up, create_segment, BLOCK_BYTES};
 use super::space::{
     FullCause, Space, ALLOCATION_PIECE_MIN_BYTES, ALLOCATION_RETRY_MS, FLUSH_RETRY_MS,
 };
 use super::tail::TailPiece;
 use super::{disk_used_ratio, FlushMode, Inner, LogState, StoreError, TAIL_READ_KEEP_BYTES};
 
-/// Async mode: default dirty bytes that trigger a flush before the interval ends (one large
-/// write is as cheap as a small one; more would delay durability and grow the write).
-/// `StoreConfig::flush_dirty_max_bytes` sets it per store.
-pub const FLUSH_DIRTY_BYTES_MAX: u64 = 4 << 20;
-/// Largest single write of a flush (it gathers the tail chunks it covers): on these virtio
-/// disks one 8 MiB RWF_DSYNC write at a time runs at fio's sequential bandwidth.
-pub const FLUSH_WRITE_MAX_BYTES: u64 = 8 << 20;
+pub use crate::limits::FLUSH_DIRTY_BYTES_MAX;
+pub use crate::limits::FLUSH_WRITE_MAX_BYTES;
 /// Zero-fill write size: one fdatasync (one journal commit of converted extents) per chunk.
 pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Under SYNC_FLUSH load, how far zero-fill of the next segment runs ahead of the writes'
@@ -108,7 +102,7 @@ pub(crate) struct FlushState {
     /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
     zero_fill_next: u64,
     /// A zeroed `ZERO_FILL_CHUNK_BYTES` DMA buffer, written again and again by zero-fill.
-    zero_buffer: Option<Rc<DmaBuffer>>,
+    zero_buffer: Option<Rc<AlignedBuffer>>,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
     /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
@@ -242,38 +236,68 @@ enum Action {
     Wait(Option<Duration>),
 }
 
-pub(crate) fn spawn(inner: &Rc<Inner>, wake_rx: UnixStream) {
+pub(crate) fn spawn(inner: &Rc<Inner>, wake_rx: WakeReceiver) {
     let weak = Rc::downgrade(inner);
     let notify = inner.notify.clone();
-    glommio::spawn_local(run(weak.clone(), notify)).detach();
-    glommio::spawn_local(reaper(weak, wake_rx)).detach();
+    crate::runtime::spawn_detached(run(weak.clone(), notify));
+    crate::runtime::spawn_detached(reaper(weak, wake_rx));
 }
 
 /// Reads the wake-up bytes the commitlog ring's chains end with and reaps them. Ends when the
-/// store is gone (the ring's end of the socket pair closes with it). Also reaps every
-/// `REAP_FALLBACK_MS` without a wake-up, so that a lost wake-up byte cannot leave a chain
-/// unreaped.
-async fn reaper(weak: Weak<Inner>, mut wake_rx: UnixStream) {
-    use futures_lite::AsyncReadExt;
+/// store is gone (the ring's end of the socket pair closes with it). While a chain is in
+/// flight it also reaps every `REAP_FALLBACK_MS` without a wake-up, so that a lost wake-up
+/// byte cannot leave a chain unreaped; with nothing in flight it sleeps until a byte or the
+/// next submission (`note_submitted`): an idle store makes no wake-ups.
+async fn reaper(weak: Weak<Inner>, mut wake_rx: WakeReceiver) {
     let mut bytes = [0u8; 4096];
     loop {
-        let woken =
-            futures_lite::future::or(async { Some(wake_rx.read(&mut bytes).await) }, async {
-                glommio::timer::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
+        let Some(inner) = weak.upgrade() else { return };
+        let in_flight = inner.log.borrow().ring.any_busy();
+        let submitted = inner.reaper.clone();
+        drop(inner);
+        submitted.idle.set(!in_flight);
+        let read = async { Some(wake_rx.read_some(&mut bytes).await) };
+        let woken = if in_flight {
+            futures_lite::future::or(read, async {
+                crate::runtime::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
                 None
             })
-            .await;
+            .await
+        } else {
+            futures_lite::future::or(read, async {
+                submitted.notify.wait().await;
+                None
+            })
+            .await
+        };
+        submitted.idle.set(false);
         match woken {
             // The ring (and its end of the pair) went with the store.
             Some(Ok(0)) => return,
             Some(Err(error)) => {
-                eprintln!("shardmq: store: reading the commitlog ring's wake-ups: {error}");
-                glommio::timer::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
+                log::warn!("store: reading the commitlog ring's wake-ups: {error}");
+                crate::runtime::sleep(Duration::from_millis(REAP_FALLBACK_MS)).await;
             }
             _ => {}
         }
         let Some(inner) = weak.upgrade() else { return };
         reap(&inner);
+    }
+}
+
+/// The reaper's state as submitters see it.
+#[derive(Default)]
+pub(crate) struct ReaperState {
+    /// The reaper waits with nothing in flight (no fallback timer armed).
+    idle: Cell<bool>,
+    notify: Notify,
+}
+
+/// A chain was just submitted: an idle reaper arms its fallback timer (one wake-up, and none
+/// at all under load, when the reaper is already watching).
+fn note_submitted(inner: &Inner) {
+    if inner.reaper.idle.get() {
+        inner.reaper.notify.signal();
     }
 }
 
@@ -287,7 +311,7 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
             Action::Wait(timeout) => {
                 match timeout {
                     Some(t) => {
-                        futures_lite::future::or(notify.wait(), glommio::timer::sleep(t)).await
+                        futures_lite::future::or(notify.wait(), crate::runtime::sleep(t)).await
                     }
                     None => notify.wait().await,
                 }
@@ -432,8 +456,8 @@ fn fail(inner: &Inner, context: &str, error: &io::Error) -> bool {
     }
     let mut log = inner.log.borrow_mut();
     if let Some(left_out) = log.flush.trouble_log.allow(Instant::now()) {
-        eprintln!(
-            "shardmq: store {}: {context}: {error}; trying again later{}",
+        log::warn!(
+            "store {}: {context}: {error}; trying again later{}",
             inner.config.root_dir.display(),
             crate::throttle::LogThrottle::repeats(left_out)
         );
@@ -443,10 +467,7 @@ fn fail(inner: &Inner, context: &str, error: &io::Error) -> bool {
 
 fn poison(inner: &Inner, context: &str, error: &io::Error) {
     let poison = Poison::from_io(context, error);
-    eprintln!(
-        "shardmq: store {}: {poison:?}",
-        inner.config.root_dir.display()
-    );
+    log::error!("store {}: {poison:?}", inner.config.root_dir.display());
     let mut log = inner.log.borrow_mut();
     if log.poison.is_none() {
         log.poison = Some(poison);
@@ -494,8 +515,8 @@ pub(crate) async fn allocate_ahead(inner: &Inner) {
     let mut log = inner.log.borrow_mut();
     log.space.allocation_retry_at = None;
     if log.space.clear(FullCause::Allocation) {
-        eprintln!(
-            "shardmq: store {}: commitlog space allocated again; sends resume",
+        log::warn!(
+            "store {}: commitlog space allocated again; sends resume",
             inner.config.root_dir.display()
         );
     }
@@ -517,7 +538,7 @@ async fn allocate_in_segment(inner: &Inner, segment: u64, stop: u64) -> io::Resu
         return Err(io::Error::other("segment file vanished"));
     };
     debug_assert!(stop - segment <= size);
-    allocate(&file, stop - segment).await.map(|_| ())
+    file.allocate(stop - segment).await.map(|_| ())
 }
 
 fn allocation_failed(inner: &Inner, from: u64, error: &io::Error) {
@@ -531,8 +552,8 @@ fn allocation_failed(inner: &Inner, from: u64, error: &io::Error) {
         log.space.used_ratio = disk_used_ratio(&inner.config.root_dir).unwrap_or(1.0);
         let why = format!("{context}: {error}");
         if log.space.set_full(FullCause::Allocation, why) {
-            eprintln!(
-                "shardmq: store {}: the disk is full; appends go on up to offset {} (space \
+            log::warn!(
+                "store {}: the disk is full; appends go on up to offset {} (space \
                  already allocated), then are refused until space returns",
                 inner.config.root_dir.display(),
                 log.space.allocated_end
@@ -666,6 +687,8 @@ fn start_flush(inner: &Inner) -> Started {
     let messages = log.stats.put_messages;
     log.flush.data_in_flight = Some((end, messages));
     log.flush.flush_started_at.get_or_insert_with(Instant::now);
+    drop(log);
+    note_submitted(inner);
     Started::Running
 }
 
@@ -718,8 +741,8 @@ pub(crate) fn reap(inner: &Inner) {
             let mut log = inner.log.borrow_mut();
             log.space.flush_retry_at = None;
             if log.space.clear(FullCause::Write) {
-                eprintln!(
-                    "shardmq: store {}: the disk takes writes again",
+                log::warn!(
+                    "store {}: the disk takes writes again",
                     inner.config.root_dir.display()
                 );
             }
@@ -792,7 +815,7 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             // The slow disk is under way: appends wait on it from now (the overload check).
             inner.log.borrow_mut().flush.flush_started_at = Some(Instant::now());
             delayed = true;
-            glommio::timer::sleep(delay).await;
+            crate::runtime::sleep(delay).await;
             continue;
         }
         let retry_at = inner.log.borrow().space.flush_retry_at;
@@ -803,7 +826,7 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             if inner.log.borrow().closing && retries > CLOSE_FLUSH_RETRIES_MAX {
                 return false;
             }
-            glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+            crate::runtime::sleep(at.saturating_duration_since(Instant::now())).await;
             inner.log.borrow_mut().space.flush_retry_at = None;
             continue;
         }
@@ -832,14 +855,10 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
 }
 
 /// The zeroed chunk buffer (allocated once).
-fn zeros(flush: &mut FlushState, file: &DmaFile) -> Rc<DmaBuffer> {
+fn zeros(flush: &mut FlushState, file: &DirectFile) -> Rc<AlignedBuffer> {
     flush
         .zero_buffer
-        .get_or_insert_with(|| {
-            let mut buffer = file.alloc_dma_buffer(ZERO_FILL_CHUNK_BYTES as usize);
-            buffer.as_bytes_mut().fill(0);
-            Rc::new(buffer)
-        })
+        .get_or_insert_with(|| Rc::new(file.alloc_buffer(ZERO_FILL_CHUNK_BYTES as usize)))
         .clone()
 }
 
@@ -912,7 +931,11 @@ async fn zero_fill_step(inner: &Inner) {
         .ring
         .submit(Slot::ZeroFill, vec![write], &[(file.as_raw_fd(), None)]);
     match submitted {
-        Ok(()) => log.flush.zero_in_flight = Some((pos, stop)),
+        Ok(()) => {
+            log.flush.zero_in_flight = Some((pos, stop));
+            drop(log);
+            note_submitted(inner);
+        }
         Err(error) => {
             drop(log);
             poison(inner, "commitlog ring submit", &error);
@@ -998,7 +1021,7 @@ async fn sync_paths(
     if let Some(dir) = dir {
         if let Err(error) = super::segments::sync_dir(&dir).await {
             inner.log.borrow_mut().flush.unsynced_dir = Some(dir);
-            checkpoint_failed(inner, "message index directory fsync", &store_io(error));
+            checkpoint_failed(inner, "message index directory fsync", &error);
             return false;
         }
     }
@@ -1006,20 +1029,15 @@ async fn sync_paths(
 }
 
 /// fdatasync of a file by path (consume-queue files are written through memory maps).
-pub(crate) async fn sync_file(path: &std::path::Path) -> io::Result<()> {
-    let file = BufferedFile::open(path).await.map_err(io_error)?;
-    let synced = file.fdatasync().await.map_err(io_error);
-    file.close().await.map_err(io_error)?;
-    synced
-}
+pub(crate) use crate::runtime::fs::fdatasync_path as sync_file;
 
 async fn exit(inner: &Inner) {
     // Every acknowledged message is written (`ok`) even when the clean checkpoint cannot be
     // (a full disk has no block for its new file): recovery then scans from the last one.
     let ok = flush(inner).await;
     if ok && !checkpoint(inner, true).await {
-        eprintln!(
-            "shardmq: store {}: every message is on disk, but the final checkpoint could not \
+        log::warn!(
+            "store {}: every message is on disk, but the final checkpoint could not \
              be written; the next start scans from the previous one",
             inner.config.root_dir.display()
         );
@@ -1035,7 +1053,7 @@ async fn exit(inner: &Inner) {
     };
     for file in files {
         // A reader still holding the file closes it when it drops its reference.
-        let _ = file.close_rc().await;
+        DirectFile::close_shared(file).await;
     }
     let mut log = inner.log.borrow_mut();
     let result = match (&log.poison, ok) {

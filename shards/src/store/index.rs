@@ -83,9 +83,7 @@ pub const INDEX_SLOTS_PER_FILE_DEFAULT: u32 = 1 << 17;
 pub const INDEX_ENTRIES_PER_FILE_DEFAULT: u32 = 4 << 20;
 /// Default bound on index files per store (about 3.7 GiB at the default size).
 pub const INDEX_FILES_MAX_DEFAULT: usize = 32;
-/// Keys of one message that are indexed, at most (its UNIQ_KEY included): a message with
-/// thousands of keys must not fill a file by itself.
-pub const INDEX_KEYS_PER_MESSAGE_MAX: usize = 64;
+pub use crate::limits::INDEX_KEYS_PER_MESSAGE_MAX;
 /// Smallest entry capacity: a file always holds every key of several messages, so the
 /// entries of one record never span more than two files.
 pub const INDEX_ENTRIES_PER_FILE_MIN: u32 = 4 * INDEX_KEYS_PER_MESSAGE_MAX as u32;
@@ -387,10 +385,7 @@ impl IndexFile {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let len = file.metadata()?.len();
         if len < INDEX_HEADER_BYTES as u64 {
-            eprintln!(
-                "shardmq: store: ignoring short index file {}",
-                path.display()
-            );
+            log::warn!("store: ignoring short index file {}", path.display());
             return Ok(None);
         }
         // SAFETY: as in `create`.
@@ -399,8 +394,8 @@ impl IndexFile {
         let (slots, capacity, count) = (read_u32(&map, 8), read_u32(&map, 12), read_u32(&map, 16));
         let fits = slots > 0 && len == IndexFile::size_bytes(slots, capacity) && count <= capacity;
         if magic != INDEX_MAGIC || version != INDEX_LAYOUT_VERSION || !fits {
-            eprintln!(
-                "shardmq: store: ignoring index file {} (not an index file of this version)",
+            log::warn!(
+                "store: ignoring index file {} (not an index file of this version)",
                 path.display()
             );
             return Ok(None);
@@ -658,8 +653,8 @@ impl Index {
             Some((mark, offset)) if index.trust(mark, offset, clean)? => index.indexed_end = offset,
             _ => {
                 if !index.files.is_empty() {
-                    eprintln!(
-                        "shardmq: store: index {} not covered by a checkpoint: rebuilding it \
+                    log::warn!(
+                        "store: index {} not covered by a checkpoint: rebuilding it \
                          from the commitlog",
                         index.dir.display()
                     );
@@ -747,8 +742,8 @@ impl Index {
         if needs_file {
             if self.files.len() >= self.config.files_max {
                 let oldest = self.files.front().map(|f| f.path.display().to_string());
-                eprintln!(
-                    "shardmq: store: index holds {} files (the limit): dropping the oldest, {}",
+                log::warn!(
+                    "store: index holds {} files (the limit): dropping the oldest, {}",
                     self.files.len(),
                     oldest.unwrap_or_default()
                 );

@@ -10,11 +10,8 @@
 use super::index::IndexLastUpdate;
 use super::{pull, record, Inner, StoreError};
 
-/// Most messages one query returns (RocketMQ's maxMsgsNumBatch).
-pub const QUERY_MESSAGES_MAX: u32 = 64;
-/// Most record bytes one answer carries (the first record always goes): the answer must fit
-/// a remoting frame (16 MiB) with room for its header.
-pub const QUERY_BODY_MAX_BYTES: usize = 12 << 20;
+pub use crate::limits::QUERY_BODY_MAX_BYTES;
+pub use crate::limits::QUERY_MESSAGES_MAX;
 /// Index candidates read per message asked for: collisions are rare with 64-bit hashes, but
 /// entries of deleted or rewritten records also take a read.
 const QUERY_CANDIDATES_PER_MESSAGE: usize = 4;

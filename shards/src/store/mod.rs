@@ -52,6 +52,7 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::rc::Rc;
 
+pub use crate::types::{CommitLogOffset, QueueId, QueueOffset};
 pub use error::StoreError;
 pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX};
 pub use index::{
@@ -73,37 +74,20 @@ use segments::Segments;
 use space::Space;
 use tail::Tail;
 
-/// Largest message body accepted (RocketMQ's maxMessageSize default).
-pub const MESSAGE_SIZE_MAX_BYTES: usize = 4 * 1024 * 1024;
-/// Largest encoded properties string (its length is an i16 on the wire).
-pub const PROPERTIES_SIZE_MAX_BYTES: usize = 32767;
-/// Largest async-flush batch: half the undurable tail, so appends never stall on the tail
-/// limit while a flush of a full batch is under way.
-pub const FLUSH_DIRTY_MAX_BYTES_LIMIT: u64 = TAIL_UNDURABLE_MAX_BYTES / 2;
-/// Longest topic name (magic V1 stores the topic length in one signed byte).
-pub const TOPIC_NAME_MAX_BYTES: usize = 127;
-/// Largest record this store writes.
-pub const RECORD_SIZE_MAX_BYTES: usize = record::encoded_size(
-    MESSAGE_SIZE_MAX_BYTES,
-    TOPIC_NAME_MAX_BYTES,
-    PROPERTIES_SIZE_MAX_BYTES,
-);
-/// Commitlog bytes appended but not yet durable, at most: beyond this `append` answers
-/// `Busy` (a full queue is an answer) instead of growing memory while the disk lags.
-pub const TAIL_UNDURABLE_MAX_BYTES: u64 = 32 << 20;
-/// Durable bytes kept in memory behind the durable end, so that consumers reading the hot
-/// tail are served without a disk read.
-pub const TAIL_READ_KEEP_BYTES: u64 = 4 << 20;
-/// Smallest segment: room for a largest record plus its segment's blank filler.
-pub const SEGMENT_SIZE_MIN_BYTES: u64 = 64 << 10;
+pub use crate::limits::FLUSH_DIRTY_MAX_BYTES_LIMIT;
+pub use crate::limits::MESSAGE_SIZE_MAX_BYTES;
+pub use crate::limits::PROPERTIES_SIZE_MAX_BYTES;
+pub use crate::limits::RECORD_SIZE_MAX_BYTES;
+pub use crate::limits::SEGMENT_SIZE_MIN_BYTES;
+pub use crate::limits::TAIL_READ_KEEP_BYTES;
+pub use crate::limits::TAIL_UNDURABLE_MAX_BYTES;
+pub use crate::limits::TOPIC_NAME_MAX_BYTES;
 /// Default commitlog segment size (RocketMQ's).
 pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 30;
 /// Default consume-queue file size in units (RocketMQ's).
 pub const CONSUME_QUEUE_UNITS_PER_FILE_DEFAULT: u64 = 300_000;
 
-/// Smallest allocation window: room for the undurable tail twice over, so that appends are
-/// held back by the disk's speed (`Busy`), not by allocation.
-pub const ALLOCATION_WINDOW_MIN_BYTES: u64 = 2 * TAIL_UNDURABLE_MAX_BYTES;
+pub use crate::limits::ALLOCATION_WINDOW_MIN_BYTES;
 
 const _: () = assert!(TAIL_UNDURABLE_MAX_BYTES >= 2 * RECORD_SIZE_MAX_BYTES as u64);
 const _: () = assert!(ALLOCATION_WINDOW_DEFAULT_BYTES >= ALLOCATION_WINDOW_MIN_BYTES);
@@ -228,10 +212,17 @@ impl StoreConfig {
     }
 }
 
-/// The source of store timestamps; tests replace it.
+/// The source of time for a shard: store timestamps, and everything the broker on that
+/// shard reads the time for (client expiry, long-poll deadlines, transaction checks). Tests
+/// replace it with a clock they move by hand.
 pub trait Clock {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Milliseconds on a clock that never goes backwards (deadlines, timers).
+    fn monotonic_ms(&self) -> u64 {
+        crate::runtime::monotonic_ms()
+    }
 }
 
 /// Wall-clock time.
@@ -266,12 +257,12 @@ pub struct MessageToStore<'a> {
 /// Where an append landed.
 #[derive(Debug, Clone, Copy)]
 pub struct AppendResult {
-    pub physical_offset: u64,
-    pub queue_offset: u64,
+    pub physical_offset: CommitLogOffset,
+    pub queue_offset: QueueOffset,
     pub record_size_bytes: u32,
     pub store_timestamp_ms: i64,
     /// physical_offset + record size: what to pass to `wait_durable`.
-    pub end_offset: u64,
+    pub end_offset: CommitLogOffset,
 }
 
 /// Counters of one store.
@@ -331,12 +322,14 @@ pub(crate) struct Inner {
     reap_hook: Rc<dyn Fn()>,
     /// Told of every message appended to a queue (`Store::set_arrival_listener`).
     arrival_listener: RefCell<Option<ArrivalListener>>,
+    /// Whether the ring's reaper task waits idle (flusher.rs).
+    pub(crate) reaper: Rc<flusher::ReaperState>,
 }
 
 /// Called with (topic, queue id, queue offset) of every message the store appends, once it
 /// is readable: RocketMQ's MessageArrivingListener. The broker wakes the pulls parked on
 /// that queue with it; no caller of `append` has to remember to.
-pub type ArrivalListener = Rc<dyn Fn(&str, u32, u64)>;
+pub type ArrivalListener = Rc<dyn Fn(&str, QueueId, QueueOffset)>;
 
 /// One shard's store. Cloning is cheap (a reference count).
 #[derive(Clone)]
@@ -420,6 +413,7 @@ impl Store {
                     }
                 }),
                 arrival_listener: RefCell::new(None),
+                reaper: Rc::default(),
             }
         });
         crate::runtime::register_poll_hook(&inner.reap_hook);
@@ -582,14 +576,14 @@ impl Store {
         }
         let listener = inner.arrival_listener.borrow().clone();
         if let Some(listener) = listener {
-            listener(msg.topic, msg.queue_id, queue_offset);
+            listener(msg.topic, QueueId(msg.queue_id), QueueOffset(queue_offset));
         }
         Ok(AppendResult {
-            physical_offset,
-            queue_offset,
+            physical_offset: CommitLogOffset(physical_offset),
+            queue_offset: QueueOffset(queue_offset),
             record_size_bytes: size as u32,
             store_timestamp_ms,
-            end_offset,
+            end_offset: CommitLogOffset(end_offset),
         })
     }
 
@@ -610,13 +604,18 @@ impl Store {
             .end()
             .saturating_sub(TAIL_UNDURABLE_MAX_BYTES / 2);
         async move {
-            let _ = store.wait_durable(target).await;
+            let _ = store.wait_durable(CommitLogOffset(target)).await;
         }
     }
 
     /// Resolves once a write + fdatasync covering `end_offset` has completed.
-    pub async fn wait_durable(&self, end_offset: u64) -> Result<(), StoreError> {
-        flusher::wait_durable(&self.inner, end_offset).await
+    pub async fn wait_durable(&self, end_offset: CommitLogOffset) -> Result<(), StoreError> {
+        flusher::wait_durable(&self.inner, end_offset.0).await
+    }
+
+    /// This store's clock (the shard's source of time).
+    pub fn clock(&self) -> Rc<dyn Clock> {
+        self.inner.clock.clone()
     }
 
     pub fn flush_mode(&self) -> FlushMode {
@@ -624,21 +623,25 @@ impl Store {
     }
 
     /// Units written to the queue (the next queue offset); 0 for an unknown queue.
-    pub fn max_queue_offset(&self, topic: &str, queue_id: u32) -> u64 {
-        self.inner
-            .queues
-            .borrow()
-            .get(topic, queue_id)
-            .map_or(0, |q| q.max_offset())
+    pub fn max_queue_offset(&self, topic: &str, queue_id: QueueId) -> QueueOffset {
+        QueueOffset(
+            self.inner
+                .queues
+                .borrow()
+                .get(topic, queue_id.0)
+                .map_or(0, |q| q.max_offset()),
+        )
     }
 
     /// First queue offset still held; 0 for an unknown queue.
-    pub fn min_queue_offset(&self, topic: &str, queue_id: u32) -> u64 {
-        self.inner
-            .queues
-            .borrow()
-            .get(topic, queue_id)
-            .map_or(0, |q| q.min_offset())
+    pub fn min_queue_offset(&self, topic: &str, queue_id: QueueId) -> QueueOffset {
+        QueueOffset(
+            self.inner
+                .queues
+                .borrow()
+                .get(topic, queue_id.0)
+                .map_or(0, |q| q.min_offset()),
+        )
     }
 
     /// Reads up to `max_messages` / `max_bytes` of the queue from `offset`, skipping units
@@ -646,8 +649,8 @@ impl Store {
     pub async fn get_messages(
         &self,
         topic: &str,
-        queue_id: u32,
-        offset: u64,
+        queue_id: QueueId,
+        offset: QueueOffset,
         max_messages: u32,
         max_bytes: u32,
         filter: &dyn Fn(i64) -> bool,
@@ -667,16 +670,16 @@ impl Store {
     pub async fn get_messages_matching(
         &self,
         topic: &str,
-        queue_id: u32,
-        offset: u64,
+        queue_id: QueueId,
+        offset: QueueOffset,
         max_messages: u32,
         max_bytes: u32,
         filter: &PullFilter<'_>,
     ) -> Result<GetMessageResult, StoreError> {
         let request = pull::PullRequest {
             topic,
-            queue_id,
-            offset,
+            queue_id: queue_id.0,
+            offset: offset.0,
             max_messages,
             max_bytes,
         };
@@ -714,25 +717,33 @@ impl Store {
     pub fn queue_unit(
         &self,
         topic: &str,
-        queue_id: u32,
-        offset: u64,
-    ) -> Result<Option<(u64, u32, i64)>, StoreError> {
+        queue_id: QueueId,
+        offset: QueueOffset,
+    ) -> Result<Option<(CommitLogOffset, u32, i64)>, StoreError> {
+        let offset = offset.0;
         let mut queues = self.inner.queues.borrow_mut();
-        let Some(queue) = queues.get_mut(topic, queue_id) else {
+        let Some(queue) = queues.get_mut(topic, queue_id.0) else {
             return Ok(None);
         };
         if offset < queue.min_offset() || offset >= queue.max_offset() {
             return Ok(None);
         }
         let unit = queue.read_unit(offset).map_err(StoreError::Io)?;
-        Ok(unit
-            .filter(|u| u.size_bytes > 0)
-            .map(|u| (u.physical_offset, u.size_bytes, u.tags_code)))
+        Ok(unit.filter(|u| u.size_bytes > 0).map(|u| {
+            (
+                CommitLogOffset(u.physical_offset),
+                u.size_bytes,
+                u.tags_code,
+            )
+        }))
     }
 
     /// The whole stored record starting at `physical_offset`; None if no valid record does.
-    pub async fn read_record(&self, physical_offset: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        pull::read_record(&self.inner, physical_offset).await
+    pub async fn read_record(
+        &self,
+        physical_offset: CommitLogOffset,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        pull::read_record(&self.inner, physical_offset.0).await
     }
 
     /// SEARCH_OFFSET_BY_TIMESTAMP: lower (default): first offset stored at or after
@@ -741,20 +752,22 @@ impl Store {
     pub async fn queue_offset_by_timestamp(
         &self,
         topic: &str,
-        queue_id: u32,
+        queue_id: QueueId,
         timestamp_ms: i64,
         upper: bool,
-    ) -> Result<u64, StoreError> {
-        pull::offset_by_timestamp(&self.inner, topic, queue_id, timestamp_ms, upper).await
+    ) -> Result<QueueOffset, StoreError> {
+        pull::offset_by_timestamp(&self.inner, topic, queue_id.0, timestamp_ms, upper)
+            .await
+            .map(QueueOffset)
     }
 
     /// Store time of the queue's first message; None for an empty or unknown queue.
     pub async fn earliest_store_time(
         &self,
         topic: &str,
-        queue_id: u32,
+        queue_id: QueueId,
     ) -> Result<Option<i64>, StoreError> {
-        pull::earliest_store_time(&self.inner, topic, queue_id).await
+        pull::earliest_store_time(&self.inner, topic, queue_id.0).await
     }
 
     /// QUERY_MESSAGE: the records of `query.topic` filed under `query.key` (a KEYS word or a
@@ -794,29 +807,35 @@ impl Store {
     pub fn delete_topic(&self, topic: &str) {
         let removed = self.inner.queues.borrow_mut().delete_topic(topic);
         if let Err(error) = removed {
-            eprintln!("shardmq: store: delete_topic {topic}: removing its files failed: {error}");
+            log::warn!("store: delete_topic {topic}: removing its files failed: {error}");
         }
         self.inner.log.borrow_mut().flush.checkpoint_wanted = true;
         self.inner.notify.signal();
     }
 
     /// Queue ids of the topic that hold (or held) messages in this store.
-    pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
-        self.inner.queues.borrow().queue_ids(topic)
+    pub fn queue_ids(&self, topic: &str) -> Vec<QueueId> {
+        self.inner
+            .queues
+            .borrow()
+            .queue_ids(topic)
+            .into_iter()
+            .map(QueueId)
+            .collect()
     }
 
     /// Everything below this commitlog offset is durable.
-    pub fn durable_offset(&self) -> u64 {
-        self.inner.log.borrow().flush.durable_end
+    pub fn durable_offset(&self) -> CommitLogOffset {
+        CommitLogOffset(self.inner.log.borrow().flush.durable_end)
     }
 
     /// Commitlog end: the offset the next record is appended at (after a filler).
-    pub fn max_physical_offset(&self) -> u64 {
-        self.inner.log.borrow().tail.end()
+    pub fn max_physical_offset(&self) -> CommitLogOffset {
+        CommitLogOffset(self.inner.log.borrow().tail.end())
     }
 
-    pub fn min_physical_offset(&self) -> u64 {
-        self.inner.log.borrow().min_physical_offset
+    pub fn min_physical_offset(&self) -> CommitLogOffset {
+        CommitLogOffset(self.inner.log.borrow().min_physical_offset)
     }
 
     /// Why writes are refused for want of disk space right now (None: they are not).
@@ -876,12 +895,15 @@ impl Store {
     }
 
     /// Test hook: every later flush of dirty data first waits `delay`, as a slow disk would
-    /// (None: back to full speed).
+    /// (None: back to full speed). Only with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
     pub fn set_test_flush_delay(&self, delay: Option<std::time::Duration>) {
         self.inner.log.borrow_mut().flush.test_flush_delay = delay;
     }
 
-    /// Test hook: makes the next commitlog write or fdatasync fail as the disk would.
+    /// Test hook: makes the next commitlog write or fdatasync fail as the disk would. Only with
+    /// the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
     pub fn inject_fault(&self, fault: InjectedFault) {
         self.inner.log.borrow_mut().flush.fault = Some(fault);
     }

@@ -25,25 +25,18 @@
 
 use std::rc::Rc;
 
-use glommio::io::DmaFile;
-
 use super::consume_queue::Unit;
 use super::record::{self, MAGIC_CODE_V1, MAGIC_CODE_V2};
-use super::segments::read_exact_at;
 use super::{Inner, StoreError, RECORD_SIZE_MAX_BYTES};
+use crate::runtime::fs::DirectFile;
+use crate::types::QueueOffset;
 
 /// Consume-queue bytes a pull scans at least before answering NoMatchedMessage (RocketMQ's
 /// 16000 bytes), in units.
 pub const PULL_SCAN_MIN_UNITS: u64 = 16_000 / 20;
-/// Most messages one pull returns, whatever the client asks (a hostile maxMsgNums must not
-/// turn into an unbounded scan or body).
-pub const PULL_BATCH_MAX_MESSAGES: u32 = 1024;
-/// Most body bytes one pull returns (the first message is returned whatever its size).
-pub const PULL_BATCH_MAX_BYTES: u32 = 16 << 20;
-/// Commitlog bytes one pull reads at most to evaluate a properties filter (at least one
-/// record is always read): a filter that matches nothing must not turn into reading the
-/// whole scan window of large records.
-pub const PROPERTY_FILTER_READ_MAX_BYTES: u64 = 8 << 20;
+pub use crate::limits::PROPERTY_FILTER_READ_MAX_BYTES;
+pub use crate::limits::STORE_READ_MAX_BYTES as PULL_BATCH_MAX_BYTES;
+pub use crate::limits::STORE_READ_MESSAGES_MAX as PULL_BATCH_MAX_MESSAGES;
 /// Contiguous records read in one go by the properties stage, at most (one record at least).
 const PROPERTY_FILTER_RUN_MAX_BYTES: u64 = 256 << 10;
 /// Bytes read to find a record's STORETIMESTAMP (it ends at 76 with an IPv6 born host).
@@ -68,9 +61,9 @@ pub enum GetStatus {
 #[derive(Debug)]
 pub struct GetMessageResult {
     pub status: GetStatus,
-    pub next_begin_offset: u64,
-    pub min_offset: u64,
-    pub max_offset: u64,
+    pub next_begin_offset: QueueOffset,
+    pub min_offset: QueueOffset,
+    pub max_offset: QueueOffset,
     pub message_count: u32,
     /// Concatenated stored records, exactly as on disk.
     pub body: Vec<u8>,
@@ -126,9 +119,9 @@ fn plan(
     let answer = |status, next_begin_offset| {
         let result = GetMessageResult {
             status,
-            next_begin_offset,
-            min_offset: min,
-            max_offset: max,
+            next_begin_offset: QueueOffset(next_begin_offset),
+            min_offset: QueueOffset(min),
+            max_offset: QueueOffset(max),
             message_count: 0,
             body: Vec::new(),
         };
@@ -194,9 +187,9 @@ fn plan(
     };
     let result = GetMessageResult {
         status,
-        next_begin_offset: index,
-        min_offset: min,
-        max_offset: max,
+        next_begin_offset: QueueOffset(index),
+        min_offset: QueueOffset(min),
+        max_offset: QueueOffset(max),
         message_count: units.len() as u32,
         // With every candidate taken, the properties stage decides what the body holds.
         body: Vec::with_capacity(if take_all { 0 } else { bytes as usize }),
@@ -259,7 +252,7 @@ async fn take_matching(
     let max_messages = request.max_messages.clamp(1, PULL_BATCH_MAX_MESSAGES);
     let max_bytes = u64::from(request.max_bytes.min(PULL_BATCH_MAX_BYTES));
     let (mut taken, mut body_bytes, mut read_bytes) = (0u32, 0u64, 0u64);
-    let mut next_begin = result.next_begin_offset;
+    let mut next_begin = result.next_begin_offset.0;
     let mut run_start = 0;
     'runs: while run_start < units.len() {
         let first = units[run_start];
@@ -306,7 +299,7 @@ async fn take_matching(
         run_start = run_end;
     }
     result.message_count = taken;
-    result.next_begin_offset = next_begin;
+    result.next_begin_offset = QueueOffset(next_begin);
     result.status = match (taken > 0, saw_null) {
         (true, _) => GetStatus::Found,
         (false, true) => GetStatus::OffsetFoundNull,
@@ -343,7 +336,7 @@ fn check_sizes(units: &[Unit], body: &[u8]) -> Result<(), StoreError> {
 pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Vec<u8>, StoreError> {
     let mut out = vec![0u8; len];
     let end = pos + len as u64;
-    let mut pieces: Vec<(u64, u64, u64, Rc<DmaFile>)> = Vec::new();
+    let mut pieces: Vec<(u64, u64, u64, Rc<DirectFile>)> = Vec::new();
     {
         let log = inner.log.borrow();
         if pos < log.min_physical_offset || end > log.tail.end() {
@@ -375,7 +368,8 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
     }
     for (segment, at, stop, file) in pieces {
         let out_range = (at - pos) as usize..(stop - pos) as usize;
-        read_exact_at(&file, at - segment, &mut out[out_range]).await?;
+        file.read_exact_at(at - segment, &mut out[out_range])
+            .await?;
     }
     Ok(out)
 }

@@ -26,17 +26,15 @@
 use std::io;
 use std::path::Path;
 
-use glommio::io::DmaFile;
+use crate::runtime::fs::DirectFile;
+use crate::runtime::workarounds;
 
 use super::checkpoint::{self, Checkpoint};
 use super::consume_queue::{QueueTable, Unit};
-use super::error::{io_error, raw_os_error_of};
 use super::flusher::{sync_file, ZERO_FILL_CHUNK_BYTES};
 use super::index::{self, Index, MessageKeys};
 use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
-use super::segments::{
-    align_down, align_up, read_exact_at, sync_dir, write_buffer_at, Segments, BLOCK_BYTES,
-};
+use super::segments::{align_down, align_up, sync_dir, Segments, BLOCK_BYTES};
 use super::tail::{Tail, TAIL_CHUNK_BYTES};
 use super::TAIL_UNDURABLE_MAX_BYTES;
 use super::{validate_topic, StoreConfig, StoreError, RECORD_SIZE_MAX_BYTES};
@@ -47,8 +45,6 @@ pub const RECOVERY_READ_BYTES: u64 = 8 << 20;
 /// the durable end (the undurable tail bound, its partial block, and a blank filler).
 pub const RECOVERY_ZERO_WINDOW_BYTES: u64 =
     TAIL_UNDURABLE_MAX_BYTES + RECORD_SIZE_MAX_BYTES as u64 + BLOCK_BYTES;
-/// The non-empty file opened first on the data device (see step 1).
-pub const DMA_PROBE_FILE_NAME: &str = ".dma_probe";
 
 const _: () = assert!(RECOVERY_READ_BYTES >= RECORD_SIZE_MAX_BYTES as u64 + BLOCK_BYTES);
 
@@ -136,8 +132,8 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         Ok(()) => {}
         // A full disk has no block for the new checkpoint: the old one (or none) stays, and
         // the next start scans a little more. The store opens all the same.
-        Err(error) if super::error::is_resource_error(&error) => eprintln!(
-            "shardmq: store {}: cannot write the checkpoint after recovery ({error}); the \
+        Err(error) if super::error::is_resource_error(&error) => log::warn!(
+            "store {}: cannot write the checkpoint after recovery ({error}); the \
              flusher writes it once it can",
             root.display()
         ),
@@ -158,37 +154,16 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     })
 }
 
-/// Step 1: opens a non-empty file with DMA before any other, and checks that a DMA read works.
+/// Step 1 (`runtime::workarounds::prime_dma_probe`): a wrong answer of glommio's device
+/// probe is a configuration error.
 async fn prime_dma_probe(root: &Path) -> Result<(), StoreError> {
-    let path = root.join(DMA_PROBE_FILE_NAME);
-    let ready = std::fs::metadata(&path).is_ok_and(|m| m.len() >= BLOCK_BYTES);
-    if !ready {
-        // Plain std I/O on purpose: no DMA file may be opened on this device before this one.
-        std::fs::write(&path, vec![0x5Au8; BLOCK_BYTES as usize])?;
-        std::fs::File::open(&path)?.sync_all()?;
-    }
-    let file = DmaFile::open(&path).await.map_err(io_error)?;
-    let read = file
-        .read_at_aligned(0, BLOCK_BYTES as usize)
-        .await
-        .map_err(io_error);
-    file.close().await.map_err(io_error)?;
-    match read {
-        Ok(bytes) if bytes.len() == BLOCK_BYTES as usize => Ok(()),
-        Ok(bytes) => Err(StoreError::Io(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("short read of {}: {} bytes", path.display(), bytes.len()),
-        ))),
-        Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => {
-            Err(StoreError::Config(format!(
-                "O_DIRECT reads fail with EOPNOTSUPP under {}: glommio marked this device \
-                 pollable because an empty DMA file was opened on it earlier on this thread; \
-                 open the store before any other DMA file on this device",
-                root.display()
-            )))
+    workarounds::prime_dma_probe(root).await.map_err(|error| {
+        if error.kind() == io::ErrorKind::Unsupported {
+            StoreError::Config(error.to_string())
+        } else {
+            StoreError::Io(error)
         }
-        Err(error) => Err(error.into()),
-    }
+    })
 }
 
 /// Where the scan starts: the start of the segment holding the checkpoint (so the whole last
@@ -213,8 +188,8 @@ fn scan_start(
                 None => 0,
             };
             if held < max_offset {
-                eprintln!(
-                    "shardmq: store: consume queue {topic}/{queue_id} holds {held} units, the \
+                log::warn!(
+                    "store: consume queue {topic}/{queue_id} holds {held} units, the \
                      checkpoint says {max_offset}: rebuilding all queues from the commitlog"
                 );
                 return Ok(first);
@@ -281,7 +256,7 @@ async fn scan(
         let segment_end = segment + size;
         let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
         let mut window = vec![0u8; len];
-        read_exact_at(&file, pos - segment, &mut window).await?;
+        file.read_exact_at(pos - segment, &mut window).await?;
         let progress = &config.progress;
         progress.step();
         progress.scanned_bytes.set(pos + len as u64 - from);
@@ -367,7 +342,7 @@ async fn zero_after_end(
     let window_end = align_up(end + RECOVERY_ZERO_WINDOW_BYTES, BLOCK_BYTES);
     let size = segments.segment_size_bytes;
     let mut pos = align_down(end, BLOCK_BYTES);
-    let mut touched: Vec<std::rc::Rc<DmaFile>> = Vec::new();
+    let mut touched: Vec<std::rc::Rc<DirectFile>> = Vec::new();
     while pos < window_end {
         let Some((segment, file)) = segments.file_for(pos) else {
             break;
@@ -375,13 +350,13 @@ async fn zero_after_end(
         let stop = (pos + ZERO_FILL_CHUNK_BYTES)
             .min(segment + size)
             .min(window_end);
-        let mut buffer = file.alloc_dma_buffer((stop - pos) as usize);
-        buffer.as_bytes_mut().fill(0);
+        let mut buffer = file.alloc_buffer((stop - pos) as usize);
         if pos < end {
             let keep = (end - pos) as usize;
-            read_exact_at(&file, pos - segment, &mut buffer.as_bytes_mut()[..keep]).await?;
+            file.read_exact_at(pos - segment, &mut buffer.as_bytes_mut()[..keep])
+                .await?;
         }
-        if let Err(error) = write_buffer_at(&file, pos - segment, buffer).await {
+        if let Err(error) = file.write_at(pos - segment, buffer).await {
             if !super::error::is_space_error(&error) {
                 return Err(error.into());
             }
@@ -397,7 +372,7 @@ async fn zero_after_end(
         pos = stop;
     }
     for file in touched {
-        file.fdatasync().await.map_err(io_error)?;
+        file.fdatasync().await?;
     }
     Ok(())
 }
@@ -406,7 +381,7 @@ async fn zero_after_end(
 /// of `[pos, stop)` is zeroed (keeping the bytes before `end`), except where writing it would
 /// need a new block (a hole, which reads as zeros anyway).
 async fn zero_blocks_where_allocated(
-    file: &DmaFile,
+    file: &DirectFile,
     segment: u64,
     pos: u64,
     stop: u64,
@@ -414,13 +389,13 @@ async fn zero_blocks_where_allocated(
 ) -> Result<(), StoreError> {
     let mut block = pos;
     while block < stop {
-        let mut buffer = file.alloc_dma_buffer(BLOCK_BYTES as usize);
-        buffer.as_bytes_mut().fill(0);
+        let mut buffer = file.alloc_buffer(BLOCK_BYTES as usize);
         if block < end {
             let keep = (end - block).min(BLOCK_BYTES) as usize;
-            read_exact_at(file, block - segment, &mut buffer.as_bytes_mut()[..keep]).await?;
+            file.read_exact_at(block - segment, &mut buffer.as_bytes_mut()[..keep])
+                .await?;
         }
-        match write_buffer_at(file, block - segment, buffer).await {
+        match file.write_at(block - segment, buffer).await {
             Ok(()) => {}
             Err(error) if super::error::is_space_error(&error) => {}
             Err(error) => return Err(error.into()),
@@ -441,7 +416,7 @@ async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), 
         .collect();
     for start in doomed {
         if let Some(file) = segments.files.remove(&start) {
-            let _ = file.close_rc().await;
+            DirectFile::close_shared(file).await;
         }
         std::fs::remove_file(segments.path_of(start))?;
     }
@@ -462,7 +437,7 @@ async fn read_tail(segments: &Segments, first: u64, end: u64) -> Result<Tail, St
         };
         let stop = end.min(segment + segments.segment_size_bytes);
         let out = &mut prefix[(pos - base) as usize..(stop - base) as usize];
-        read_exact_at(&file, pos - segment, out).await?;
+        file.read_exact_at(pos - segment, out).await?;
         pos = stop;
     }
     Ok(Tail::new(end, &prefix))

@@ -2,17 +2,16 @@
 //!
 //! Lives on the store's shard. A segment is `<root>/commitlog/<20-digit start offset>`, exactly
 //! `segment_size_bytes` long, starting at a multiple of that size. Files are opened O_DIRECT
-//! through glommio's `DmaFile`; only the flusher task writes them (and recovery, before the
+//! (`runtime::fs::DirectFile`); only the flusher task writes them (and recovery, before the
 //! flusher starts), so a zero-fill write can never race a data write to the same range.
 
 use std::collections::BTreeMap;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::{Directory, DmaBuffer, DmaFile, OpenOptions};
+pub(crate) use crate::runtime::fs::sync_dir;
+use crate::runtime::fs::DirectFile;
 
-use super::error::{io_error, raw_os_error_of};
 use super::StoreError;
 
 /// Alignment of every write and of the flushed range (covers 512 B and 4 KiB block devices).
@@ -30,7 +29,7 @@ pub(crate) fn align_up(value: u64, alignment: u64) -> u64 {
 pub(crate) struct Segments {
     pub(crate) dir: PathBuf,
     pub(crate) segment_size_bytes: u64,
-    pub(crate) files: BTreeMap<u64, Rc<DmaFile>>,
+    pub(crate) files: BTreeMap<u64, Rc<DirectFile>>,
 }
 
 fn segment_name(start: u64) -> String {
@@ -71,7 +70,7 @@ impl Segments {
         };
         for start in starts {
             let file = open_segment_file(&segments.dir, start, false).await?;
-            let size = file.file_size().await.map_err(io_error)?;
+            let size = file.size().await?;
             if size > segment_size_bytes {
                 return Err(StoreError::Config(format!(
                     "commitlog segment {start} is {size} bytes, larger than segment_size_bytes \
@@ -79,7 +78,7 @@ impl Segments {
                 )));
             }
             if size < segment_size_bytes {
-                file.truncate(segment_size_bytes).await.map_err(io_error)?;
+                file.set_len(segment_size_bytes).await?;
             }
             segments.files.insert(start, Rc::new(file));
             progress.step();
@@ -88,7 +87,7 @@ impl Segments {
     }
 
     /// The file holding `offset`, if it exists.
-    pub(crate) fn file_for(&self, offset: u64) -> Option<(u64, Rc<DmaFile>)> {
+    pub(crate) fn file_for(&self, offset: u64) -> Option<(u64, Rc<DirectFile>)> {
         let start = self.segment_start(offset);
         self.files.get(&start).map(|f| (start, f.clone()))
     }
@@ -107,87 +106,24 @@ impl Segments {
 }
 
 /// Creates the segment starting at `start` in `dir`, `segment_size_bytes` long but a hole
-/// (space is allocated a window at a time, `allocate`), and makes its name durable.
+/// (space is allocated a window at a time, `flusher::allocate_ahead`), and makes its name
+/// durable.
 pub(crate) async fn create_segment(
     dir: &Path,
     segment_size_bytes: u64,
     start: u64,
-) -> Result<DmaFile, StoreError> {
+) -> Result<DirectFile, StoreError> {
     assert_eq!(
         start % segment_size_bytes,
         0,
         "segment starts are segment-aligned"
     );
     let file = open_segment_file(dir, start, true).await?;
-    file.truncate(segment_size_bytes).await.map_err(io_error)?;
+    file.set_len(segment_size_bytes).await?;
     sync_dir(dir).await?;
     Ok(file)
 }
 
-/// Allocates the first `len` bytes of a segment file (blocks already allocated stay as they
-/// are). A filesystem without fallocate allocates nothing and says so with `Ok(false)`: its
-/// writes may then find the disk full themselves.
-pub(crate) async fn allocate(file: &DmaFile, len: u64) -> io::Result<bool> {
-    match file.pre_allocate(len, true).await.map_err(io_error) {
-        Ok(()) => Ok(true),
-        Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => Ok(false),
-        Err(error) => Err(error),
-    }
-}
-
-async fn open_segment_file(dir: &Path, start: u64, create: bool) -> Result<DmaFile, StoreError> {
-    let path = dir.join(segment_name(start));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .dma_open(&path)
-        .await
-        .map_err(io_error)?;
-    Ok(file)
-}
-
-/// fsync of a directory, so that a new name in it survives a crash.
-pub(crate) async fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    let handle = Directory::open(dir).await.map_err(io_error)?;
-    handle.sync().await.map_err(io_error)?;
-    handle.close().await.map_err(io_error)?;
-    Ok(())
-}
-
-/// Reads exactly `out.len()` bytes at `pos` of `file` (any alignment).
-pub(crate) async fn read_exact_at(file: &DmaFile, pos: u64, out: &mut [u8]) -> io::Result<()> {
-    let read = file.read_at(pos, out.len()).await.map_err(io_error)?;
-    if read.len() != out.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("short read at {pos}: {} of {} bytes", read.len(), out.len()),
-        ));
-    }
-    out.copy_from_slice(&read);
-    Ok(())
-}
-
-/// Writes a whole DMA buffer at the aligned position `pos`; a short write is an error.
-pub(crate) async fn write_buffer_at(file: &DmaFile, pos: u64, buffer: DmaBuffer) -> io::Result<()> {
-    write_shared_buffer_at(file, pos, Rc::new(buffer)).await
-}
-
-/// [`write_buffer_at`] with a buffer that may be written again elsewhere (the flusher's zeros).
-pub(crate) async fn write_shared_buffer_at(
-    file: &DmaFile,
-    pos: u64,
-    buffer: Rc<DmaBuffer>,
-) -> io::Result<()> {
-    let len = buffer.len();
-    assert_eq!(pos % BLOCK_BYTES, 0, "DMA writes start on a block");
-    assert_eq!(len as u64 % BLOCK_BYTES, 0, "DMA writes cover whole blocks");
-    let written = file.write_rc_at(buffer, pos).await.map_err(io_error)?;
-    if written != len {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            format!("short write at {pos}: {written} of {len} bytes"),
-        ));
-    }
-    Ok(())
+async fn open_segment_file(dir: &Path, start: u64, create: bool) -> Result<DirectFile, StoreError> {
+    Ok(DirectFile::open(&dir.join(segment_name(start)), create).await?)
 }

@@ -23,9 +23,7 @@ use std::rc::Rc;
 
 use super::segments::BLOCK_BYTES;
 
-/// Size of one tail chunk: big enough that a 1 KiB append rarely crosses a chunk, small enough
-/// that sliding frees memory promptly.
-pub const TAIL_CHUNK_BYTES: u64 = 1 << 20;
+pub use crate::limits::TAIL_CHUNK_BYTES;
 
 /// One chunk of the tail: `TAIL_CHUNK_BYTES` of block-aligned memory (O_DIRECT writes take
 /// it as is). The tail is the only one that reads or writes its bytes; the commitlog ring

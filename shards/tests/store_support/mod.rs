@@ -7,7 +7,6 @@ use std::net::SocketAddrV4;
 use std::path::Path;
 use std::rc::Rc;
 
-use glommio::LocalExecutorBuilder;
 use shards::store::{
     record, Clock, FlushMode, GetMessageResult, MessageToStore, Store, StoreConfig,
 };
@@ -15,16 +14,13 @@ use shards::store::{
 pub const STORE_HOST: &str = "10.1.2.3:10911";
 pub const BORN_HOST: &str = "192.168.0.9:40000";
 
-/// Runs `make()` to completion on a fresh glommio executor on this thread.
+/// Runs `make()` to completion on a fresh executor on this thread.
 pub fn run<F, Fut>(make: F) -> Fut::Output
 where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    let executor = LocalExecutorBuilder::default()
-        .make()
-        .expect("glommio executor");
-    executor.run(make())
+    shards::runtime::run_local(make)
 }
 
 pub fn config(dir: &Path, mode: FlushMode, segment_size_bytes: u64) -> StoreConfig {
@@ -90,7 +86,14 @@ pub async fn pull_all(store: &Store, topic: &str, queue_id: u32, offset: u64) ->
     let mut next = offset;
     loop {
         let found: GetMessageResult = store
-            .get_messages(topic, queue_id, next, 32, 1 << 20, &|_| true)
+            .get_messages(
+                topic,
+                shards::QueueId(queue_id),
+                shards::QueueOffset(next),
+                32,
+                1 << 20,
+                &|_| true,
+            )
             .await
             .expect("get_messages");
         if found.message_count == 0 {
@@ -100,7 +103,7 @@ pub async fn pull_all(store: &Store, topic: &str, queue_id: u32, offset: u64) ->
             assert_eq!(msg.queue_offset, offset + bodies.len() as u64);
             bodies.push(msg.body.to_vec());
         }
-        next = found.next_begin_offset;
+        next = found.next_begin_offset.0;
     }
 }
 

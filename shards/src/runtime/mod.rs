@@ -1,9 +1,17 @@
-//! The runtime facade: the only module (with `store` and `mesh`) that names glommio types.
+//! The runtime layer: the only module that names glommio. Everything else — the store, the
+//! mesh, the broker — reaches executors, timers, tasks, sockets and files through it, so a
+//! runtime swap stays a change to this module.
 //!
 //! Every shard is one glommio `LocalExecutor` pinned to one core; shard state is `Rc`/`RefCell`
-//! and never crosses threads. `run_shards` starts them, hands each its end of the control-plane mesh,
-//! runs the caller's shard body, and stops the whole process when any shard panics (a node
-//! must never keep serving with half its shards gone).
+//! and never crosses threads. `run_shards` starts them, hands each its end of the control-plane
+//! mesh, runs the caller's shard body, and stops the whole process when any shard panics (a
+//! node must never keep serving with half its shards gone).
+//!
+//! | submodule | what |
+//! |---|---|
+//! | [`fs`] | O_DIRECT files and the buffered-file steps the store takes |
+//! | [`wake`] | the one cross-thread wake-up primitive (a socket-pair byte): no polling loops |
+//! | [`workarounds`] | every runtime trap's workaround, its knob and its counter |
 
 use std::future::Future;
 use std::io;
@@ -14,6 +22,10 @@ use glommio::{CpuSet, LocalExecutorBuilder, Placement, PoolPlacement};
 use crate::mesh::Mesh;
 use crate::ShardId;
 
+pub mod fs;
+pub mod wake;
+pub mod workarounds;
+
 pub use glommio::net::{TcpListener, TcpStream};
 pub use glommio::Task;
 
@@ -23,21 +35,10 @@ pub const IO_MEMORY_DEFAULT_BYTES_PER_SHARD: usize = 10 << 20;
 /// Default io_uring ring depth per shard (each of glommio's three rings): enough for
 /// hundreds of requests in flight.
 pub const RING_DEPTH_DEFAULT_ENTRIES: usize = 512;
-/// The kernel's largest io_uring ring (IORING_MAX_ENTRIES).
-pub const RING_DEPTH_MAX_ENTRIES: usize = 32_768;
+pub use crate::limits::RING_DEPTH_MAX_ENTRIES;
 /// Default preemption timer: how long a task runs before the executor polls I/O again.
 pub const PREEMPT_TIMER_DEFAULT_US: u64 = 100;
-/// How often a parked shard is nudged awake. glommio parks an idle executor in
-/// io_uring_enter on its main ring, linked to its latency ring (timers, network receives,
-/// accepts, cross-thread wake-ups) by a POLL_ADD on that ring's fd. On these machines the
-/// link now and then does not fire, and a shard slept through its own timers and new
-/// connections until something else woke it (a debugger attaching freed it; so did
-/// glommio's own channel mesh not joining at start). A signal interrupts the wait (EINTR),
-/// and glommio then reaps every ring; this bounds such a stall to one interval. Cost: one
-/// signal per interval per shard, a few microseconds.
-pub const SHARD_NUDGE_INTERVAL_MS: u64 = 5;
-/// Capacity of each shard-to-shard control channel; a full channel is a logged drop.
-pub const MESH_CHANNEL_CAPACITY_MESSAGES: usize = 1024;
+pub use crate::limits::MESH_CHANNEL_CAPACITY_MESSAGES;
 
 /// Where and how a node's shards run: their cores and their executors' knobs (a tuning
 /// profile sets all of them; `first_cpus` gives the defaults).
@@ -59,6 +60,8 @@ pub struct ShardPlacement {
     pub preempt_timer_us: u64,
     /// Busy-spin before parking an idle executor (0 = park at once).
     pub spin_before_park_us: u64,
+    /// How often the watchdog looks for a stalled shard (`workarounds`); 0 turns it off.
+    pub watchdog_ms: u64,
 }
 
 impl ShardPlacement {
@@ -83,13 +86,14 @@ impl ShardPlacement {
             io_memory_bytes: IO_MEMORY_DEFAULT_BYTES_PER_SHARD,
             preempt_timer_us: PREEMPT_TIMER_DEFAULT_US,
             spin_before_park_us: 0,
+            watchdog_ms: workarounds::WATCHDOG_DEFAULT_MS,
         }
     }
 
     /// glommio's placement for shard `shard_id`: its fixed CPU, fenced to `float_cpus`, or
     /// unbound.
     fn executor_placement(&self, shard_id: ShardId) -> io::Result<Placement> {
-        if let Some(cpu) = self.cpus[shard_id] {
+        if let Some(cpu) = self.cpus[shard_id.0] {
             return Ok(Placement::Fixed(cpu));
         }
         if self.float_cpus.is_empty() {
@@ -253,10 +257,11 @@ where
 {
     install_abort_on_panic();
     let shard_count = placement.cpus.len();
-    let meshes = crate::mesh::build::<M>(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES);
-    let nudger = Nudger::start(shard_count)?;
+    let meshes = crate::mesh::build::<M>(shard_count, MESH_CHANNEL_CAPACITY_MESSAGES)?;
+    let watchdog = workarounds::Watchdog::start(shard_count, placement.watchdog_ms)?;
     let mut handles = Vec::with_capacity(shard_count);
-    for (shard_id, mesh) in (0..shard_count).zip(meshes) {
+    for (shard_index, mesh) in (0..shard_count).zip(meshes) {
+        let shard_id = ShardId(shard_index);
         assert!((1..=RING_DEPTH_MAX_ENTRIES).contains(&placement.ring_depth_entries));
         let mut builder = LocalExecutorBuilder::new(placement.executor_placement(shard_id)?)
             .name(&format!("shard-{shard_id}"))
@@ -268,23 +273,24 @@ where
             builder = builder.blocking_thread_pool_placement(helpers);
         }
         let body = body.clone();
-        let nudger = nudger.clone();
+        let watchdog = watchdog.clone();
         let io_worker_cpus = placement.io_worker_cpus();
-        // Our own thread, registered with the nudger before glommio runs anything on it:
+        // Our own thread, registered with the watchdog before glommio runs anything on it:
         // glommio's own `spawn` once parked a fresh executor before it polled its first task.
         let handle = std::thread::Builder::new()
             .name(format!("shard-{shard_id}"))
             .spawn(move || {
-                nudger.register_current_thread(shard_id);
+                watchdog.register_current_thread(shard_id);
                 IO_WORKER_CPUS.with(|cpus| *cpus.borrow_mut() = io_worker_cpus);
                 let executor = builder
                     .make()
                     .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
                 executor.run(async move {
+                    spawn_detached(watchdog.heartbeat(shard_id));
                     body(ShardContext {
                         shard_id,
                         shard_count,
-                        mesh,
+                        mesh: mesh.bind(),
                     })
                     .await;
                 });
@@ -301,64 +307,26 @@ where
     Ok(())
 }
 
-/// Sends SIGUSR1 to every shard thread each SHARD_NUDGE_INTERVAL_MS (see there for why).
-#[derive(Clone)]
-struct Nudger {
-    /// pthread ids of the shard threads; 0 until a shard has registered.
-    threads: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>>,
-}
-
-extern "C" fn on_nudge(_: libc::c_int) {}
-
-impl Nudger {
-    fn start(shard_count: usize) -> io::Result<Nudger> {
-        // SAFETY: installs a handler that does nothing; without SA_RESTART, so that a
-        // shard's io_uring_enter returns EINTR instead of being restarted.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_nudge as *const () as libc::sighandler_t;
-            libc::sigemptyset(&mut action.sa_mask);
-            if libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        let threads: Vec<_> = (0..shard_count)
-            .map(|_| std::sync::atomic::AtomicU64::new(0))
-            .collect();
-        let nudger = Nudger {
-            threads: std::sync::Arc::new(threads),
-        };
-        let threads = nudger.threads.clone();
-        std::thread::Builder::new()
-            .name("shard-nudger".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(SHARD_NUDGE_INTERVAL_MS));
-                for thread in threads.iter() {
-                    let id = thread.load(std::sync::atomic::Ordering::Relaxed);
-                    if id != 0 {
-                        // SAFETY: the id was registered by a live shard thread; shard threads
-                        // live until the process exits.
-                        unsafe { libc::pthread_kill(id as libc::pthread_t, libc::SIGUSR1) };
-                    }
-                }
-            })?;
-        Ok(nudger)
-    }
-
-    fn register_current_thread(&self, shard_id: ShardId) {
-        // SAFETY: pthread_self has no preconditions.
-        let id = unsafe { libc::pthread_self() } as u64;
-        self.threads[shard_id].store(id, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 fn install_abort_on_panic() {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default_hook(info);
-        eprintln!("shardmq: a shard panicked; stopping the whole process");
+        log::error!("a shard panicked; stopping the whole process");
         std::process::exit(101);
     }));
+}
+
+/// Runs `make()` to completion on a fresh executor on this thread (tests and tools that drive
+/// a store without a node).
+pub fn run_local<F, Fut>(make: F) -> Fut::Output
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    let executor = LocalExecutorBuilder::default()
+        .make()
+        .expect("a glommio executor on this thread");
+    executor.run(make())
 }
 
 /// Spawns a task on the current shard and lets it run to completion on its own.
@@ -419,6 +387,11 @@ where
     R: Send + 'static,
 {
     glommio::executor().spawn_blocking(work)
+}
+
+/// Gives the executor back once, so other tasks of this shard run before this one goes on.
+pub async fn yield_now() {
+    futures_lite::future::yield_now().await
 }
 
 /// Sleeps on the current shard's timer.

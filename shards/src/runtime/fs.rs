@@ -1,0 +1,238 @@
+//! Files, as the store reaches them: the runtime layer's wrapper over glommio's io_uring file
+//! types, so that the store names none of them (a runtime swap stays a change to this module).
+//!
+//! - [`DirectFile`]: a file opened with O_DIRECT (commitlog segments, the DMA probe), read and
+//!   written through io_uring with block-aligned [`AlignedBuffer`]s; reads at any alignment
+//!   are widened by glommio and copied out.
+//! - [`write_small_file`], [`rename`], [`sync_dir`], [`fdatasync_path`]: buffered-file steps
+//!   the checkpoint and the consume-queue syncs take, through io_uring as well.
+//!
+//! Every error keeps its OS error code (`raw_os_error` on the result, or
+//! [`raw_os_error_of`] for one wrapped with context), because the store tells a full disk
+//! (ENOSPC) and a short descriptor table (EMFILE) from a failing disk by it.
+
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+
+use glommio::io::{BufferedFile, Directory, DmaBuffer, DmaFile, OpenOptions};
+use glommio::GlommioError;
+
+/// A block-aligned buffer for O_DIRECT writes, registered with io_uring (glommio's DMA
+/// memory).
+pub struct AlignedBuffer(DmaBuffer);
+
+impl AlignedBuffer {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_bytes_mut()
+    }
+
+    /// Start of the buffer, for a write the store's own ring issues; the buffer must outlive
+    /// that write (the ring keeps an `Rc` of it).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+}
+
+/// A file opened with O_DIRECT, read and written through io_uring.
+pub struct DirectFile(DmaFile);
+
+impl DirectFile {
+    /// Opens `path` for reading and writing; with `create`, makes it when missing.
+    pub async fn open(path: &Path, create: bool) -> io::Result<DirectFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .dma_open(path)
+            .await
+            .map_err(io_error)?;
+        Ok(DirectFile(file))
+    }
+
+    /// Opens `path` read-only.
+    pub async fn open_read_only(path: &Path) -> io::Result<DirectFile> {
+        DmaFile::open(path).await.map(DirectFile).map_err(io_error)
+    }
+
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    pub async fn size(&self) -> io::Result<u64> {
+        self.0.file_size().await.map_err(io_error)
+    }
+
+    /// Sets the file's length (a hole when it grows).
+    pub async fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.truncate(len).await.map_err(io_error)
+    }
+
+    /// Allocates the blocks of the first `len` bytes (blocks already allocated stay as they
+    /// are). A filesystem without fallocate allocates nothing and says so with `Ok(false)`.
+    pub async fn allocate(&self, len: u64) -> io::Result<bool> {
+        match self.0.pre_allocate(len, true).await.map_err(io_error) {
+            Ok(()) => Ok(true),
+            Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A zeroed aligned buffer of `len` bytes for this file's writes.
+    pub fn alloc_buffer(&self, len: usize) -> AlignedBuffer {
+        let mut buffer = self.0.alloc_dma_buffer(len);
+        buffer.as_bytes_mut().fill(0);
+        AlignedBuffer(buffer)
+    }
+
+    /// Reads exactly `out.len()` bytes at `pos` (any alignment); a short read is an error.
+    pub async fn read_exact_at(&self, pos: u64, out: &mut [u8]) -> io::Result<()> {
+        let read = self.0.read_at(pos, out.len()).await.map_err(io_error)?;
+        if read.len() != out.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read at {pos}: {} of {} bytes", read.len(), out.len()),
+            ));
+        }
+        out.copy_from_slice(&read);
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at the block-aligned `pos`; fewer at the end of the file.
+    pub async fn read_aligned(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        let read = self.0.read_at_aligned(pos, len).await.map_err(io_error)?;
+        Ok(read.to_vec())
+    }
+
+    /// Writes the whole buffer at the block-aligned `pos`; a short write is an error.
+    pub async fn write_at(&self, pos: u64, buffer: AlignedBuffer) -> io::Result<()> {
+        let len = buffer.len();
+        assert_eq!(pos % 4096, 0, "DMA writes start on a block");
+        assert_eq!(len % 4096, 0, "DMA writes cover whole blocks");
+        let written = self.0.write_at(buffer.0, pos).await.map_err(io_error)?;
+        if written != len {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write at {pos}: {written} of {len} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub async fn fdatasync(&self) -> io::Result<()> {
+        self.0.fdatasync().await.map_err(io_error)
+    }
+
+    /// Closes the file once the last reference to it goes (readers may still hold one).
+    pub async fn close_shared(file: Rc<DirectFile>) {
+        if let Ok(file) = Rc::try_unwrap(file) {
+            let _ = file.0.close().await;
+        }
+    }
+
+    pub async fn close(self) -> io::Result<()> {
+        self.0.close().await.map_err(io_error)
+    }
+}
+
+/// Creates (or replaces) `path` with `bytes` and fdatasyncs it (not its directory).
+pub async fn write_small_file(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    let file = BufferedFile::create(path).await.map_err(io_error)?;
+    let len = bytes.len();
+    let written = file.write_at(bytes, 0).await.map_err(io_error)?;
+    if written != len {
+        let _ = file.close().await;
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("short write of {}", path.display()),
+        ));
+    }
+    file.fdatasync().await.map_err(io_error)?;
+    file.close().await.map_err(io_error)
+}
+
+/// Renames `from` to `to` (through io_uring).
+pub async fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    glommio::io::rename(from, to).await.map_err(io_error)
+}
+
+/// fsync of a directory, so that a new name in it survives a crash.
+pub async fn sync_dir(dir: &Path) -> io::Result<()> {
+    let handle = Directory::open(dir).await.map_err(io_error)?;
+    handle.sync().await.map_err(io_error)?;
+    handle.close().await.map_err(io_error)
+}
+
+/// fdatasync of a file by path (files written through memory maps).
+pub async fn fdatasync_path(path: &Path) -> io::Result<()> {
+    let file = BufferedFile::open(path).await.map_err(io_error)?;
+    let synced = file.fdatasync().await.map_err(io_error);
+    file.close().await.map_err(io_error)?;
+    synced
+}
+
+/// glommio's error as an io::Error that keeps the OS error code (glommio's own conversion
+/// drops it for errors that carry a path, and the store needs ENOSPC and EOPNOTSUPP).
+fn io_error<T>(error: GlommioError<T>) -> io::Error {
+    match error {
+        GlommioError::IoError(e) => e,
+        GlommioError::EnhancedIoError {
+            source,
+            op,
+            path,
+            fd,
+        } => {
+            let context = format!("{op} {path:?} (fd {fd:?})");
+            match source.raw_os_error() {
+                Some(code) => os_error_with_context(code, context),
+                None => io::Error::new(source.kind(), format!("{context}: {source}")),
+            }
+        }
+        other => io::Error::from(other),
+    }
+}
+
+/// An io::Error for OS error `code` that also says what was being done.
+pub fn os_error_with_context(code: i32, context: String) -> io::Error {
+    let kind = io::Error::from_raw_os_error(code).kind();
+    io::Error::new(kind, OsErrorWithContext { code, context })
+}
+
+/// An OS error code plus what was being done; `raw_os_error_of` finds the code again.
+#[derive(Debug)]
+struct OsErrorWithContext {
+    code: i32,
+    context: String,
+}
+
+impl std::fmt::Display for OsErrorWithContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            self.context,
+            io::Error::from_raw_os_error(self.code)
+        )
+    }
+}
+
+impl std::error::Error for OsErrorWithContext {}
+
+/// The OS error code of `error`, also when it was wrapped with context.
+pub fn raw_os_error_of(error: &io::Error) -> Option<i32> {
+    error.raw_os_error().or_else(|| {
+        error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<OsErrorWithContext>())
+            .map(|e| e.code)
+    })
+}

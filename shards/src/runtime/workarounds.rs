@@ -1,0 +1,211 @@
+//! Every workaround for a runtime trap seen on these machines, in one place: what was seen,
+//! where, how the workaround works, the evidence, its cost, the knob that turns it off, and the
+//! counter of the times it mattered (GET_BROKER_RUNTIME_INFO shows them), so that whether each
+//! is still needed is measured, not believed.
+//!
+//! | workaround | knob (off) | counter |
+//! |---|---|---|
+//! | the watchdog's nudge of a stalled shard | `runtime.watchdog_ms` = 0 | `nudges` |
+//! | a store open abandoned for want of progress, and tried again | `STORE_OPEN_STALL_MS` → `store_open_stall_ms` = 0 | `store_opens_abandoned` |
+//! | the DMA probe priming | — (a wrong device answer breaks every read) | — |
+//!
+//! **Watchdog.** Symptom: a shard slept through its own timers and new connections until
+//! something else woke it (a debugger attaching freed it). Seen: now and then at start-up on
+//! these virtio VMs (1 stall in 50 starts). Mechanism: glommio parks an idle executor in
+//! io_uring_enter on its main ring, linked to its latency ring by a POLL_ADD; that link now
+//! and then did not fire. A signal interrupts the wait (EINTR) and glommio then reaps every
+//! ring. The first version sent SIGUSR1 to every shard every 5 ms (0 stalls in 160 starts), at
+//! a cost of 200 wake-ups a second per idle shard (12% of a core for an idle two-shard node).
+//! Now each shard's runtime beats a heartbeat every `HEARTBEAT_MS`; the watchdog thread looks
+//! every `watchdog_ms` and signals only a shard whose heartbeat is overdue by more than
+//! `STALL_GRACE_MS`, counting each nudge. An idle shard sleeps; a stall is bounded by about a
+//! second instead of 5 ms, and the counter says whether stalls still happen.
+//!
+//! **Store open retry.** Symptom: opening a store at start never finished (a glommio file
+//! operation's completion was lost between its rings). A fresh attempt went through, and
+//! recovery is idempotent. The retry used to impose a 3 s deadline, which abandoned every
+//! legitimate recovery longer than that (5 GB past the checkpoint); now an attempt is abandoned
+//! only when no I/O step completed for `store_open_stall_ms` (recovery reports each step in
+//! `store::OpenProgress`), so a long recovery runs as long as it needs.
+//!
+//! **DMA probe priming.** glommio 0.9 reads the first DMA file opened on a device (per thread)
+//! to decide whether the device takes polled I/O; on an empty file the read "succeeds", the
+//! device is marked pollable, and every later O_DIRECT read on a virtio disk fails with
+//! EOPNOTSUPP (os error 95). Each store opens a non-empty `.dma_probe` file first
+//! (`prime_dma_probe`).
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ShardId;
+
+/// How often each shard's runtime beats its heartbeat (one wake-up per second when idle).
+pub const HEARTBEAT_MS: u64 = 1_000;
+/// A heartbeat this much overdue means the shard is stalled (or busy without yielding).
+pub const STALL_GRACE_MS: u64 = 500;
+/// Default watchdog period; 0 turns the watchdog off.
+pub const WATCHDOG_DEFAULT_MS: u64 = 250;
+/// Default: an open without an I/O step for this long is abandoned and tried again.
+pub const STORE_OPEN_STALL_DEFAULT_MS: u64 = 10_000;
+/// Attempts of a store open before the node gives up.
+pub const STORE_OPEN_ATTEMPTS_MAX: u32 = 3;
+/// The non-empty file opened first on each data device (see the module doc).
+pub const DMA_PROBE_FILE_NAME: &str = ".dma_probe";
+
+/// Times each workaround mattered, process-wide.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Nudges the watchdog sent to stalled shards.
+    pub nudges: AtomicU64,
+    /// Store opens abandoned for want of progress.
+    pub store_opens_abandoned: AtomicU64,
+}
+
+/// The process's counters.
+pub fn counters() -> &'static Counters {
+    static COUNTERS: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
+    COUNTERS.get_or_init(Counters::default)
+}
+
+extern "C" fn on_nudge(_: libc::c_int) {}
+
+/// The shards' heartbeats and thread ids, shared with the watchdog thread.
+#[derive(Clone)]
+pub(crate) struct Watchdog {
+    /// Per shard: pthread id (0 until registered) and the monotonic ms of its last beat.
+    threads: Arc<Vec<AtomicU64>>,
+    beats: Arc<Vec<AtomicU64>>,
+}
+
+impl Watchdog {
+    /// Installs the nudge signal's handler and, unless `interval_ms` is 0, starts the thread.
+    pub(crate) fn start(shard_count: usize, interval_ms: u64) -> io::Result<Watchdog> {
+        // SAFETY: installs a handler that does nothing; without SA_RESTART, so that a
+        // shard's io_uring_enter returns EINTR instead of being restarted.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_nudge as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let make = || {
+            (0..shard_count)
+                .map(|_| AtomicU64::new(0))
+                .collect::<Vec<_>>()
+        };
+        let watchdog = Watchdog {
+            threads: Arc::new(make()),
+            beats: Arc::new(make()),
+        };
+        if interval_ms > 0 {
+            let watched = watchdog.clone();
+            std::thread::Builder::new()
+                .name("shard-watchdog".into())
+                .spawn(move || watched.run(interval_ms))?;
+        }
+        Ok(watchdog)
+    }
+
+    fn run(&self, interval_ms: u64) {
+        let overdue_ms = HEARTBEAT_MS + STALL_GRACE_MS;
+        loop {
+            std::thread::sleep(Duration::from_millis(interval_ms));
+            let now = super::monotonic_ms();
+            for (shard, thread) in self.threads.iter().enumerate() {
+                let id = thread.load(Ordering::Relaxed);
+                let beat = self.beats[shard].load(Ordering::Relaxed);
+                if id == 0 || beat == 0 || now.saturating_sub(beat) <= overdue_ms {
+                    continue;
+                }
+                counters().nudges.fetch_add(1, Ordering::Relaxed);
+                // The beat moves on so that a shard busy for long is nudged once a period.
+                self.beats[shard].store(now, Ordering::Relaxed);
+                // SAFETY: the id was registered by a live shard thread; shard threads live
+                // until the process exits.
+                unsafe { libc::pthread_kill(id as libc::pthread_t, libc::SIGUSR1) };
+            }
+        }
+    }
+
+    /// Called on the shard's own thread before its executor runs anything.
+    pub(crate) fn register_current_thread(&self, shard_id: ShardId) {
+        // SAFETY: pthread_self has no preconditions.
+        let id = unsafe { libc::pthread_self() } as u64;
+        self.threads[shard_id.0].store(id, Ordering::Relaxed);
+        self.beat(shard_id);
+    }
+
+    pub(crate) fn beat(&self, shard_id: ShardId) {
+        self.beats[shard_id.0].store(super::monotonic_ms().max(1), Ordering::Relaxed);
+    }
+
+    /// The shard's heartbeat task (see the module doc).
+    pub(crate) async fn heartbeat(self, shard_id: ShardId) {
+        loop {
+            self.beat(shard_id);
+            super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+        }
+    }
+}
+
+/// Watches an operation that reports progress through `steps` (a counter it moves after
+/// every completed I/O step): resolves once `steps` has not moved for `stall_ms`. With
+/// `stall_ms` 0 it never resolves (the workaround is off).
+pub async fn stalled(steps: impl Fn() -> u64, stall_ms: u64, mut on_tick: impl FnMut()) {
+    let tick = Duration::from_millis(500);
+    let mut last = steps();
+    let mut quiet_ms = 0u64;
+    loop {
+        super::sleep(tick).await;
+        on_tick();
+        let now = steps();
+        if now != last {
+            (last, quiet_ms) = (now, 0);
+            continue;
+        }
+        quiet_ms += tick.as_millis() as u64;
+        if stall_ms > 0 && quiet_ms >= stall_ms {
+            return;
+        }
+    }
+}
+
+/// Opens a non-empty file with DMA in `dir` before any other on its device, and checks that
+/// a DMA read works (see the module doc). Plain std I/O makes the file: no DMA file may be
+/// opened on this device before this one.
+pub async fn prime_dma_probe(dir: &Path) -> io::Result<()> {
+    const PROBE_BYTES: usize = 4096;
+    let path = dir.join(DMA_PROBE_FILE_NAME);
+    let ready = std::fs::metadata(&path).is_ok_and(|m| m.len() >= PROBE_BYTES as u64);
+    if !ready {
+        std::fs::write(&path, vec![0x5Au8; PROBE_BYTES])?;
+        std::fs::File::open(&path)?.sync_all()?;
+    }
+    let file = super::fs::DirectFile::open_read_only(&path).await?;
+    let read = file.read_aligned(0, PROBE_BYTES).await;
+    file.close().await?;
+    match read {
+        Ok(bytes) if bytes.len() == PROBE_BYTES => Ok(()),
+        Ok(bytes) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("short read of {}: {} bytes", path.display(), bytes.len()),
+        )),
+        Err(error) if super::fs::raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "O_DIRECT reads fail with EOPNOTSUPP under {}: glommio marked this device \
+                 pollable because an empty DMA file was opened on it earlier on this thread; \
+                 open the store before any other DMA file on this device",
+                    dir.display()
+                ),
+            ))
+        }
+        Err(error) => Err(error),
+    }
+}
