@@ -9,6 +9,8 @@ pub mod admin;
 pub mod broker;
 pub mod error;
 pub mod filter;
+pub mod limits;
+pub mod logging;
 pub mod namesrv;
 pub mod node;
 pub mod persist;

@@ -69,6 +69,13 @@ struct ShardArgs {
     /// Where data and config live.
     #[arg(long, default_value = "shardmq-data")]
     data_dir: PathBuf,
+    /// What is logged: error, warn, info, debug (refusals of requests) or trace.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// Write the log to DIR/shardmq.log, rotated at 64 MiB (4 old files kept), instead of
+    /// standard output.
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -119,7 +126,8 @@ struct BrokerOptions {
     #[arg(long, default_value_t = 15)]
     transaction_check_max: u32,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
-    /// disk would. Hidden: never for production.
+    /// disk would. Hidden, and only in builds with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_only_flush_delay_ms: Option<u64>,
 }
@@ -225,6 +233,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         flush_dirty_max_bytes: tuning.flush_dirty_max_bytes,
         segment_size_bytes: tuning.segment_size_bytes,
         allocation_window_bytes: tuning.allocation_window_bytes,
+        store_open_stall_ms: tuning.store_open_stall_ms,
         connection_limits: tuning.connection_limits,
         delay_levels: Default::default(),
         test_flush_delay_ms: None,
@@ -260,7 +269,10 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     config.delay_levels =
         shardmq::broker::schedule::DelayLevels::parse(&options.message_delay_level)
             .map_err(|e| anyhow::anyhow!("--message-delay-level: {e}"))?;
-    config.test_flush_delay_ms = options.test_only_flush_delay_ms;
+    #[cfg(feature = "fault-injection")]
+    {
+        config.test_flush_delay_ms = options.test_only_flush_delay_ms;
+    }
     if options.transaction_check_interval_ms == 0 {
         bail!("--transaction-check-interval-ms must be positive");
     }
@@ -339,6 +351,15 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let shard_args = match &cli.command {
+        Command::Serve(args) => Some(&args.shard),
+        Command::Namesrv(args) => Some(&args.shard),
+        Command::Broker(args) => Some(&args.shard),
+        Command::Tune(_) | Command::Admin(_) => None,
+    };
+    if let Some(shard) = shard_args {
+        shardmq::logging::init(&shard.log_level, shard.log_dir.as_deref())?;
+    }
     let config = match cli.command {
         Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
         Command::Serve(args) => {
@@ -368,7 +389,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tune(args) => return tune(&args),
     };
-    println!(
+    log::info!(
         "shardmq {}: {} shard(s), profile {}, data in {}",
         env!("CARGO_PKG_VERSION"),
         config.placement.cpus.len(),

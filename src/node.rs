@@ -23,12 +23,12 @@ use crate::namesrv::{NamesrvHandler, RouteTable, RouteUpdate};
 use crate::remoting::RemotingCommand;
 use crate::server::{self, Connection, ConnectionLimits, RequestHandler};
 
-/// Set by SIGINT/SIGTERM; every shard polls it.
+/// Set by SIGINT/SIGTERM, which also wakes every shard (`SHUTDOWN_WAKE_FDS`).
 static SHUTDOWN_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The write ends of the shards' shutdown wake-ups, for the signal handler.
+static SHUTDOWN_WAKE_FDS: std::sync::OnceLock<Vec<std::os::fd::RawFd>> = std::sync::OnceLock::new();
 /// Shards whose broker has completed its first registration.
 static SHARDS_READY: AtomicUsize = AtomicUsize::new(0);
-/// How often shards look at the shutdown flag.
-const SHUTDOWN_POLL_INTERVAL_MS: u64 = 100;
 /// RocketMQ's scanNotActiveBrokerInterval.
 const BROKER_EXPIRY_SCAN_INTERVAL_MS: u64 = 5_000;
 
@@ -59,6 +59,8 @@ pub struct NodeConfig {
     pub segment_size_bytes: u64,
     /// Segment space kept allocated ahead of the writes (store.allocation_window_mib).
     pub allocation_window_bytes: u64,
+    /// runtime.store_open_stall_ms (0: never abandon a store open).
+    pub store_open_stall_ms: u64,
     /// Per-connection buffer sizes and limits of every listener.
     pub connection_limits: ConnectionLimits,
     /// RocketMQ's messageDelayLevel table.
@@ -84,6 +86,12 @@ pub enum ControlMessage {
 
 extern "C" fn on_shutdown_signal(_: libc::c_int) {
     SHUTDOWN_REQUESTED.store(true, Ordering::SeqCst);
+    // Async-signal-safe: an atomic load and one send(2) per shard.
+    if let Some(fds) = SHUTDOWN_WAKE_FDS.get() {
+        for &fd in fds {
+            shards::runtime::wake::write_byte(fd);
+        }
+    }
 }
 
 /// Runs the node until SIGINT/SIGTERM.
@@ -112,13 +120,28 @@ pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     }
     check_ports_free(&config)?;
     fit_connections_to_descriptors(&mut config, shard_count);
+    let mut shutdown_wakers = Vec::with_capacity(shard_count);
+    let mut shutdown_receivers = Vec::with_capacity(shard_count);
+    for _ in 0..shard_count {
+        let (waker, receiver) = shards::runtime::wake::unbound_pair()?;
+        shutdown_wakers.push(waker);
+        shutdown_receivers.push(Some(receiver));
+    }
+    let _ = SHUTDOWN_WAKE_FDS.set(shutdown_wakers.iter().map(|w| w.raw_fd()).collect());
+    let shutdown_receivers = Arc::new(std::sync::Mutex::new(shutdown_receivers));
     let config = Arc::new(config);
     let placement = config.placement.clone();
     runtime::run_shards(&placement, move |context: ShardContext<ControlMessage>| {
         let config = config.clone();
-        async move { run_shard(context, config).await }
+        let shutdown = shutdown_receivers
+            .lock()
+            .ok()
+            .and_then(|mut receivers| receivers[context.shard_id.0].take())
+            .expect("one shutdown wake-up per shard");
+        async move { run_shard(context, config, shutdown.bind()).await }
     })?;
-    println!("shardmq: stopped");
+    drop(shutdown_wakers);
+    log::info!("stopped");
     Ok(())
 }
 
@@ -134,14 +157,12 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     let limit = match runtime::raise_descriptor_limit() {
         Ok((before, after)) => {
             if after > before {
-                println!(
-                    "shardmq: raised the open-file limit (RLIMIT_NOFILE) from {before} to {after}"
-                );
+                log::info!("raised the open-file limit (RLIMIT_NOFILE) from {before} to {after}");
             }
             after
         }
         Err(error) => {
-            eprintln!("shardmq: cannot read or raise the open-file limit: {error}");
+            log::warn!("cannot read or raise the open-file limit: {error}");
             return;
         }
     };
@@ -151,8 +172,8 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     let cap = &mut config.connection_limits.connections_per_shard_max;
     let fitted = (*cap as u64).min(for_connections.max(16)) as usize;
     if fitted < *cap {
-        println!(
-            "shardmq: serving at most {fitted} connections per shard (the open-file limit \
+        log::info!(
+            "serving at most {fitted} connections per shard (the open-file limit \
              {limit} leaves that many after {DESCRIPTORS_PER_SHARD_STORE} per store; raise it \
              with `ulimit -n` or LimitNOFILE= to serve {cap})"
         );
@@ -219,7 +240,11 @@ impl RequestHandler for RoleHandler {
     }
 }
 
-async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig>) {
+async fn run_shard(
+    context: ShardContext<ControlMessage>,
+    config: Arc<NodeConfig>,
+    mut shutdown: shards::runtime::wake::WakeReceiver,
+) {
     let shard_id = context.shard_id;
     let shard_count = context.shard_count;
     let mut mesh = context.mesh;
@@ -227,10 +252,10 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
     let table = Rc::new(RefCell::new(RouteTable::default()));
     let namesrv = config
         .run_namesrv
-        .then(|| Rc::new(make_namesrv(&config, shard_id, &table, &sender)));
+        .then(|| Rc::new(make_namesrv(&config, shard_id.0, &table, &sender)));
     let opened = match config.run_broker {
         true => Some(
-            open_broker_with_retries(&config, shard_id, &sender)
+            open_broker_with_retries(&config, shard_id.0, &sender)
                 .await
                 .map(|mut broker| {
                     if config.run_namesrv {
@@ -239,6 +264,7 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
                             broker.local_routes = Some(crate::broker::LocalRoutes {
                                 table: table.clone(),
                                 shard_count,
+                                changed: mesh.progress_signal(),
                                 replicas_caught_up: Rc::new(move || mesh.all_applied()),
                             });
                         }
@@ -252,7 +278,7 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         Some(opened) => match opened {
             Ok(broker) => Some(broker),
             Err(error) => {
-                eprintln!("shardmq: shard {shard_id}: {error}");
+                log::warn!("shard {shard_id}: {error}");
                 std::process::exit(1);
             }
         },
@@ -263,9 +289,15 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         broker.transactions.borrow_mut().config = config.transaction;
         broker.recover_transactions().await;
     }
-    let (route_table, topic_broker) = (table.clone(), broker.clone());
+    let (route_table, topic_broker, peer_namesrv) =
+        (table.clone(), broker.clone(), namesrv.clone());
     mesh.spawn_receivers(move |message| match message {
-        ControlMessage::Route(update) => route_table.borrow_mut().apply(&update),
+        ControlMessage::Route(update) => {
+            route_table.borrow_mut().apply(&update);
+            if let Some(namesrv) = &peer_namesrv {
+                namesrv.applied_from_peer(&update);
+            }
+        }
         ControlMessage::Topic(change) => {
             if let Some(broker) = &topic_broker {
                 broker.apply_topic_change(&change);
@@ -276,22 +308,29 @@ async fn run_shard(context: ShardContext<ControlMessage>, config: Arc<NodeConfig
         namesrv: namesrv.clone(),
         broker: broker.clone(),
     });
-    if let Err(error) = start_listeners(&config, shard_id, &shard) {
-        eprintln!("shardmq: shard {shard_id}: {error}");
+    if let Err(error) = start_listeners(&config, shard_id.0, &shard) {
+        log::warn!("shard {shard_id}: {error}");
         std::process::exit(1);
     }
     if namesrv.is_some() {
         runtime::spawn_detached(expire_brokers(table.clone()));
     }
     if let Some(broker) = &broker {
-        let local_table = config.run_namesrv.then(|| table.clone());
+        let local_table = config
+            .run_namesrv
+            .then(|| (table.clone(), sender.progress_signal()));
         start_broker_tasks(&config, broker, shard_count, local_table);
     }
     while !SHUTDOWN_REQUESTED.load(Ordering::SeqCst) {
-        runtime::sleep(Duration::from_millis(SHUTDOWN_POLL_INTERVAL_MS)).await;
+        if shutdown.wait().await.is_err() {
+            break;
+        }
     }
     if let Some(broker) = &broker {
         shut_down_broker(&config, broker).await;
+    }
+    if let Some(namesrv) = &namesrv {
+        namesrv.persist_at_shutdown().await;
     }
 }
 
@@ -304,8 +343,11 @@ fn make_namesrv(
     let kv_path = config.data_dir.join("namesrv").join("kvConfig.json");
     load_kv_config(&kv_path, &mut table.borrow_mut());
     let sender = sender.clone();
+    let changed = sender.progress_signal();
     let broadcast = Box::new(move |update: &RouteUpdate| {
         sender.broadcast(&ControlMessage::Route(update.clone()));
+        // This replica changed too: its local waiters look again.
+        changed.notify();
     });
     NamesrvHandler::new(table.clone(), broadcast, (shard_id == 0).then_some(kv_path))
 }
@@ -331,31 +373,44 @@ fn load_kv_config(path: &std::path::Path, table: &mut RouteTable) {
     }
 }
 
-/// Opening a store is abandoned and tried again only when it stops making progress for this
-/// long (no I/O step completed), never because it takes long: recovery of many GiB past the
-/// checkpoint is legitimate work. Now and then on these machines a glommio file operation at
-/// start never completed (its completion was lost between glommio's rings); a fresh attempt
-/// went through. Recovery is idempotent, so abandoning a stuck attempt is safe.
-pub const STORE_OPEN_STALL_MS: u64 = 10_000;
-const STORE_OPEN_ATTEMPTS_MAX: u32 = 3;
 /// How often a long store open prints its progress.
 const STORE_OPEN_PROGRESS_EVERY_MS: u64 = 5_000;
-/// Store opens abandoned for want of progress (GET_BROKER_RUNTIME_INFO shows it).
-pub static STORE_OPENS_ABANDONED: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
 
+/// Opens the shard's broker and store, watched for progress (the store-open workaround of
+/// `shards::runtime::workarounds`): an attempt is abandoned and tried again only when no I/O
+/// step completed for `store_open_stall_ms`, never because it takes long.
 async fn open_broker_with_retries(
     config: &NodeConfig,
     shard_id: usize,
     sender: &MeshSender<ControlMessage>,
 ) -> Result<Rc<Broker>, String> {
+    use shards::runtime::workarounds::{self, STORE_OPEN_ATTEMPTS_MAX};
+    let stall_ms = config.store_open_stall_ms;
     for attempt in 1..=STORE_OPEN_ATTEMPTS_MAX {
         let progress = Rc::new(shards::store::OpenProgress::default());
         let started = std::time::Instant::now();
+        let mut last_print = started;
+        let print_progress = || {
+            let now = std::time::Instant::now();
+            if now.duration_since(last_print) < Duration::from_millis(STORE_OPEN_PROGRESS_EVERY_MS)
+            {
+                return;
+            }
+            last_print = now;
+            let scanned = progress.scanned_bytes.get();
+            let seconds = now.duration_since(started).as_secs_f64();
+            log::info!(
+                "shard {shard_id}: recovering: {} of at most {} MiB of commitlog \
+                 scanned ({:.0} MiB/s)",
+                scanned >> 20,
+                progress.scan_total_bytes.get() >> 20,
+                scanned as f64 / 1_048_576.0 / seconds.max(0.001)
+            );
+        };
         let opened = futures_lite::future::or(
             async { Some(open_broker(config, shard_id, sender, progress.clone()).await) },
             async {
-                watch_open(shard_id, &progress, started).await;
+                workarounds::stalled(|| progress.steps.get(), stall_ms, print_progress).await;
                 None
             },
         )
@@ -366,11 +421,13 @@ async fn open_broker_with_retries(
                 return result;
             }
             None => {
-                STORE_OPENS_ABANDONED.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "shardmq: shard {shard_id}: opening the store made no progress for \
-                     {STORE_OPEN_STALL_MS} ms (attempt {attempt} of {STORE_OPEN_ATTEMPTS_MAX}, a \
-                     lost I/O completion?); trying again"
+                workarounds::counters()
+                    .store_opens_abandoned
+                    .fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "shard {shard_id}: opening the store made no progress for \
+                     {stall_ms} ms (attempt {attempt} of {STORE_OPEN_ATTEMPTS_MAX}, a lost I/O \
+                     completion?); trying again"
                 )
             }
         }
@@ -378,40 +435,6 @@ async fn open_broker_with_retries(
     Err(format!(
         "the store made no progress in {STORE_OPEN_ATTEMPTS_MAX} attempts"
     ))
-}
-
-/// Resolves when the open stalls (no step for `STORE_OPEN_STALL_MS`); prints progress of a
-/// long one meanwhile.
-async fn watch_open(
-    shard_id: usize,
-    progress: &shards::store::OpenProgress,
-    started: std::time::Instant,
-) {
-    let mut last_steps = progress.steps.get();
-    let mut last_change = std::time::Instant::now();
-    let mut last_print = started;
-    loop {
-        runtime::sleep(Duration::from_millis(500)).await;
-        let now = std::time::Instant::now();
-        let steps = progress.steps.get();
-        if steps != last_steps {
-            (last_steps, last_change) = (steps, now);
-        } else if now.duration_since(last_change) >= Duration::from_millis(STORE_OPEN_STALL_MS) {
-            return;
-        }
-        if now.duration_since(last_print) >= Duration::from_millis(STORE_OPEN_PROGRESS_EVERY_MS) {
-            last_print = now;
-            let scanned = progress.scanned_bytes.get();
-            let seconds = now.duration_since(started).as_secs_f64();
-            println!(
-                "shardmq: shard {shard_id}: recovering: {} of at most {} MiB of commitlog \
-                 scanned ({:.0} MiB/s)",
-                scanned >> 20,
-                progress.scan_total_bytes.get() >> 20,
-                scanned as f64 / 1_048_576.0 / seconds.max(0.001)
-            );
-        }
-    }
 }
 
 fn report_recovery(
@@ -424,8 +447,8 @@ fn report_recovery(
     };
     let scanned = progress.scanned_bytes.get();
     let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "shardmq: shard {shard_id}: store open in {seconds:.2} s: {} stop, scanned {} MiB from \
+    log::info!(
+        "shard {shard_id}: store open in {seconds:.2} s: {} stop, scanned {} MiB from \
          offset {} ({:.0} MiB/s), log ends at {}",
         if summary.clean { "clean" } else { "unclean" },
         scanned >> 20,
@@ -453,8 +476,9 @@ async fn open_broker(
     let store = Store::open(store_config)
         .await
         .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;
+    #[cfg(feature = "fault-injection")]
     if let Some(delay_ms) = config.test_flush_delay_ms {
-        eprintln!("shardmq: shard {shard_id}: TEST ONLY: every flush waits {delay_ms} ms first");
+        log::warn!("shard {shard_id}: TEST ONLY: every flush waits {delay_ms} ms first");
         store.set_test_flush_delay(Some(Duration::from_millis(delay_ms)));
     }
     let identity = BrokerIdentity {
@@ -516,10 +540,7 @@ fn start_listeners(
             listening.push(format!("{what} {addr}"));
         }
     }
-    println!(
-        "shardmq: shard {shard_id} listening on {}",
-        listening.join(", ")
-    );
+    log::info!("shard {shard_id} listening on {}", listening.join(", "));
     Ok(())
 }
 
@@ -529,14 +550,11 @@ fn bind(addr: SocketAddr, what: &str) -> std::io::Result<shards::runtime::TcpLis
     })
 }
 
-/// How often a starting shard looks whether its route replica lists every shard yet.
-const READY_ROUTE_POLL_MS: u64 = 2;
-
 fn start_broker_tasks(
     config: &NodeConfig,
     broker: &Rc<Broker>,
     shard_count: usize,
-    local_table: Option<Rc<RefCell<RouteTable>>>,
+    local_table: Option<(Rc<RefCell<RouteTable>>, Rc<shards::sync::Event>)>,
 ) {
     broker.start_persisters();
     let namesrv_addrs = config.namesrv_addrs.clone();
@@ -545,7 +563,7 @@ fn start_broker_tasks(
     // replica after "ready" see the whole node.
     let on_ready = move || {
         runtime::spawn_detached(async move {
-            if let Some(table) = local_table {
+            if let Some((table, changed)) = local_table {
                 let all_listed = || {
                     table
                         .borrow()
@@ -553,11 +571,11 @@ fn start_broker_tasks(
                         .is_some_and(|route| route.broker_datas.len() >= shard_count)
                 };
                 while !all_listed() {
-                    runtime::sleep(Duration::from_millis(READY_ROUTE_POLL_MS)).await;
+                    changed.wait().await;
                 }
             }
             if SHARDS_READY.fetch_add(1, Ordering::SeqCst) + 1 == shard_count {
-                println!("shardmq: ready ({shard_count} shard(s) registered with the namesrv)");
+                log::info!("ready ({shard_count} shard(s) registered with the namesrv)");
             }
         });
     };
@@ -576,10 +594,10 @@ fn start_broker_tasks(
         b.offsets.borrow_mut().flush_if_dirty()
     });
     every(broker, broker::CLIENT_SCAN_INTERVAL_MS, |b| {
-        b.expire_clients(now_ms())
+        b.expire_clients(b.now_ms())
     });
     // The shard's ticking task: the long-poll wheel's clock and the overload gauge.
-    every(broker, broker::PULL_WHEEL_TICK_MS, |b| b.tick());
+    runtime::spawn_detached(broker.clone().run_ticking());
     runtime::spawn_detached(broker::tasks::transaction_checks::run_checks(
         broker.clone(),
     ));
@@ -589,7 +607,7 @@ async fn expire_brokers(table: Rc<RefCell<RouteTable>>) {
     loop {
         runtime::sleep(Duration::from_millis(BROKER_EXPIRY_SCAN_INTERVAL_MS)).await;
         for addr in table.borrow_mut().expire(now_ms()) {
-            eprintln!("shardmq: namesrv: broker {addr} expired (no registration for 120 s)");
+            log::warn!("namesrv: broker {addr} expired (no registration for 120 s)");
         }
     }
 }
@@ -604,8 +622,8 @@ async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
     broker.persist_tables().await;
     broker.persist_transactions().await;
     if let Err(error) = broker.store.close().await {
-        eprintln!(
-            "shardmq: {}: final flush failed: {error}",
+        log::warn!(
+            "{}: final flush failed: {error}",
             broker.identity.broker_name
         );
         return;

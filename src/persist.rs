@@ -70,6 +70,14 @@ fn write_file_durably_once(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// [`write_json_file`] on the shard's helper thread (the fsync and rename never block the
+/// shard); a failure is logged as [`write_or_log`] logs it. True when written.
+pub async fn write_json_off_shard(path: PathBuf, value: serde_json::Value) -> bool {
+    let shown = path.clone();
+    let written = shards::runtime::blocking(move || write_json_file(&path, &value)).await;
+    logged(&shown, written)
+}
+
 /// Writes a JSON value pretty-printed (as RocketMQ's config files are).
 pub fn write_json_file(path: &Path, value: &serde_json::Value) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
@@ -92,7 +100,7 @@ fn logged(path: &Path, result: io::Result<()>) -> bool {
     match result {
         Ok(()) => true,
         Err(error) => {
-            eprintln!("shardmq: cannot persist {}: {error}", path.display());
+            log::warn!("cannot persist {}: {error}", path.display());
             false
         }
     }
@@ -105,10 +113,7 @@ pub fn read_with_fallback<T>(path: &Path, parse: impl Fn(&[u8]) -> Option<T>) ->
             if let Some(value) = parse(&bytes) {
                 return Some(value);
             }
-            eprintln!(
-                "shardmq: {} does not parse; trying its backup",
-                candidate.display()
-            );
+            log::warn!("{} does not parse; trying its backup", candidate.display());
         }
     }
     None
@@ -161,6 +166,11 @@ impl Persisted {
         self.changed.get()
     }
 
+    /// The latest version known to be on disk.
+    pub fn durable_version(&self) -> u64 {
+        self.durable.get()
+    }
+
     /// Whether every change is on disk.
     pub fn is_clean(&self) -> bool {
         self.durable.get() >= self.changed.get()
@@ -207,8 +217,8 @@ pub async fn run_writer(persisted: Rc<Persisted>, encode: impl Fn() -> Option<Ve
                 let why = format!("cannot write {}: {error}", persisted.path.display());
                 let allowed = persisted.failure_log.borrow_mut().allow(Instant::now());
                 if let Some(left_out) = allowed {
-                    eprintln!(
-                        "shardmq: {why}; kept in memory, trying again every {PERSIST_RETRY_MS} \
+                    log::warn!(
+                        "{why}; kept in memory, trying again every {PERSIST_RETRY_MS} \
                          ms{}",
                         LogThrottle::repeats(left_out)
                     );

@@ -28,17 +28,11 @@ use shards::sync::{Signal, WaiterSet};
 
 use crate::remoting::{self, FrameEncoder, RemotingCommand};
 
-/// Default bytes read from the socket per read call.
-pub const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// Default output waiting to be written past which the connection stops reading requests.
-pub const OUTPUT_PAUSE_BYTES: usize = 32 * 1024 * 1024;
-/// Default requests of one connection still being served (waiting for a group commit, parked
-/// pulls) past which the connection stops reading more: a client cannot make us hold without
-/// bound.
-pub const IN_FLIGHT_REQUESTS_MAX: usize = 8192;
+pub use crate::limits::IN_FLIGHT_REQUESTS_MAX;
+pub use crate::limits::OUTPUT_PAUSE_BYTES;
+pub use crate::limits::READ_CHUNK_BYTES;
 
-/// Default client connections one shard serves at once.
-pub const CONNECTIONS_PER_SHARD_MAX: usize = 16_384;
+pub use crate::limits::CONNECTIONS_PER_SHARD_MAX;
 
 /// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +129,19 @@ impl Connection {
         })
     }
 
+    /// A connection with no socket (the in-process test harness): handlers answer into its
+    /// output, which `take_output` hands over.
+    pub fn detached(id: u64, peer: SocketAddr) -> Rc<Self> {
+        let local = SocketAddr::from(([127, 0, 0, 1], 10911));
+        Connection::new(id, peer, local, ConnectionLimits::default())
+    }
+
+    /// Everything answered on this connection since the last call (the harness reads its
+    /// frames from it; a served connection's writer task drains it instead).
+    pub fn take_output(&self) -> Vec<u8> {
+        std::mem::take(&mut self.output.borrow_mut())
+    }
+
     /// Stops reading this connection's requests until `until` resolves (the frames already
     /// read are still handled): backpressure through TCP for a client whose requests cannot
     /// be served now, instead of reading, and refusing, everything it keeps sending. A hold
@@ -210,6 +217,22 @@ impl Connection {
             return;
         }
         self.respond_to(request.opaque, code, remark);
+    }
+
+    /// SUCCESS with `body` and no ext fields (nothing for a oneway request).
+    pub fn respond_body(&self, request: &RemotingCommand<'_>, body: &[u8]) {
+        if !request.is_oneway() {
+            self.respond_body_to(request.opaque, body);
+        }
+    }
+
+    /// SUCCESS with `body` and no ext fields to the request with `opaque` (an answer given
+    /// later, once the request frame itself is gone).
+    pub fn respond_body_to(&self, opaque: i32, body: &[u8]) {
+        self.send_with(|out| {
+            FrameEncoder::response(out, crate::remoting::response_code::SUCCESS, opaque)
+                .finish(body);
+        });
     }
 
     /// A response with no ext fields and no body to the request with `opaque` (for answers
@@ -288,8 +311,8 @@ impl ConnectionGate {
                 .borrow_mut()
                 .allow(std::time::Instant::now());
             if let Some(left_out) = allowed {
-                eprintln!(
-                    "shardmq: refusing a connection from {}: this shard serves {} connections \
+                log::warn!(
+                    "refusing a connection from {}: this shard serves {} connections \
                      (network.connections_per_shard_max){}",
                     peer.map_or("?".to_string(), |p| p.to_string()),
                     self.max,
@@ -341,8 +364,8 @@ pub async fn serve_listener(
                     .borrow_mut()
                     .allow(std::time::Instant::now());
                 if let Some(left_out) = allowed {
-                    eprintln!(
-                        "shardmq: accept failed: {error}; trying again every {ACCEPT_RETRY_MS} \
+                    log::warn!(
+                        "accept failed: {error}; trying again every {ACCEPT_RETRY_MS} \
                          ms{}",
                         shards::throttle::LogThrottle::repeats(left_out)
                     );
@@ -371,7 +394,7 @@ async fn serve_connection(
     let (reader, writer) = futures_lite::io::split(stream);
     let writer_task = runtime::spawn(write_loop(writer, connection.clone()));
     if let Err(reason) = read_loop(reader, &connection, handler.as_ref()).await {
-        eprintln!("shardmq: closing connection from {peer}: {reason}");
+        log::debug!("closing connection from {peer}: {reason}");
     }
     connection.closed.set(true);
     connection.output_ready.notify();

@@ -23,16 +23,13 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ClientError, ClientResult};
-use crate::remoting::{decode_frame, response_code, FrameEncoder, FRAME_SIZE_MAX_BYTES};
+use crate::remoting::{decode_frame, response_code, FrameEncoder};
 
-/// Frames queued for one connection's writer before senders wait (back-pressure on pipelining).
-pub const WRITE_QUEUE_FRAMES_MAX: usize = 4096;
-/// Server-initiated requests waiting for the owner before extra ones are dropped.
-pub const SERVER_REQUESTS_QUEUED_MAX: usize = 1024;
+pub use crate::limits::SERVER_REQUESTS_QUEUED_MAX;
+pub use crate::limits::WRITE_QUEUE_FRAMES_MAX;
 /// How long opening a connection may take.
 pub const CONNECT_TIMEOUT_MS: u64 = 3_000;
-/// Largest body a request may carry: the frame limit less room for the header.
-pub const REQUEST_BODY_MAX_BYTES: usize = FRAME_SIZE_MAX_BYTES - 256 * 1024;
+pub use crate::limits::REQUEST_BODY_MAX_BYTES;
 /// Bytes read from the socket per read call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 

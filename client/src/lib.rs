@@ -63,6 +63,7 @@ mod consumer;
 mod error;
 mod fault;
 mod instance;
+pub mod limits;
 mod lite_pull;
 mod message;
 mod offset_store;

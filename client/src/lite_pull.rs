@@ -31,8 +31,7 @@ use super::offset_store::{OffsetBackend, OffsetStore};
 use super::pull_api::{self, pull, PullSpec, PullStatus};
 use crate::body::{ConsumeType, ConsumerData, MessageModel, SubscriptionData};
 
-/// Pulled batches waiting for `poll`, all queues together.
-pub const BUFFERED_BATCHES_MAX: usize = 1_024;
+pub use crate::limits::BUFFERED_BATCHES_MAX;
 /// Pause of a queue task held back by its buffer limit or a pause.
 const FLOW_CONTROL_DELAY_MS: u64 = 50;
 

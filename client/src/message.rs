@@ -29,12 +29,10 @@ use crate::body::{encode_properties, parse_properties, property, PROPERTIES_SIZE
 
 pub use crate::body::MessageQueue;
 
-/// Largest message body a producer sends (Java `maxMessageSize`, the broker's limit too).
-pub const MESSAGE_BODY_MAX_BYTES: usize = 4 * 1024 * 1024;
+pub use crate::limits::MESSAGE_BODY_MAX_BYTES;
 /// Largest topic name (REMOTING.md §1.6).
 pub const TOPIC_NAME_MAX_CHARS: usize = 127;
-/// A decompressed body larger than this is refused (a hostile 4 MiB zlib bomb stays bounded).
-pub const DECOMPRESSED_BODY_MAX_BYTES: usize = 64 * 1024 * 1024;
+pub use crate::limits::DECOMPRESSED_BODY_MAX_BYTES;
 /// Message sysFlag bit: the body is compressed (§5.2).
 pub const SYS_FLAG_COMPRESSED: i32 = 0x1;
 /// Message sysFlag bits 8–10: compression type (0 and 0x300 are zlib).

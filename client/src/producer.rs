@@ -26,8 +26,7 @@ use super::message::{
 use crate::body::{java_string_hash, property};
 use crate::remoting::{request_code, response_code};
 
-/// Messages one batch may carry (the broker's own limit is higher; this keeps bodies sane).
-pub const BATCH_MESSAGES_MAX: usize = 10_000;
+pub use crate::limits::BATCH_MESSAGES_MAX;
 
 /// Producer settings; [`ProducerOptions::new`] gives Java's defaults.
 #[derive(Debug, Clone)]

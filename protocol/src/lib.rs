@@ -20,6 +20,7 @@ pub mod batch;
 pub mod body;
 pub mod error;
 pub mod hash;
+pub mod limits;
 pub mod msg_id;
 pub mod record;
 pub mod remoting;

@@ -13,7 +13,7 @@
 //! Parked pulls are woken by the store itself (its arrival listener, set in `Broker::new`),
 //! so no path can forget to.
 
-use std::net::SocketAddrV4;
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 
 use shards::store::{AppendResult, MessageKeys, MessageToStore, StoreError};
 
@@ -152,5 +152,16 @@ impl Broker {
         if self.topics.borrow().get(topic).is_none() {
             self.upsert_topic_everywhere(TopicConfig::new(topic, 1, perm::WRITE));
         }
+    }
+}
+
+/// The peer as an IPv4 host (stored records use IPv4 hosts; v4-mapped v6 peers unwrap).
+pub(crate) fn to_v4(addr: SocketAddr) -> SocketAddrV4 {
+    match addr.ip() {
+        IpAddr::V4(ip) => SocketAddrV4::new(ip, addr.port()),
+        IpAddr::V6(ip) => SocketAddrV4::new(
+            ip.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+            addr.port(),
+        ),
     }
 }

@@ -7,6 +7,8 @@
 
 mod append;
 pub mod handlers;
+#[cfg(test)]
+pub mod harness;
 pub mod route;
 pub mod state;
 pub mod tasks;
@@ -50,6 +52,9 @@ pub struct LocalRoutes {
     pub shard_count: usize,
     /// Whether every replica has applied every update broadcast so far.
     pub replicas_caught_up: Rc<dyn Fn() -> bool>,
+    /// Notified whenever this shard's route replica may have changed (a local update, one
+    /// from another shard, or another shard's progress).
+    pub changed: Rc<shards::sync::Event>,
 }
 
 /// What identifies this shard's broker to the world.
@@ -74,6 +79,9 @@ pub struct BrokerStats {
 pub struct Broker {
     pub identity: BrokerIdentity,
     pub store: Store,
+    /// The shard's source of time (the store's clock): nothing in the broker reads the
+    /// system clock itself, so tests drive time by hand.
+    pub clock: Rc<dyn shards::store::Clock>,
     pub topics: RefCell<TopicTable>,
     pub offsets: RefCell<OffsetTable>,
     pub groups: RefCell<groups::GroupTable>,
@@ -134,28 +142,33 @@ impl Broker {
         );
         let offsets = OffsetTable::load(config_dir.join("consumerOffset.json"));
         let groups = groups::GroupTable::load(config_dir.join("subscriptionGroup.json"));
+        let clock = store.clock();
         let schedule = schedule::ScheduleState::load(
             config_dir.join("delayOffset.json"),
             options.delay_levels,
+            clock.now_ms(),
         );
         let stats = BrokerStats::default();
-        stats.started_at_ms.set(crate::error::now_ms());
+        stats.started_at_ms.set(clock.now_ms());
         let pull_waiters = Rc::new(ParkedPulls::new(LongPoll::new(
             pull::PULL_WHEEL_TICK_MS,
             pull::PULL_WHEEL_SLOTS,
             pull::PARKED_PULLS_MAX,
-            shards::runtime::monotonic_ms(),
+            clock.monotonic_ms(),
         )));
         // Every message the store appends wakes the pulls parked on its queue.
         let waiters = Rc::downgrade(&pull_waiters);
-        store.set_arrival_listener(Rc::new(move |topic: &str, queue_id: u32, _offset: u64| {
-            if let Some(waiters) = waiters.upgrade() {
-                waiters.wake_queue(topic, queue_id);
-            }
-        }));
+        store.set_arrival_listener(Rc::new(
+            move |topic: &str, queue_id: shards::QueueId, _offset: shards::QueueOffset| {
+                if let Some(waiters) = waiters.upgrade() {
+                    waiters.wake_queue(topic, queue_id.0);
+                }
+            },
+        ));
         Broker {
             identity,
             store,
+            clock,
             topics: RefCell::new(topics),
             offsets: RefCell::new(offsets),
             groups: RefCell::new(groups),
@@ -180,6 +193,7 @@ impl Broker {
     }
 
     pub fn handle(self: &Rc<Self>, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
+        self.note_request();
         if let Err(error) = self.dispatch(request, connection) {
             let (code, remark) = error.code_and_remark();
             connection.respond(request, code, Some(&remark));
@@ -281,7 +295,7 @@ impl Broker {
         ];
         for file in files {
             if let Err(why) = file.durable(file.latest()).await {
-                eprintln!("shardmq: {}: at shutdown: {why}", self.identity.broker_name);
+                log::warn!("{}: at shutdown: {why}", self.identity.broker_name);
             }
         }
     }
@@ -316,6 +330,16 @@ impl Broker {
                 .respond(&connection, opaque),
             }
         });
+    }
+
+    /// Wall-clock milliseconds from the shard's clock (the store's).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Monotonic milliseconds from the shard's clock.
+    pub fn monotonic_ms(&self) -> u64 {
+        self.clock.monotonic_ms()
     }
 
     /// Applies a topic change that another shard made.
@@ -386,7 +410,7 @@ impl Broker {
         self.next_unique_id.set(counter.wrapping_add(1));
         let ip = u32::from(*self.identity.address.ip());
         let pid = std::process::id() & 0xFFFF;
-        let millis = crate::error::now_ms() as u64 & 0xFFFF_FFFF;
+        let millis = self.now_ms() as u64 & 0xFFFF_FFFF;
         let port = u32::from(self.identity.address.port());
         format!(
             "{ip:08X}{pid:04X}{port:08X}{millis:08X}{:04X}",

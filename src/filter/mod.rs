@@ -73,9 +73,7 @@ impl ExpressionType {
     }
 }
 
-/// (group, topic) pairs whose compiled expression one shard keeps. Beyond it the cache is
-/// emptied and refilled (expressions are cheap to parse; this only bounds memory).
-pub const SQL_FILTER_CACHE_ENTRIES_MAX: usize = 4096;
+pub use crate::limits::SQL_FILTER_CACHE_ENTRIES_MAX;
 
 struct CachedExpression {
     source: String,

@@ -18,8 +18,9 @@ pub struct NamesrvHandler {
     pub table: Rc<RefCell<RouteTable>>,
     /// Sends an applied update to the other replicas.
     pub broadcast: Box<dyn Fn(&RouteUpdate)>,
-    /// Where this replica persists KV config (only one shard persists), if anywhere.
-    pub kv_config_path: Option<PathBuf>,
+    /// The KV config file this replica writes (only one shard persists), if any; its writer
+    /// task writes it off the shard thread after every change.
+    kv_file: Option<Rc<crate::persist::Persisted>>,
     /// Brokers registered over each connection: unregistered when it closes (as Java does).
     registered_by_connection: RefCell<BTreeMap<u64, Vec<RouteUpdate>>>,
 }
@@ -30,10 +31,20 @@ impl NamesrvHandler {
         broadcast: Box<dyn Fn(&RouteUpdate)>,
         kv_config_path: Option<PathBuf>,
     ) -> Self {
+        let kv_file = kv_config_path.map(|path| {
+            let file = crate::persist::Persisted::new(path);
+            let weak = Rc::downgrade(&table);
+            shards::runtime::spawn_detached(crate::persist::run_writer(file.clone(), move || {
+                let table = weak.upgrade()?;
+                let json = serde_json::json!({ "configTable": table.borrow().kv_all() });
+                serde_json::to_vec_pretty(&json).ok()
+            }));
+            file
+        });
         NamesrvHandler {
             table,
             broadcast,
-            kv_config_path,
+            kv_file,
             registered_by_connection: RefCell::new(BTreeMap::new()),
         }
     }
@@ -51,12 +62,29 @@ impl NamesrvHandler {
     }
 
     fn persist_kv(&self) {
-        let Some(path) = &self.kv_config_path else {
-            return;
-        };
-        let table = self.table.borrow();
-        let json = serde_json::json!({ "configTable": table.kv_all() });
-        crate::persist::write_json_or_log(path, &json);
+        if let Some(file) = &self.kv_file {
+            file.note_change();
+        }
+    }
+
+    /// Waits until the KV config on disk has every change (a clean stop).
+    pub async fn persist_at_shutdown(&self) {
+        if let Some(file) = &self.kv_file {
+            if let Err(why) = file.durable(file.latest()).await {
+                log::warn!("namesrv: at shutdown: {why}");
+            }
+        }
+    }
+
+    /// An update another replica made, applied to this one's table: the persisting replica
+    /// writes KV changes whichever shard received them.
+    pub fn applied_from_peer(&self, update: &RouteUpdate) {
+        if matches!(
+            update,
+            RouteUpdate::PutKv { .. } | RouteUpdate::DeleteKv { .. }
+        ) {
+            self.persist_kv();
+        }
     }
 
     pub fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
@@ -77,18 +105,18 @@ impl NamesrvHandler {
             rc::GET_ROUTEINFO_BY_TOPIC => self.route_by_topic(request, connection),
             rc::GET_BROKER_CLUSTER_INFO => {
                 let body = self.table.borrow().cluster_info().encode();
-                respond_body(connection, request, &body);
+                connection.respond_body(request, &body);
                 Ok(())
             }
             rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => {
                 let body = body::encode_topic_list(&self.table.borrow().topic_names());
-                respond_body(connection, request, &body);
+                connection.respond_body(request, &body);
                 Ok(())
             }
             rc::GET_TOPICS_BY_CLUSTER => {
                 let cluster = request.ext_fields.required("cluster")?;
                 let topics = self.table.borrow().topics_of_cluster(cluster);
-                respond_body(connection, request, &body::encode_topic_list(&topics));
+                connection.respond_body(request, &body::encode_topic_list(&topics));
                 Ok(())
             }
             rc::DELETE_TOPIC_IN_NAMESRV => {
@@ -118,7 +146,7 @@ impl NamesrvHandler {
                 let table = self.table.borrow();
                 match table.kv_namespace(namespace) {
                     Some(entries) => {
-                        respond_body(connection, request, &body::encode_kv_table(entries))
+                        connection.respond_body(request, &body::encode_kv_table(entries))
                     }
                     None => connection.respond(
                         request,
@@ -244,7 +272,7 @@ impl NamesrvHandler {
         let topic = request.ext_fields.required("topic")?;
         let route = self.table.borrow().route(topic);
         match route {
-            Some(route) => respond_body(connection, request, &route.encode()),
+            Some(route) => connection.respond_body(request, &route.encode()),
             None => connection.respond(
                 request,
                 response_code::TOPIC_NOT_EXIST,
@@ -348,14 +376,4 @@ fn same_broker(a: &RouteUpdate, b: &RouteUpdate) -> bool {
         ) => a == b && ai == bi,
         _ => false,
     }
-}
-
-/// A SUCCESS response carrying `body`.
-pub fn respond_body(connection: &Connection, request: &RemotingCommand<'_>, body: &[u8]) {
-    if request.is_oneway() {
-        return;
-    }
-    connection.send_with(|out| {
-        FrameEncoder::response(out, response_code::SUCCESS, request.opaque).finish(body);
-    });
 }

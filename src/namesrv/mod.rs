@@ -10,5 +10,5 @@
 mod handlers;
 mod table;
 
-pub use handlers::{respond_body, NamesrvHandler};
+pub use handlers::NamesrvHandler;
 pub use table::{BrokerRegistration, RouteTable, RouteUpdate, BROKER_EXPIRY_MS_DEFAULT};

@@ -10,6 +10,7 @@
 //! | `[shards]` | `cpus`, `reserved_cpus`, `pin` |
 //! | `[store]` | `flush`, `flush_interval_ms`, `flush_batch_kib`, `segment_size_mib`, `allocation_window_mib` |
 //! | `[runtime]` | `ring_depth_entries`, `io_memory_mib`, `preempt_timer_us`, `spin_before_park_us` |
+//! | `[runtime]` (workarounds) | `watchdog_ms`, `store_open_stall_ms` (0 turns each off; see `shards::runtime::workarounds`) |
 //! | `[network]` | `read_buffer_kib`, `output_pause_kib`, `in_flight_requests_max`, `connections_per_shard_max` |
 //!
 //! A key a profile leaves out takes the built-in default (the `default` profile's value); an
@@ -152,6 +153,22 @@ pub const SPIN_BEFORE_PARK_US: NumericKnob = NumericKnob {
     power_of_two: false,
     default: 0,
 };
+pub const WATCHDOG_MS: NumericKnob = NumericKnob {
+    key: "runtime.watchdog_ms",
+    unit: "ms",
+    min: 0,
+    max: 10_000,
+    power_of_two: false,
+    default: shards::runtime::workarounds::WATCHDOG_DEFAULT_MS as i64,
+};
+pub const STORE_OPEN_STALL_MS: NumericKnob = NumericKnob {
+    key: "runtime.store_open_stall_ms",
+    unit: "ms",
+    min: 0,
+    max: 3_600_000,
+    power_of_two: false,
+    default: shards::runtime::workarounds::STORE_OPEN_STALL_DEFAULT_MS as i64,
+};
 pub const READ_BUFFER_KIB: NumericKnob = NumericKnob {
     key: "network.read_buffer_kib",
     unit: "KiB",
@@ -196,6 +213,8 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     IO_MEMORY_MIB,
     PREEMPT_TIMER_US,
     SPIN_BEFORE_PARK_US,
+    WATCHDOG_MS,
+    STORE_OPEN_STALL_MS,
     READ_BUFFER_KIB,
     OUTPUT_PAUSE_KIB,
     IN_FLIGHT_REQUESTS_MAX,
@@ -287,6 +306,8 @@ struct RawRuntime {
     io_memory_mib: Option<i64>,
     preempt_timer_us: Option<i64>,
     spin_before_park_us: Option<i64>,
+    watchdog_ms: Option<i64>,
+    store_open_stall_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -344,6 +365,8 @@ pub struct Tuning {
     pub flush_dirty_max_bytes: u64,
     pub segment_size_bytes: u64,
     pub allocation_window_bytes: u64,
+    /// runtime.store_open_stall_ms: a store open without progress this long is tried again.
+    pub store_open_stall_ms: u64,
     pub connection_limits: ConnectionLimits,
 }
 
@@ -491,6 +514,7 @@ impl Profile {
             io_memory_bytes: (number(IO_MEMORY_MIB, raw.runtime.io_memory_mib)? << 20) as usize,
             preempt_timer_us: number(PREEMPT_TIMER_US, raw.runtime.preempt_timer_us)?,
             spin_before_park_us: number(SPIN_BEFORE_PARK_US, raw.runtime.spin_before_park_us)?,
+            watchdog_ms: number(WATCHDOG_MS, raw.runtime.watchdog_ms)?,
         };
         let connection_limits = ConnectionLimits {
             read_chunk_bytes: (number(READ_BUFFER_KIB, raw.network.read_buffer_kib)? << 10)
@@ -518,6 +542,7 @@ impl Profile {
                 ALLOCATION_WINDOW_MIB,
                 raw.store.allocation_window_mib,
             )? << 20,
+            store_open_stall_ms: number(STORE_OPEN_STALL_MS, raw.runtime.store_open_stall_ms)?,
             connection_limits,
         })
     }

@@ -12,8 +12,7 @@
 //! Reading follows Java: pairs with an empty name or value are skipped; so are pairs without a
 //! separator or that are not UTF-8. Order is not significant.
 
-/// Java `MessageDecoder` limit on the properties string (it is framed by a u16 length).
-pub const PROPERTIES_SIZE_MAX_BYTES: usize = 32767;
+pub use crate::limits::PROPERTIES_SIZE_MAX_BYTES;
 
 const NAME_VALUE_SEPARATOR: u8 = 0x01;
 const PROPERTY_SEPARATOR: u8 = 0x02;

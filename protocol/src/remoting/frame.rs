@@ -21,15 +21,12 @@ use super::command::{RemotingCommand, SerializeType};
 use super::json_header;
 pub use crate::error::DecodeError;
 
-/// Largest accepted frame, including the 4-byte length prefix (Java's default
-/// `com.rocketmq.remoting.frameMaxLength`).
-pub const FRAME_SIZE_MAX_BYTES: usize = 16 * 1024 * 1024;
+pub use crate::limits::FRAME_SIZE_MAX_BYTES;
 /// The big-endian length prefix.
 pub const LENGTH_PREFIX_BYTES: usize = 4;
 /// The serialize-type byte plus the 24-bit header length.
 pub const HEADER_LENGTH_WORD_BYTES: usize = 4;
-/// H is a 24-bit field.
-pub const HEADER_SIZE_MAX_BYTES: usize = 0xFF_FFFF;
+pub use crate::limits::HEADER_SIZE_MAX_BYTES;
 /// Bytes before the header starts.
 pub const FRAME_FIXED_PART_BYTES: usize = LENGTH_PREFIX_BYTES + HEADER_LENGTH_WORD_BYTES;
 

@@ -23,9 +23,7 @@ use super::command::{ExtFields, LanguageCode, RemotingCommand, SerializeType};
 use super::EXT_FIELDS_COUNT_MAX;
 use crate::error::DecodeError;
 
-/// Deepest object/array nesting accepted in a header (real headers are 2 deep: the header
-/// object and `extFields`); bounds the recursion of the skipper.
-pub const JSON_NESTING_DEPTH_MAX: usize = 16;
+pub use crate::limits::JSON_NESTING_DEPTH_MAX;
 /// Typical SEND headers carry 11–15 ext entries; one allocation covers them.
 const EXT_FIELDS_CAPACITY_INITIAL: usize = 16;
 

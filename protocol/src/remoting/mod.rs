@@ -44,8 +44,6 @@ pub use json_header::JSON_NESTING_DEPTH_MAX;
 /// learn from HEART_BEAT responses (SQL92 filters need ≥ V4_1_0), and Go needs it to fit i16.
 pub const BROKER_VERSION: i32 = 479;
 
-/// Most extFields entries accepted in one header. Real headers carry about 15; the limit
-/// keeps a hostile 16 MiB header from turning into millions of entries.
-pub const EXT_FIELDS_COUNT_MAX: usize = 1024;
+pub use crate::limits::EXT_FIELDS_COUNT_MAX;
 
 const _: () = assert!(BROKER_VERSION <= i16::MAX as i32);

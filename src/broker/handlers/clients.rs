@@ -2,17 +2,17 @@
 //! CHECK_CLIENT_CONFIG (46), LOCK_BATCH_MQ (41) / UNLOCK_BATCH_MQ (42),
 //! GET_CONSUMER_CONNECTION_LIST (203).
 
+use std::rc::Rc;
+
 use crate::body::{
     self, perm, CheckClientConfigBody, ClientConnection, ConsumerConnection, HeartbeatData,
     LockBatchRequest, TopicConfig,
 };
 use crate::broker::state::topics::{validate_topic_name, RETRY_GROUP_TOPIC_PREFIX};
 use crate::broker::Broker;
-use crate::error::{now_ms, RequestError};
-use crate::namesrv::respond_body;
+use crate::error::RequestError;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-use std::rc::Rc;
 
 impl Broker {
     pub(crate) fn heart_beat(
@@ -41,7 +41,7 @@ impl Broker {
         let changed =
             self.clients
                 .borrow_mut()
-                .heartbeat(&data, connection, request.language, now_ms());
+                .heartbeat(&data, connection, request.language, self.now_ms());
         self.notify_groups(&changed);
         if request.is_oneway() {
             return Ok(());
@@ -105,7 +105,7 @@ impl Broker {
                 "no consumer for this group, {group}"
             )));
         }
-        respond_body(connection, request, &body::encode_consumer_id_list(&ids));
+        connection.respond_body(request, &body::encode_consumer_id_list(&ids));
         Ok(())
     }
 }
@@ -137,7 +137,7 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let body = LockBatchRequest::parse(request.body)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let mut locks = self.locks.borrow_mut();
         locks.expire(now);
         let locked: Vec<_> = body
@@ -156,11 +156,7 @@ impl Broker {
             .cloned()
             .collect();
         drop(locks);
-        respond_body(
-            connection,
-            request,
-            &body::encode_lock_batch_response(&locked),
-        );
+        connection.respond_body(request, &body::encode_lock_batch_response(&locked));
         Ok(())
     }
 }
@@ -224,7 +220,7 @@ impl Broker {
             message_model: online.message_model,
             consume_from_where: online.consume_from_where,
         };
-        respond_body(connection, request, &body.encode());
+        connection.respond_body(request, &body.encode());
         Ok(())
     }
 }

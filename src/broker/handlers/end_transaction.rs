@@ -2,6 +2,11 @@
 //! for the whole protocol). COMMIT rebuilds the message for its real topic and queue and
 //! appends it through `route`/`append`, then the op record; ROLLBACK writes only the op record.
 
+use std::net::{SocketAddr, SocketAddrV4};
+use std::rc::Rc;
+
+use shards::store::{record, FlushMode};
+
 use crate::body::{encode_properties, java_string_hash, parse_properties, property};
 use crate::broker::append::Outgoing;
 use crate::broker::route::{route, Destination, RouteRequest};
@@ -11,12 +16,9 @@ use crate::broker::state::transactions::{
     TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK,
 };
 use crate::broker::Broker;
-use crate::error::{now_ms, store_error, RequestError};
+use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
-use shards::store::{record, FlushMode};
-use std::net::{SocketAddr, SocketAddrV4};
-use std::rc::Rc;
 
 /// The END_TRANSACTION request header.
 pub(crate) struct EndHeader {
@@ -64,7 +66,7 @@ impl Broker {
                 Ok(end_offset) => match broker.store.flush_mode() {
                     FlushMode::Sync => broker
                         .store
-                        .wait_durable(end_offset)
+                        .wait_durable(shards::CommitLogOffset(end_offset))
                         .await
                         .map_err(store_error),
                     FlushMode::Async => Ok(()),
@@ -116,7 +118,10 @@ impl Broker {
 impl Broker {
     /// Commits or rolls back a claimed half; returns the commitlog end to wait durable for.
     pub(crate) async fn end_half(&self, header: &EndHeader) -> Result<u64, RequestError> {
-        let read = self.store.read_record(header.commitlog_offset).await;
+        let read = self
+            .store
+            .read_record(shards::CommitLogOffset(header.commitlog_offset))
+            .await;
         let unclaim = || {
             if let Some(pending) = self
                 .transactions
@@ -156,8 +161,8 @@ impl Broker {
         };
         let op_end = self.finish_half(header.half_offset, header.commit);
         if header.from_check {
-            eprintln!(
-                "shardmq: {}: the producer {} the half message at offset {} when checked",
+            log::warn!(
+                "{}: the producer {} the half message at offset {} when checked",
                 self.identity.broker_name,
                 if header.commit {
                     "committed"
@@ -202,7 +207,7 @@ impl Broker {
         encode_properties(&mut properties, &kept);
         let tags_code = lookup(property::TAGS).map_or(0, |tag| i64::from(java_string_hash(tag)));
         // A delayed or timed message waits for its time from its commit on, as in RocketMQ.
-        let wait = divert_for(&kept, &self.schedule.borrow().levels, now_ms())?;
+        let wait = divert_for(&kept, &self.schedule.borrow().levels, self.now_ms())?;
         let destination = route(&RouteRequest {
             topic: real_topic,
             queue_id: real_queue,
@@ -225,7 +230,7 @@ impl Broker {
             producer_group: "",
         };
         let appended = self.append(message, &destination).map_err(store_error)?;
-        Ok(appended.end_offset)
+        Ok(appended.end_offset.0)
     }
 }
 
@@ -247,8 +252,8 @@ impl Broker {
                 Some(end)
             }
             Err(error) => {
-                eprintln!(
-                    "shardmq: {}: the op record of the half message at offset {half_offset} \
+                log::warn!(
+                    "{}: the op record of the half message at offset {half_offset} \
                      was refused ({error}); retried by the next check round",
                     self.identity.broker_name
                 );
@@ -271,7 +276,7 @@ impl Broker {
         let message = Outgoing {
             flag: 0,
             sys_flag: 0,
-            born_timestamp_ms: now_ms(),
+            born_timestamp_ms: self.now_ms(),
             born_host: self.identity.address,
             reconsume_times: 0,
             prepared_transaction_offset: 0,
@@ -286,10 +291,11 @@ impl Broker {
             topic: RMQ_SYS_TRANS_OP_HALF_TOPIC,
             queue_id: OP_QUEUE_ID,
         };
-        Ok(self
+        Ok((self
             .append(message, &destination)
             .map_err(store_error)?
             .end_offset)
+            .0)
     }
 }
 

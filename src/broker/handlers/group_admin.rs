@@ -3,13 +3,13 @@
 //! DELETE_SUBSCRIPTIONGROUP (207), and the group lookup with auto-creation every consumer
 //! request goes through.
 
+use std::rc::Rc;
+
 use crate::body::SubscriptionGroupConfig;
 use crate::broker::Broker;
 use crate::error::RequestError;
-use crate::namesrv::respond_body;
 use crate::remoting::RemotingCommand;
 use crate::server::Connection;
-use std::rc::Rc;
 
 impl Broker {
     /// The group's config for a consumer request, auto-created on first use.
@@ -49,7 +49,7 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let body = self.groups.borrow().snapshot().encode();
-        respond_body(connection, request, &body);
+        connection.respond_body(request, &body);
         Ok(())
     }
 }
@@ -69,7 +69,7 @@ impl Broker {
                 )))
             }
         };
-        respond_body(connection, request, &body);
+        connection.respond_body(request, &body);
         Ok(())
     }
 }

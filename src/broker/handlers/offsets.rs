@@ -2,11 +2,12 @@
 //! GET_MAX_OFFSET (30), GET_MIN_OFFSET (31), SEARCH_OFFSET_BY_TIMESTAMP (29),
 //! GET_EARLIEST_MSG_STORETIME (32), GET_ALL_CONSUMER_OFFSET (43), GET_ALL_DELAY_OFFSET (45).
 
+use std::rc::Rc;
+
 use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, ExtFields, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-use std::rc::Rc;
 
 /// A queue whose first unit lies within this many bytes of the commitlog's end is "young":
 /// a new group starts there at 0 and misses nothing (RocketMQ's message-still-in-memory rule,
@@ -45,18 +46,23 @@ impl Broker {
             respond_offset(connection, request.opaque, "offset", offset);
             return Ok(());
         }
-        let min_offset = self.store.min_queue_offset(topic, queue_id);
-        let max_offset = self.store.max_queue_offset(topic, queue_id);
+        let min_offset = self
+            .store
+            .min_queue_offset(topic, shards::QueueId(queue_id));
+        let max_offset = self
+            .store
+            .max_queue_offset(topic, shards::QueueId(queue_id));
         // As Java's broker: a queue that never lost its first message and whose offset 0 is
         // not on disk yet (here: the store is young; always for an empty queue) starts a new
         // group at 0. Answering "not found" for an empty queue made a consumer started before
         // the first sends fall back to the max offset, racing (and skipping) them.
-        let young = min_offset == 0
-            && (max_offset == 0
+        let young = min_offset == shards::QueueOffset(0)
+            && (max_offset == shards::QueueOffset(0)
                 || self
                     .store
                     .max_physical_offset()
-                    .saturating_sub(self.store.min_physical_offset())
+                    .0
+                    .saturating_sub(self.store.min_physical_offset().0)
                     <= YOUNG_QUEUE_WINDOW_BYTES);
         if young && ext.bool_lenient("setZeroIfNotFound") != Some(false) {
             respond_offset(connection, request.opaque, "offset", 0);
@@ -96,8 +102,10 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
-        let offset = self.store.max_queue_offset(topic, queue_id);
-        respond_offset(connection, request.opaque, "offset", offset as i64);
+        let offset = self
+            .store
+            .max_queue_offset(topic, shards::QueueId(queue_id));
+        respond_offset(connection, request.opaque, "offset", offset.0 as i64);
         Ok(())
     }
 }
@@ -109,8 +117,10 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
-        let offset = self.store.min_queue_offset(topic, queue_id);
-        respond_offset(connection, request.opaque, "offset", offset as i64);
+        let offset = self
+            .store
+            .min_queue_offset(topic, shards::QueueId(queue_id));
+        respond_offset(connection, request.opaque, "offset", offset.0 as i64);
         Ok(())
     }
 }
@@ -130,12 +140,14 @@ impl Broker {
         let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
-            let found =
-                broker
-                    .store
-                    .queue_offset_by_timestamp(&topic, queue_id, timestamp_ms, upper);
+            let found = broker.store.queue_offset_by_timestamp(
+                &topic,
+                shards::QueueId(queue_id),
+                timestamp_ms,
+                upper,
+            );
             match found.await {
-                Ok(offset) => respond_offset(&connection, opaque, "offset", offset as i64),
+                Ok(offset) => respond_offset(&connection, opaque, "offset", offset.0 as i64),
                 Err(error) => store_error(error).respond(&connection, opaque),
             }
         });
@@ -153,7 +165,11 @@ impl Broker {
         let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
-            match broker.store.earliest_store_time(&topic, queue_id).await {
+            match broker
+                .store
+                .earliest_store_time(&topic, shards::QueueId(queue_id))
+                .await
+            {
                 Ok(time) => respond_offset(&connection, opaque, "timestamp", time.unwrap_or(-1)),
                 Err(error) => store_error(error).respond(&connection, opaque),
             }
@@ -171,7 +187,7 @@ impl Broker {
         let table = crate::body::ConsumerOffsetTable {
             offsets: self.offsets.borrow().entries().clone(),
         };
-        crate::namesrv::respond_body(connection, request, &table.encode_pretty());
+        connection.respond_body(request, &table.encode_pretty());
         Ok(())
     }
 }
@@ -185,7 +201,7 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let json = self.schedule.borrow().to_json();
         let body = serde_json::to_vec(&json).unwrap_or_default();
-        crate::namesrv::respond_body(connection, request, &body);
+        connection.respond_body(request, &body);
         Ok(())
     }
 }

@@ -14,27 +14,24 @@
 //! The pull's filter (TAG, or SQL92 over each candidate's properties) is chosen in
 //! `filters.rs`; the store applies it in two stages (`shards::store::PullFilter`).
 
+use std::rc::Rc;
+
+use shards::long_poll::ParkOutcome;
+use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
+
 use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::filter::MessageFilter;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-use shards::long_poll::ParkOutcome;
-use shards::runtime::monotonic_ms;
-use shards::store::{GetMessageResult, GetStatus, PropertiesFilter, PullFilter};
-use std::rc::Rc;
 
-/// Messages one pull returns at most, whatever the client asks (RocketMQ's default).
-pub const PULL_BATCH_MAX_MESSAGES: u32 = 32;
+pub use crate::limits::PULL_BATCH_MAX_MESSAGES;
 
-/// Bytes one pull returns at most (RocketMQ's maxTransferBytesOnMessageInMemory).
-pub const PULL_BATCH_MAX_BYTES: u32 = 256 * 1024;
+pub use crate::limits::PULL_BATCH_MAX_BYTES;
 
-/// Longest a pull is held: clients time out their pulls at 30 s, so answer well before.
-pub const PULL_SUSPEND_MAX_MS: u64 = 25_000;
+pub use crate::limits::PULL_SUSPEND_MAX_MS;
 
-/// Pulls parked at once on one shard; beyond it a pull gets SYSTEM_BUSY (a client retries).
-pub const PARKED_PULLS_MAX: usize = 100_000;
+pub use crate::limits::PARKED_PULLS_MAX;
 
 /// Granularity of the long-poll wheel: a parked pull expires at most this late (plus the
 /// shard's own lateness), and the shard's ticking task runs this often.
@@ -46,8 +43,7 @@ pub const PULL_WHEEL_SLOTS: usize = 4096;
 
 const _: () = assert!(PULL_WHEEL_TICK_MS * PULL_WHEEL_SLOTS as u64 >= 20_000);
 
-/// Room a pull answer's frame takes beyond its body (length prefixes, JSON header).
-pub(crate) const PULL_ANSWER_HEADER_MAX_BYTES: usize = 1024;
+pub use crate::limits::PULL_ANSWER_HEADER_MAX_BYTES;
 
 pub(crate) const PULL_FLAG_COMMIT_OFFSET: i32 = 0x1;
 
@@ -238,10 +234,15 @@ impl Broker {
             .pending_resets
             .borrow()
             .contains(&pull.group, &pull.topic, pull.queue_id);
-        if reset || self.store.max_queue_offset(&pull.topic, pull.queue_id) > pull.queue_offset {
+        if reset
+            || self
+                .store
+                .max_queue_offset(&pull.topic, shards::QueueId(pull.queue_id))
+                > shards::QueueOffset(pull.queue_offset)
+        {
             return Ok(ParkOutcome::Arrived);
         }
-        let deadline_ms = monotonic_ms() + pull.suspend_timeout_ms;
+        let deadline_ms = self.monotonic_ms() + pull.suspend_timeout_ms;
         let id = self
             .pull_waiters
             .park(&pull.topic, pull.queue_id, connection.id, deadline_ms)
@@ -277,8 +278,8 @@ impl Broker {
         self.store
             .get_messages_matching(
                 &pull.topic,
-                pull.queue_id,
-                pull.queue_offset,
+                shards::QueueId(pull.queue_id),
+                shards::QueueOffset(pull.queue_offset),
                 pull.max_messages,
                 pull.max_bytes,
                 &filter,
@@ -303,9 +304,9 @@ impl Broker {
             frame
                 .remark(status_name(found.status))
                 .ext_i64("suggestWhichBrokerId", 0)
-                .ext_i64("nextBeginOffset", found.next_begin_offset as i64)
-                .ext_i64("minOffset", found.min_offset as i64)
-                .ext_i64("maxOffset", found.max_offset as i64)
+                .ext_i64("nextBeginOffset", found.next_begin_offset.0 as i64)
+                .ext_i64("minOffset", found.min_offset.0 as i64)
+                .ext_i64("maxOffset", found.max_offset.0 as i64)
                 .ext_i64("topicSysFlag", 0)
                 .ext_i64("groupSysFlag", 0);
             let body: &[u8] = if code == response_code::SUCCESS {

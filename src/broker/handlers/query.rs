@@ -1,12 +1,14 @@
 //! Message lookup: QUERY_MESSAGE (12) by key or UNIQ_KEY through the store's message index,
 //! and VIEW_MESSAGE_BY_ID (33) by offset msgId.
 
+use std::rc::Rc;
+
+use shards::store::MessageQuery;
+
 use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-use shards::store::MessageQuery;
-use std::rc::Rc;
 
 /// Messages a unique-key query returns (RocketMQ's defaultQueryMaxNum, which it forces).
 pub const QUERY_UNIQUE_KEY_MESSAGES: u32 = 32;
@@ -68,13 +70,6 @@ impl Broker {
     }
 }
 
-/// A SUCCESS response with `body` to the request with `opaque` (answered later).
-pub(crate) fn respond_body_to(connection: &Connection, opaque: i32, body: &[u8]) {
-    connection.send_with(|out| {
-        FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(body);
-    });
-}
-
 impl Broker {
     pub(crate) fn view_message_by_id(
         self: &Rc<Self>,
@@ -85,7 +80,11 @@ impl Broker {
         let (broker, connection) = (self.clone(), connection.clone());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
-            match broker.store.read_record(offset.max(0) as u64).await {
+            match broker
+                .store
+                .read_record(shards::CommitLogOffset(offset.max(0) as u64))
+                .await
+            {
                 Ok(Some(record)) => connection.send_with(|out| {
                     FrameEncoder::response(out, response_code::SUCCESS, opaque).finish(&record);
                 }),

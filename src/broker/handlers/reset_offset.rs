@@ -31,13 +31,15 @@
 //!   in its log: "has unfinished pullMsgEvent" forever). `ResetOffsetBodyForC` is still
 //!   written correctly by the protocol module for clients that want it.
 
+use std::rc::Rc;
+
+use shards::store::{GetMessageResult, GetStatus};
+
 use crate::body::{MessageQueue, ResetOffsetBody};
 use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::remoting::{request_code, response_code, FrameEncoder, LanguageCode, RemotingCommand};
 use crate::server::Connection;
-use shards::store::{GetMessageResult, GetStatus};
-use std::rc::Rc;
 
 /// What one reset asks for, owned (it is served after the request buffer moves on).
 pub(crate) struct ResetRequest {
@@ -173,11 +175,13 @@ impl Broker {
         timestamp_ms: i64,
     ) -> Result<u64, RequestError> {
         let (min, max) = (
-            self.store.min_queue_offset(topic, queue_id),
-            self.store.max_queue_offset(topic, queue_id),
+            self.store
+                .min_queue_offset(topic, shards::QueueId(queue_id)),
+            self.store
+                .max_queue_offset(topic, shards::QueueId(queue_id)),
         );
         if let Some(offset) = explicit {
-            if offset < min || offset > max {
+            if offset < min.0 || offset > max.0 {
                 return Err(RequestError::SystemError(format!(
                     "Target offset {offset} not in consume queue range [{min}-{max}]"
                 )));
@@ -185,11 +189,12 @@ impl Broker {
             return Ok(offset);
         }
         if timestamp_ms < 0 {
-            return Ok(max);
+            return Ok(max.0);
         }
         self.store
-            .queue_offset_by_timestamp(topic, queue_id, timestamp_ms, false)
+            .queue_offset_by_timestamp(topic, shards::QueueId(queue_id), timestamp_ms, false)
             .await
+            .map(|offset| offset.0)
             .map_err(store_error)
     }
 }
@@ -244,9 +249,13 @@ impl Broker {
             .take(group, topic, queue_id, offset)?;
         Some(GetMessageResult {
             status: GetStatus::NoMatchedMessage,
-            next_begin_offset: reset_to,
-            min_offset: self.store.min_queue_offset(topic, queue_id),
-            max_offset: self.store.max_queue_offset(topic, queue_id),
+            next_begin_offset: shards::QueueOffset(reset_to),
+            min_offset: self
+                .store
+                .min_queue_offset(topic, shards::QueueId(queue_id)),
+            max_offset: self
+                .store
+                .max_queue_offset(topic, shards::QueueId(queue_id)),
             message_count: 0,
             body: Vec::new(),
         })

@@ -7,8 +7,14 @@
 //! UNIQ_KEY gets one; `CLUSTER` is added. The record is appended to the store at once; with
 //! SYNC_FLUSH the answer waits for the group commit that covers it.
 
+use std::borrow::Cow;
+use std::rc::Rc;
+
+use shards::store::{self, record, AppendResult, FlushMode, MessageKeys, StoreError};
+use smallvec::{smallvec, SmallVec};
+
 use crate::body::{java_string_hash, parse_properties, property};
-use crate::broker::append::Outgoing;
+use crate::broker::append::{to_v4, Outgoing};
 use crate::broker::route::{route, Destination, RouteRequest};
 use crate::broker::state::schedule::{divert_for, Divert};
 use crate::broker::state::topics::{self, validate_topic_name};
@@ -19,14 +25,8 @@ use crate::remoting::{
     RemotingCommand,
 };
 use crate::server::Connection;
-use shards::store::{self, record, AppendResult, FlushMode, MessageKeys, StoreError};
-use smallvec::{smallvec, SmallVec};
-use std::borrow::Cow;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::rc::Rc;
 
-/// Messages one batch may carry (a client cannot make the broker loop without bound).
-pub const BATCH_MESSAGES_MAX: usize = 10_000;
+pub use crate::limits::SEND_BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX;
 
 /// The send request header, whichever name set it came in.
 pub(crate) struct SendHeader<'a> {
@@ -217,13 +217,13 @@ impl<'a> SendReply<'a> {
             record::push_offset_msg_id(
                 &mut msg_id,
                 broker.identity.address.into(),
-                result.physical_offset,
+                result.physical_offset.0,
             );
         }
         SendReply {
             msg_id,
             queue_id,
-            queue_offset: results.first().map_or(0, |r| r.queue_offset),
+            queue_offset: results.first().map_or(0, |r| r.queue_offset.0),
             transaction_id: messages.first().map_or("", |m| m.unique_id.as_ref()),
         }
     }
@@ -243,17 +243,6 @@ impl<'a> SendReply<'a> {
             .ext("MSG_REGION", "DefaultRegion")
             .ext("TRACE_ON", "true");
         frame.finish(&[]);
-    }
-}
-
-/// The peer as an IPv4 host (stored records use IPv4 hosts; v4-mapped v6 peers unwrap).
-pub(crate) fn to_v4(addr: SocketAddr) -> SocketAddrV4 {
-    match addr.ip() {
-        IpAddr::V4(ip) => SocketAddrV4::new(ip, addr.port()),
-        IpAddr::V6(ip) => SocketAddrV4::new(
-            ip.to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
-            addr.port(),
-        ),
     }
 }
 
@@ -342,10 +331,20 @@ impl Broker {
         }
         let reply = SendReply::new(self, queue_id, &messages, &results);
         let opaque = request.opaque;
+        let topic_version = self.topics.borrow_mut().version_to_wait_for(header.topic);
+        if let Some(version) = topic_version {
+            // A topic just created: answered once its config is on disk (and, SYNC_FLUSH,
+            // the message too).
+            let end_offset = results.last().map_or(0, |r| r.end_offset.0);
+            self.answer_after_topic_durable(version, end_offset, connection, opaque, |out| {
+                reply.encode(out, opaque, response_code::SUCCESS)
+            });
+            return Ok(());
+        }
         match self.store.flush_mode() {
             FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
             FlushMode::Sync => {
-                let end_offset = results.last().map_or(0, |r| r.end_offset);
+                let end_offset = results.last().map_or(0, |r| r.end_offset.0);
                 self.durable_replies
                     .push(&self.store, end_offset, connection, opaque, |out| {
                         reply.encode(out, opaque, response_code::SUCCESS)
@@ -353,6 +352,44 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// Sends the answer `encode` writes once the topics file is on disk up to `version` and,
+    /// with SYNC_FLUSH, the store up to `end_offset`; a failed wait answers its error.
+    fn answer_after_topic_durable(
+        &self,
+        version: u64,
+        end_offset: u64,
+        connection: &Rc<Connection>,
+        opaque: i32,
+        encode: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let mut answer = Vec::new();
+        encode(&mut answer);
+        let file = self.topics.borrow().persisted().clone();
+        let store = (self.store.flush_mode() == FlushMode::Sync).then(|| self.store.clone());
+        let connection = connection.clone();
+        let in_flight = connection.in_flight();
+        shards::runtime::spawn_detached(async move {
+            let _in_flight = in_flight;
+            if let Err(why) = file.durable(version).await {
+                let error = RequestError::ServiceNotAvailable(format!(
+                    "the topic's config could not be written ({why}); the message is stored, \
+                     the topic is written again every {} ms",
+                    crate::persist::PERSIST_RETRY_MS
+                ));
+                return error.respond(&connection, opaque);
+            }
+            if let Some(store) = store {
+                if let Err(error) = store
+                    .wait_durable(shards::CommitLogOffset(end_offset))
+                    .await
+                {
+                    return store_error(error).respond(&connection, opaque);
+                }
+            }
+            connection.send_with(|out| out.extend_from_slice(&answer));
+        });
     }
 
     /// A send the store refused. Refused for want of room (the disk is behind), the
@@ -440,7 +477,7 @@ impl Broker {
             divert_for(
                 &parse_properties(properties.as_bytes()),
                 &self.schedule.borrow().levels,
-                crate::error::now_ms(),
+                self.now_ms(),
             )?
         } else {
             Divert::None

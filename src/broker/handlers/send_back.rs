@@ -10,11 +10,15 @@
 //! A client whose send-back failed re-sends the message itself to `%RETRY%<group>`; that
 //! path is in send.rs; both reach the dead-letter queue through `route`'s retry limit.
 
+use std::rc::Rc;
+
+use shards::store::{record, FlushMode};
+
 use crate::body::{
     encode_properties, java_string_hash, parse_properties, property, RETRY_QUEUE_NUMS_DEFAULT,
 };
+use crate::broker::append::to_v4;
 use crate::broker::append::Outgoing;
-use crate::broker::handlers::send::to_v4;
 use crate::broker::route::{route, Destination, RetryLimit, RouteRequest};
 use crate::broker::state::schedule::divert_for;
 use crate::broker::state::topics::RETRY_GROUP_TOPIC_PREFIX;
@@ -22,8 +26,6 @@ use crate::broker::Broker;
 use crate::error::{store_error, RequestError};
 use crate::remoting::{response_code, RemotingCommand};
 use crate::server::Connection;
-use shards::store::{record, FlushMode};
-use std::rc::Rc;
 
 /// The delay level of the first retry when the client leaves it to the broker
 /// (10 s with the default table): level = RETRY_DELAY_LEVEL_BASE + reconsumeTimes.
@@ -78,7 +80,7 @@ impl Broker {
         let group = self.consumer_group_config(&back.group)?;
         let bytes = self
             .store
-            .read_record(back.physical_offset)
+            .read_record(shards::CommitLogOffset(back.physical_offset))
             .await
             .map_err(store_error)?
             .ok_or_else(|| {
@@ -125,7 +127,7 @@ impl Broker {
         let wait = divert_for(
             &[(property::DELAY, level_text.as_str())],
             &self.schedule.borrow().levels,
-            crate::error::now_ms(),
+            self.now_ms(),
         )?;
         let destination = route(&RouteRequest {
             topic: &retry_topic,

@@ -1,19 +1,18 @@
 //! What the operator's tools ask a broker: GET_BROKER_RUNTIME_INFO (28), GET_TOPIC_STATS_INFO
 //! (202), GET_CONSUME_STATS (208).
 
-use crate::body::{self, ConsumeStats, MessageQueue, OffsetWrapper, TopicOffset, TopicStatsTable};
-use crate::broker::handlers::query::respond_body_to;
-use crate::broker::Broker;
-use crate::error::RequestError;
-use crate::namesrv::respond_body;
-use crate::remoting::{RemotingCommand, BROKER_VERSION};
-use crate::server::Connection;
-use shards::store::{record, Store};
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
-/// Topics one GET_CONSUME_STATS reports, at most (a group's offsets name its topics).
-pub const CONSUME_STATS_TOPICS_MAX: usize = 1024;
+use shards::store::{record, Store};
+
+use crate::body::{self, ConsumeStats, MessageQueue, OffsetWrapper, TopicOffset, TopicStatsTable};
+use crate::broker::Broker;
+use crate::error::RequestError;
+use crate::remoting::{RemotingCommand, BROKER_VERSION};
+use crate::server::Connection;
+
+pub use crate::limits::CONSUME_STATS_TOPICS_MAX;
 
 /// Separator of GET_CONSUME_STATS's `topicList`.
 pub(crate) const TOPIC_LIST_SEPARATOR: char = ';';
@@ -27,7 +26,14 @@ pub(crate) async fn store_time_at(
     queue_offset: u64,
 ) -> i64 {
     let found = store
-        .get_messages(topic, queue_id, queue_offset, 1, 1, &|_| true)
+        .get_messages(
+            topic,
+            shards::QueueId(queue_id),
+            shards::QueueOffset(queue_offset),
+            1,
+            1,
+            &|_| true,
+        )
         .await;
     let Ok(found) = found else { return 0 };
     record::decode(&found.body).map_or(0, |m| m.store_timestamp_ms)
@@ -52,23 +58,27 @@ impl Broker {
         shards::runtime::spawn_detached(async move {
             let mut table = TopicStatsTable::default();
             for queue_id in 0..queue_count {
-                let min_offset = broker.store.min_queue_offset(&topic, queue_id);
-                let max_offset = broker.store.max_queue_offset(&topic, queue_id);
-                let last_update_timestamp = match max_offset {
+                let min_offset = broker
+                    .store
+                    .min_queue_offset(&topic, shards::QueueId(queue_id));
+                let max_offset = broker
+                    .store
+                    .max_queue_offset(&topic, shards::QueueId(queue_id));
+                let last_update_timestamp = match max_offset.0 {
                     0 => 0,
                     max => store_time_at(&broker.store, &topic, queue_id, max - 1).await,
                 };
                 table.offset_table.push((
                     broker.message_queue(&topic, queue_id),
                     TopicOffset {
-                        min_offset: min_offset as i64,
-                        max_offset: max_offset as i64,
+                        min_offset: min_offset.0 as i64,
+                        max_offset: max_offset.0 as i64,
                         last_update_timestamp,
                     },
                 ));
             }
             if !oneway {
-                respond_body_to(&connection, opaque, &table.encode());
+                connection.respond_body_to(opaque, &table.encode());
             }
         });
         Ok(())
@@ -114,7 +124,10 @@ impl Broker {
         shards::runtime::spawn_detached(async move {
             let mut stats = ConsumeStats::default();
             for (topic, queue_id, consumer_offset) in queues {
-                let broker_offset = broker.store.max_queue_offset(&topic, queue_id) as i64;
+                let broker_offset = broker
+                    .store
+                    .max_queue_offset(&topic, shards::QueueId(queue_id))
+                    .0 as i64;
                 let last_timestamp = match consumer_offset {
                     0 => 0,
                     offset => {
@@ -133,7 +146,7 @@ impl Broker {
                 ));
             }
             if !oneway {
-                respond_body_to(&connection, opaque, &stats.encode());
+                connection.respond_body_to(opaque, &stats.encode());
             }
         });
         Ok(())
@@ -226,7 +239,7 @@ impl Broker {
         put("transactionDiscarded", tx.discarded.to_string());
         drop(transactions);
         put("flushDiskType", format!("{:?}", self.store.flush_mode()));
-        respond_body(connection, request, &body::encode_kv_table(&table));
+        connection.respond_body(request, &body::encode_kv_table(&table));
         Ok(())
     }
 }

@@ -2,19 +2,18 @@
 //! GET_ALL_TOPIC_CONFIG (21). A topic lives on every shard of the node: a change made here is
 //! broadcast to the others, and answered once it is on disk and in the local route.
 
+use std::rc::Rc;
+use std::time::Duration;
+
 use crate::body::TopicConfig;
 use crate::broker::state::topics::validate_topic_name;
 use crate::broker::Broker;
 use crate::error::RequestError;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
-use std::rc::Rc;
-use std::time::Duration;
 
 /// Longest a topic creation waits for the local route replica to list every shard.
 pub(crate) const ROUTE_WAIT_MAX_MS: u64 = 3_000;
-
-pub(crate) const ROUTE_WAIT_POLL_MS: u64 = 2;
 
 impl Broker {
     pub(crate) fn update_and_create_topic(
@@ -64,8 +63,12 @@ impl Broker {
                 complete && (local.replicas_caught_up)()
             };
             let deadline = std::time::Instant::now() + Duration::from_millis(ROUTE_WAIT_MAX_MS);
-            while !routed() && std::time::Instant::now() < deadline {
-                shards::runtime::sleep(Duration::from_millis(ROUTE_WAIT_POLL_MS)).await;
+            while !routed() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                shards::runtime::timeout(left, local.changed.wait()).await;
             }
             let durable = file.durable(version).await;
             if oneway {

@@ -5,11 +5,12 @@
 //!
 //! Also the language and version each connection announced (GET_CONSUMER_CONNECTION_LIST).
 
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
 use crate::body::{ConsumeFromWhere, ConsumeType, HeartbeatData, MessageModel, SubscriptionData};
 use crate::remoting::{request_code, FrameEncoder, LanguageCode};
 use crate::server::Connection;
-use std::collections::BTreeMap;
-use std::rc::Rc;
 
 /// A client silent this long is dropped (RocketMQ's channel expiry).
 pub const CLIENT_EXPIRY_MS: i64 = 120_000;
@@ -17,8 +18,7 @@ pub const CLIENT_EXPIRY_MS: i64 = 120_000;
 /// How often expired clients are looked for.
 pub const CLIENT_SCAN_INTERVAL_MS: u64 = 10_000;
 
-/// Distinct groups one shard tracks; beyond this heartbeats are refused (SYSTEM_BUSY).
-pub const GROUPS_MAX: usize = 100_000;
+pub use crate::limits::CONSUMER_GROUPS_CONNECTED_MAX as GROUPS_MAX;
 
 pub struct ClientChannel {
     pub connection: Rc<Connection>,

@@ -1,18 +1,17 @@
 //! One shard's subscription groups: `config/subscriptionGroup.json` (+ `.bak`), RocketMQ's
 //! defaults, name checks, the bound on how many a shard keeps.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
 use crate::body::{SubscriptionGroupConfig, SubscriptionGroupTable};
 use crate::broker::state::topics::validate_name;
 use crate::broker::state::versioned::VersionedFile;
 use crate::error::RequestError;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-/// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
-pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
+pub use crate::limits::SUBSCRIPTION_GROUPS_MAX;
 
-/// Longest group name (RocketMQ's CHARACTER_MAX_LENGTH).
-pub const GROUP_NAME_MAX_CHARS: usize = 255;
+pub use crate::limits::GROUP_NAME_MAX_CHARS;
 
 /// Groups created with the broker (RocketMQ's built-in tool and self-test groups).
 pub(crate) const BUILTIN_GROUPS: [&str; 3] =

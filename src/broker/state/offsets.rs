@@ -2,11 +2,12 @@
 //! `topic@group` → queue id → next offset to consume. Written every few seconds when
 //! changed and at shutdown, by its writer task (`persist::run_writer`, off the shard thread).
 
-use crate::body::ConsumerOffsetTable;
-use crate::persist;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
+
+use crate::body::ConsumerOffsetTable;
+use crate::persist;
 
 /// How often changed offsets are written (RocketMQ's flushConsumerOffsetInterval).
 pub const OFFSET_FLUSH_INTERVAL_MS: u64 = 5_000;

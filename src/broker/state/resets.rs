@@ -3,9 +3,7 @@
 
 use std::collections::BTreeMap;
 
-/// Queues reset and not yet pulled again by their group, at most (beyond it a reset still
-/// commits the offsets and pushes 220, but does not mark its queues for the pull path).
-pub const PENDING_RESETS_MAX_QUEUES: usize = 65_536;
+pub use crate::limits::PENDING_RESETS_MAX_QUEUES;
 
 /// (group, topic, queue) reset to an offset whose group has not pulled there since.
 #[derive(Default)]

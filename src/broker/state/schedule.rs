@@ -20,15 +20,17 @@
 //! delivered in the last interval before a kill -9 is delivered again. A clean shutdown
 //! writes it last, after the store's final flush, so a restart neither loses nor repeats.
 
-use crate::body::property;
-use crate::error::{now_ms, RequestError};
-use crate::persist;
-use serde_json::{json, Value};
-use shards::sync::Signal;
-use shards::wheel::TimerWheel;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::rc::Rc;
+
+use serde_json::{json, Value};
+use shards::sync::Signal;
+use shards::wheel::TimerWheel;
+
+use crate::body::property;
+use crate::error::{now_ms, RequestError};
+use crate::persist;
 
 pub const SCHEDULE_TOPIC: &str = "SCHEDULE_TOPIC_XXXX";
 
@@ -37,14 +39,11 @@ pub const TIMER_TOPIC: &str = "rmq_sys_wheel_timer";
 /// RocketMQ's messageDelayLevel default.
 pub const DELAY_LEVELS_DEFAULT: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
 
-/// Most delay levels a table may have (one schedule queue each).
-pub const DELAY_LEVELS_MAX: usize = 64;
+pub use crate::limits::DELAY_LEVELS_MAX;
 
-/// Longest timer delay accepted (RocketMQ's timerMaxDelaySec, 3 days).
-pub const TIMER_DELAY_MAX_MS: i64 = 3 * 24 * 3600 * 1000;
+pub use crate::limits::TIMER_DELAY_MAX_MS;
 
-/// Timer messages held in memory at once; the scan of the timer queue pauses beyond it.
-pub const TIMER_PENDING_MAX: usize = 1_000_000;
+pub use crate::limits::TIMER_PENDING_MAX;
 
 /// Tick of the timer wheel: timer messages are delivered within this of their time.
 pub const TIMER_TICK_MS: u64 = 100;
@@ -200,7 +199,8 @@ pub struct ScheduleState {
 }
 
 impl ScheduleState {
-    pub fn load(path: PathBuf, levels: DelayLevels) -> ScheduleState {
+    /// Loads progress; `now_ms` (the shard clock) starts the timer wheel.
+    pub fn load(path: PathBuf, levels: DelayLevels, now_ms: i64) -> ScheduleState {
         let loaded =
             persist::read_with_fallback(&path, |bytes| serde_json::from_slice::<Value>(bytes).ok());
         let mut state = ScheduleState {
@@ -210,7 +210,7 @@ impl ScheduleState {
             timer_floor: 0,
             timer_delivered: BTreeSet::new(),
             timer_scan: 0,
-            timer_wheel: TimerWheel::new(TIMER_TICK_MS, TIMER_WHEEL_SLOTS, now_ms() as u64),
+            timer_wheel: TimerWheel::new(TIMER_TICK_MS, TIMER_WHEEL_SLOTS, now_ms.max(0) as u64),
             dirty: false,
             wakeup: Rc::new(Signal::default()),
         };
@@ -359,14 +359,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shardmq-sched-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("delayOffset.json");
-        let mut state = ScheduleState::load(path.clone(), DelayLevels::default());
+        let mut state = ScheduleState::load(path.clone(), DelayLevels::default(), 0);
         state.level_offsets.insert(2, 7);
         for offset in [0, 1, 3, 4, 6] {
             state.mark_timer_delivered(offset);
         }
         assert_eq!(state.timer_floor, 2);
         persist::write_json_file(&path, &state.to_json()).unwrap();
-        let loaded = ScheduleState::load(path, DelayLevels::default());
+        let loaded = ScheduleState::load(path, DelayLevels::default(), 0);
         assert_eq!(loaded.level_offsets.get(&2), Some(&7));
         assert_eq!(loaded.timer_floor, 2);
         assert_eq!(loaded.timer_scan, 2);

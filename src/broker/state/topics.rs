@@ -1,21 +1,21 @@
 //! One shard's topic table: `config/topics.json`, the built-in topics, name validation and
 //! auto-creation through the template topic `TBW102`.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
 use crate::body::{perm, TopicConfig, TopicConfigTable};
 use crate::broker::state::versioned::VersionedFile;
 use crate::error::RequestError;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 pub const AUTO_CREATE_TOPIC_KEY_TOPIC: &str = "TBW102";
 
 /// Queues of the template topic (RocketMQ's defaultTopicQueueNums).
 pub const DEFAULT_TOPIC_QUEUE_NUMS: u32 = 8;
 
-pub const TOPIC_NAME_MAX_CHARS: usize = 127;
+pub use crate::limits::TOPIC_NAME_MAX_CHARS;
 
-/// %RETRY% and %DLQ% topics embed a group name, so they may be longer.
-pub const SYSTEM_TOPIC_NAME_MAX_CHARS: usize = 255;
+pub use crate::limits::SYSTEM_TOPIC_NAME_MAX_CHARS;
 
 pub const RETRY_GROUP_TOPIC_PREFIX: &str = "%RETRY%";
 
@@ -70,6 +70,10 @@ pub(crate) fn validate_name(kind: &str, name: &str, limit: usize) -> Result<(), 
 pub struct TopicTable {
     pub(crate) file: VersionedFile,
     pub topics: BTreeMap<String, TopicConfig>,
+    /// Topics created or changed by a version of the file not yet known to be on disk: a
+    /// send to one of them is answered once it is (a message acknowledged in a topic that a
+    /// crash forgets would be unreadable after the restart).
+    not_durable: BTreeMap<String, u64>,
 }
 
 impl TopicTable {
@@ -79,7 +83,11 @@ impl TopicTable {
             let table = TopicConfigTable::parse(bytes).ok()?;
             Some((table.data_version, table.topics))
         });
-        let mut table = TopicTable { file, topics };
+        let mut table = TopicTable {
+            file,
+            topics,
+            not_durable: BTreeMap::new(),
+        };
         let builtin = [
             (
                 AUTO_CREATE_TOPIC_KEY_TOPIC,
@@ -117,9 +125,22 @@ impl TopicTable {
         if self.topics.get(&config.topic_name) == Some(&config) {
             return false;
         }
-        self.topics.insert(config.topic_name.clone(), config);
+        let name = config.topic_name.clone();
+        self.topics.insert(name.clone(), config);
         self.bump_and_persist();
+        self.not_durable.insert(name, self.file.persisted.latest());
         true
+    }
+
+    /// The file version a send to `topic` must wait for, if its config is not on disk yet
+    /// (one map lookup while some topic waits, nothing otherwise).
+    pub fn version_to_wait_for(&mut self, topic: &str) -> Option<u64> {
+        if self.not_durable.is_empty() {
+            return None;
+        }
+        let durable = self.file.persisted.durable_version();
+        self.not_durable.retain(|_, version| *version > durable);
+        self.not_durable.get(topic).copied()
     }
 
     pub fn remove(&mut self, topic: &str) -> bool {

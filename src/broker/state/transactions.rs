@@ -30,12 +30,14 @@
 //! committed message but tears off its op record (they are appended back to back and flushed
 //! together) would have the half checked and committed again after the restart.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use shards::store::AppendResult;
+
 use crate::body::{find_property, property};
 use crate::broker::Broker;
 use crate::error::RequestError;
-use shards::store::AppendResult;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// Where half messages wait (RocketMQ's TopicValidator name).
 pub const RMQ_SYS_TRANS_HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
@@ -59,9 +61,7 @@ pub const TRANSACTION_ROLLBACK_TYPE: i32 = 0xC;
 
 pub(crate) const TRANSACTION_TYPE_MASK: i32 = 0xC;
 
-/// Halves one shard keeps waiting for their end; beyond it a half send gets SYSTEM_BUSY (a
-/// producer that never ends its transactions cannot grow the broker without bound).
-pub const HALF_MESSAGES_PENDING_MAX: usize = 100_000;
+pub use crate::limits::HALF_MESSAGES_PENDING_MAX;
 
 /// RocketMQ's broker settings for transactions (BrokerConfig defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ impl Broker {
     /// Registers a half just appended (its properties as stored).
     pub(crate) fn half_stored(&self, properties: &[u8], appended: &AppendResult) {
         let pending = PendingHalf {
-            commitlog_offset: appended.physical_offset,
+            commitlog_offset: appended.physical_offset.0,
             stored_at_ms: appended.store_timestamp_ms,
             producer_group: find_property(properties, property::PGROUP)
                 .unwrap_or_default()
@@ -209,7 +209,9 @@ impl Broker {
             op_unwritten: false,
         };
         let mut transactions = self.transactions.borrow_mut();
-        transactions.pending.insert(appended.queue_offset, pending);
+        transactions
+            .pending
+            .insert(appended.queue_offset.0, pending);
         transactions.dirty = true;
     }
 }

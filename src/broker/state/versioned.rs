@@ -3,11 +3,12 @@
 //! bumped on every change, the whole table written durably after it by the table's writer
 //! task (`persist::run_writer`, off the shard thread).
 
+use std::path::PathBuf;
+use std::rc::Rc;
+
 use crate::body::DataVersion;
 use crate::error::now_ms;
 use crate::persist;
-use std::path::PathBuf;
-use std::rc::Rc;
 
 /// Where a table lives and the version it is at.
 pub struct VersionedFile {

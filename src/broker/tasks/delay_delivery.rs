@@ -2,23 +2,23 @@
 //! model): delivers what is due through `append`, sleeps until the next is due or a new one is
 //! stored, and writes delivery progress once what it counts is durable.
 
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use shards::store::record;
+
 use crate::body::{encode_properties, java_string_hash, parse_properties, property};
+use crate::broker::append::to_v4;
 use crate::broker::append::Outgoing;
-use crate::broker::handlers::send::to_v4;
 use crate::broker::route::Destination;
 use crate::broker::state::schedule::{
     SCHEDULE_TOPIC, TIMER_PENDING_MAX, TIMER_TOPIC, WAIT_PROPERTIES,
 };
 use crate::broker::Broker;
-use crate::error::now_ms;
 use crate::persist;
-use shards::store::record;
-use std::net::SocketAddr;
-use std::rc::Rc;
-use std::time::Duration;
 
-/// Messages one delivery round re-puts per level (and for timers) before yielding.
-pub const DELIVER_BATCH_MAX: usize = 4096;
+pub use crate::limits::DELIVER_BATCH_MAX;
 
 /// Longest the delivery task sleeps when nothing is due sooner.
 pub const DELIVER_IDLE_WAKE_MS: i64 = 1_000;
@@ -82,9 +82,10 @@ impl Broker {
         let queue_id = match self.topics.borrow().get(&due.topic) {
             Some(config) => due.queue_id % config.write_queue_nums.max(1),
             None => {
-                eprintln!(
-                    "shardmq: {}: delayed message for deleted topic {} dropped",
-                    self.identity.broker_name, due.topic
+                log::warn!(
+                    "{}: delayed message for deleted topic {} dropped",
+                    self.identity.broker_name,
+                    due.topic
                 );
                 return false;
             }
@@ -111,8 +112,8 @@ impl Broker {
         match self.append(message, &destination) {
             Ok(_) => true,
             Err(error) => {
-                eprintln!(
-                    "shardmq: {}: cannot deliver a delayed message yet: {error}",
+                log::warn!(
+                    "{}: cannot deliver a delayed message yet: {error}",
                     self.identity.broker_name
                 );
                 false
@@ -134,12 +135,21 @@ impl Broker {
                     .get(&level)
                     .copied()
                     .unwrap_or(0)
-                    .max(self.store.min_queue_offset(SCHEDULE_TOPIC, queue_id));
-                let unit = match self.store.queue_unit(SCHEDULE_TOPIC, queue_id, offset) {
+                    .max(
+                        (self
+                            .store
+                            .min_queue_offset(SCHEDULE_TOPIC, shards::QueueId(queue_id)))
+                        .0,
+                    );
+                let unit = match self.store.queue_unit(
+                    SCHEDULE_TOPIC,
+                    shards::QueueId(queue_id),
+                    shards::QueueOffset(offset),
+                ) {
                     Ok(Some(unit)) => unit,
                     Ok(None) => break,
                     Err(error) => {
-                        eprintln!("shardmq: schedule queue {queue_id}: {error}");
+                        log::warn!("schedule queue {queue_id}: {error}");
                         break;
                     }
                 };
@@ -148,7 +158,7 @@ impl Broker {
                     next_due = Some(next_due.map_or(deliver_ms, |d| d.min(deliver_ms)));
                     break;
                 }
-                if !self.deliver_record(physical_offset).await {
+                if !self.deliver_record(physical_offset.0).await {
                     // The store refuses writes for now: try again on the next round.
                     return Some(now + DELIVER_IDLE_WAKE_MS);
                 }
@@ -163,7 +173,11 @@ impl Broker {
     /// Reads the record at `physical_offset` and re-puts it; a record that cannot be read
     /// or lacks its destination is logged and skipped (true), a refused append is false.
     pub(crate) async fn deliver_record(&self, physical_offset: u64) -> bool {
-        let due = match self.store.read_record(physical_offset).await {
+        let due = match self
+            .store
+            .read_record(shards::CommitLogOffset(physical_offset))
+            .await
+        {
             Ok(Some(bytes)) => Due::from_record(&bytes),
             Ok(None) => Err("no record at that offset".to_string()),
             Err(error) => Err(error.to_string()),
@@ -171,8 +185,8 @@ impl Broker {
         match due {
             Ok(due) => self.put_due(&due) || self.topics.borrow().get(&due.topic).is_none(),
             Err(why) => {
-                eprintln!(
-                    "shardmq: {}: delayed message at {physical_offset} skipped: {why}",
+                log::warn!(
+                    "{}: delayed message at {physical_offset} skipped: {why}",
                     self.identity.broker_name
                 );
                 true
@@ -183,17 +197,21 @@ impl Broker {
     /// Moves newly stored timer messages into the wheel.
     pub(crate) fn scan_timers(&self) {
         let mut schedule = self.schedule.borrow_mut();
-        let end = self.store.max_queue_offset(TIMER_TOPIC, 0);
-        let min = self.store.min_queue_offset(TIMER_TOPIC, 0);
-        schedule.timer_scan = schedule.timer_scan.max(min);
-        schedule.timer_floor = schedule.timer_floor.max(min);
-        while schedule.timer_scan < end && schedule.timer_wheel.len() < TIMER_PENDING_MAX {
+        let end = self.store.max_queue_offset(TIMER_TOPIC, shards::QueueId(0));
+        let min = self.store.min_queue_offset(TIMER_TOPIC, shards::QueueId(0));
+        schedule.timer_scan = schedule.timer_scan.max(min.0);
+        schedule.timer_floor = schedule.timer_floor.max(min.0);
+        while schedule.timer_scan < end.0 && schedule.timer_wheel.len() < TIMER_PENDING_MAX {
             let offset = schedule.timer_scan;
             schedule.timer_scan += 1;
             if schedule.timer_delivered.contains(&offset) {
                 continue;
             }
-            match self.store.queue_unit(TIMER_TOPIC, 0, offset) {
+            match self.store.queue_unit(
+                TIMER_TOPIC,
+                shards::QueueId(0),
+                shards::QueueOffset(offset),
+            ) {
                 Ok(Some((_, _, deliver_ms))) => {
                     schedule
                         .timer_wheel
@@ -201,7 +219,7 @@ impl Broker {
                 }
                 Ok(None) => schedule.mark_timer_delivered(offset),
                 Err(error) => {
-                    eprintln!("shardmq: timer queue: {error}");
+                    log::warn!("timer queue: {error}");
                     schedule.timer_scan = offset;
                     break;
                 }
@@ -215,9 +233,11 @@ impl Broker {
         let expired = self.schedule.borrow_mut().timer_wheel.advance(now as u64);
         let mut retry_later = Vec::new();
         for (_, offset) in expired {
-            let unit = self.store.queue_unit(TIMER_TOPIC, 0, offset);
+            let unit =
+                self.store
+                    .queue_unit(TIMER_TOPIC, shards::QueueId(0), shards::QueueOffset(offset));
             let delivered = match unit {
-                Ok(Some((physical_offset, _, _))) => self.deliver_record(physical_offset).await,
+                Ok(Some((physical_offset, _, _))) => self.deliver_record(physical_offset.0).await,
                 Ok(None) => true,
                 Err(_) => false,
             };
@@ -247,11 +267,11 @@ impl Broker {
         };
         if let Err(error) = self.store.wait_durable(end).await {
             self.schedule.borrow_mut().dirty = true;
-            eprintln!("shardmq: delay progress not written: {error}");
+            log::warn!("delay progress not written: {error}");
             return;
         }
         let path = self.schedule.borrow().path.clone();
-        if !persist::write_json_or_log(&path, &json) {
+        if !persist::write_json_off_shard(path, json).await {
             self.schedule.borrow_mut().dirty = true;
         }
     }
@@ -269,12 +289,12 @@ impl Broker {
         });
         let wakeup = self.schedule.borrow().wakeup.clone();
         loop {
-            let now = now_ms();
+            let now = self.now_ms();
             let levels_due = self.deliver_due_levels(now).await;
             let timers_due = self.deliver_due_timers(now).await;
             let next = [levels_due, timers_due].into_iter().flatten().min();
             let wait_ms = next.map_or(DELIVER_IDLE_WAKE_MS, |at| {
-                (at - now_ms()).clamp(0, DELIVER_IDLE_WAKE_MS)
+                (at - self.now_ms()).clamp(0, DELIVER_IDLE_WAKE_MS)
             });
             // A full batch leaves more due at once: a 1 ms pause lets requests run between.
             let wait_ms = wait_ms.max(1) as u64;

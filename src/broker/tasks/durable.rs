@@ -8,12 +8,14 @@
 //! wake-up each. The answers are encoded back to back into one buffer (no allocation per
 //! send once it has grown).
 
-use crate::error::store_error;
-use crate::server::{Connection, InFlight};
-use shards::store::Store;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
+
+use shards::store::Store;
+
+use crate::error::store_error;
+use crate::server::{Connection, InFlight};
 
 /// The answers of one shard's SYNC_FLUSH sends, oldest first.
 #[derive(Default)]
@@ -78,13 +80,16 @@ impl DurableReplies {
                 self.queued.wait().await;
                 continue;
             };
-            let waited = store.wait_durable(oldest).await.map_err(store_error);
+            let waited = store
+                .wait_durable(shards::CommitLogOffset(oldest))
+                .await
+                .map_err(store_error);
             let durable = store.durable_offset();
             loop {
                 let reply = {
                     let mut queue = self.queue.borrow_mut();
                     match queue.front() {
-                        Some(reply) if waited.is_err() || reply.end_offset <= durable => {
+                        Some(reply) if waited.is_err() || reply.end_offset <= durable.0 => {
                             queue.pop_front()
                         }
                         _ => None,

@@ -3,14 +3,16 @@
 //! One long-lived connection per namesrv (a Java namesrv drops a broker whose connection
 //! closes), re-opened when it breaks.
 
-use crate::body::RegisterBrokerBody;
-use crate::broker::Broker;
-use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use shards::runtime::{self, TcpStream};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use shards::runtime::{self, TcpStream};
+
+use crate::body::RegisterBrokerBody;
+use crate::broker::Broker;
+use crate::remoting::{decode_frame, request_code, response_code, FrameEncoder};
 
 /// RocketMQ's registerNameServerPeriod.
 pub const REGISTER_PERIOD_MS: u64 = 30_000;
@@ -24,8 +26,7 @@ pub const NAMESRV_REQUEST_TIMEOUT_MS: u64 = 3_000;
 /// How long we tell the namesrv to keep us without news.
 pub const HEARTBEAT_TIMEOUT_MS: i64 = 120_000;
 
-/// Largest answer we accept from a namesrv.
-pub(crate) const NAMESRV_RESPONSE_MAX_BYTES: usize = 16 << 20;
+pub use crate::limits::NAMESRV_RESPONSE_MAX_BYTES;
 
 /// A request/response connection to one namesrv.
 pub struct NamesrvConnection {
@@ -181,15 +182,16 @@ impl Broker {
             all_accepted &= matches!(result, Ok((response_code::SUCCESS, _)));
             match result {
                 Ok((response_code::SUCCESS, _)) => {}
-                Ok((code, remark)) => eprintln!(
-                    "shardmq: {}: namesrv {} refused the registration: code {code} {}",
+                Ok((code, remark)) => log::warn!(
+                    "{}: namesrv {} refused the registration: code {code} {}",
                     self.identity.broker_name,
                     namesrv.addr,
                     remark.unwrap_or_default()
                 ),
-                Err(error) => eprintln!(
-                    "shardmq: {}: cannot register with namesrv {}: {error}",
-                    self.identity.broker_name, namesrv.addr
+                Err(error) => log::warn!(
+                    "{}: cannot register with namesrv {}: {error}",
+                    self.identity.broker_name,
+                    namesrv.addr
                 ),
             }
         }

@@ -11,12 +11,13 @@
 //! The checks cost two clock reads per send. Consumers are bounded elsewhere: a consumer that
 //! stops reading only fills its own connection's output cap (`server::OUTPUT_PAUSE_BYTES`).
 
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
 use crate::broker::handlers::pull::PULL_WHEEL_TICK_MS;
 use crate::broker::Broker;
 use crate::error::RequestError;
-use shards::runtime::monotonic_ms;
-use std::cell::Cell;
-use std::time::{Duration, Instant};
 
 /// RocketMQ's waitTimeMillsInSendQueue: a shard running this late refuses sends.
 pub const SEND_QUEUE_WAIT_MAX_MS: u64 = 200;
@@ -29,9 +30,21 @@ pub const STORE_FLUSH_BUSY_MS: u64 = 1_000;
 /// not necessarily before the next tick.
 pub const LATENESS_HOLD_MS: u64 = 50;
 
+/// Longest the ticking task sleeps while the shard is idle: an idle shard wakes about once a
+/// second, not every `PULL_WHEEL_TICK_MS`.
+pub const IDLE_TICK_MAX_MS: u64 = 1_000;
+/// A shard with no request for this long is idle (its ticks slow down to `IDLE_TICK_MAX_MS`).
+pub const IDLE_AFTER_MS: u64 = 10_000;
+
 /// How late this shard runs, as its ticking task sees it.
 #[derive(Default)]
 pub struct ShardLoad {
+    /// Requests handled since start (the ticking task tells an idle shard by it).
+    pub(crate) requests: Cell<u64>,
+    /// The ticking task sleeps long (the shard was idle): a request wakes it, and the shard
+    /// does not count as late meanwhile.
+    pub(crate) idle: Cell<bool>,
+    pub(crate) wake: shards::sync::Signal,
     /// When the ticking task last ran (None before its first run).
     pub(crate) last_tick_at: Cell<Option<Instant>>,
     /// The worst lateness of a recent tick, and until when it counts.
@@ -68,6 +81,9 @@ impl ShardLoad {
         let Some(last) = self.last_tick_at.get() else {
             return Duration::ZERO;
         };
+        if self.idle.get() {
+            return Duration::ZERO;
+        }
         let period = Duration::from_millis(PULL_WHEEL_TICK_MS);
         let overdue = now.saturating_duration_since(last).saturating_sub(period);
         overdue.max(self.held(now))
@@ -75,10 +91,54 @@ impl ShardLoad {
 }
 
 impl Broker {
-    /// The shard's ticking task: measures how late it runs and expires parked pulls.
+    /// One tick: measures how late the shard runs and expires parked pulls.
     pub fn tick(&self) {
         self.load.on_tick(Instant::now());
-        self.pull_waiters.advance(monotonic_ms());
+        self.pull_waiters.advance(self.monotonic_ms());
+    }
+
+    /// Counts a request; wakes the ticking task if it sleeps for idleness (one `Cell` read
+    /// per request otherwise).
+    pub(crate) fn note_request(&self) {
+        self.load.requests.set(self.load.requests.get() + 1);
+        if self.load.idle.get() {
+            // Waking from idleness is not lateness: the gauge counts from now.
+            self.load.idle.set(false);
+            self.load.last_tick_at.set(Some(Instant::now()));
+            self.load.wake.notify();
+        }
+    }
+
+    /// The shard's ticking task: every `PULL_WHEEL_TICK_MS` while requests come and for
+    /// `IDLE_AFTER_MS` after the last one (so a stall of a shard in use shows as lateness);
+    /// after that it sleeps until the next parked pull's deadline, at most `IDLE_TICK_MAX_MS`,
+    /// or until a request wakes it.
+    pub async fn run_ticking(self: Rc<Self>) {
+        let tick = Duration::from_millis(PULL_WHEEL_TICK_MS);
+        let mut seen = self.load.requests.get();
+        let mut last_active = Instant::now();
+        loop {
+            self.tick();
+            let requests = self.load.requests.get();
+            if requests != seen {
+                (seen, last_active) = (requests, Instant::now());
+            }
+            if last_active.elapsed() < Duration::from_millis(IDLE_AFTER_MS) {
+                shards::runtime::sleep(tick).await;
+                continue;
+            }
+            let now = self.monotonic_ms();
+            let sleep_ms = self
+                .pull_waiters
+                .next_due_ms()
+                .map_or(IDLE_TICK_MAX_MS, |due| due.saturating_sub(now))
+                .clamp(PULL_WHEEL_TICK_MS, IDLE_TICK_MAX_MS);
+            self.load.idle.set(true);
+            shards::runtime::timeout(Duration::from_millis(sleep_ms), self.load.wake.wait()).await;
+            self.load.idle.set(false);
+            // Waking from idleness is not lateness.
+            self.load.last_tick_at.set(Some(Instant::now()));
+        }
     }
 
     /// SYSTEM_BUSY when this shard is overloaded (see the module docs); called before a send

@@ -2,21 +2,21 @@
 //! half messages: `config/transactionProgress.json` written after each round, read back by
 //! `recover_transactions` (state/transactions.rs has the model).
 
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use shards::store::{record, GetStatus};
+
 use crate::body::property;
 use crate::broker::state::transactions::{
     PendingHalf, Progress, HALF_QUEUE_ID, OP_QUEUE_ID, RMQ_SYS_TRANS_HALF_TOPIC,
     RMQ_SYS_TRANS_OP_HALF_TOPIC,
 };
 use crate::broker::Broker;
-use crate::error::now_ms;
 use crate::remoting::{request_code, FrameEncoder};
-use shards::store::{record, GetStatus};
-use std::collections::BTreeMap;
-use std::rc::Rc;
-use std::time::Duration;
 
-/// Checks one round sends at most, so that a round never holds the shard long.
-pub const CHECKS_PER_ROUND_MAX: usize = 10_000;
+pub use crate::limits::CHECKS_PER_ROUND_MAX;
 
 /// Records one recovery read takes from a queue.
 pub(crate) const RECOVERY_BATCH_MESSAGES: u32 = 256;
@@ -57,7 +57,7 @@ impl Broker {
     /// checked `check_max` times, and checks every half older than `timeout_ms` once.
     pub async fn check_transactions(&self) {
         let config = self.transactions.borrow().config;
-        let now = now_ms();
+        let now = self.now_ms();
         let due: Vec<(u64, PendingHalf)> = self
             .transactions
             .borrow()
@@ -84,8 +84,9 @@ impl Broker {
             }
         }
         for (group, count) in waiting_for_producer {
-            eprintln!(
-                "shardmq: {}: {count} half message(s) of group {group} wait for a live producer                  of the group to check them",
+            log::warn!(
+                "{}: {count} half message(s) of group {group} wait for a live producer of the \
+                 group to check them",
                 self.identity.broker_name
             );
         }
@@ -99,15 +100,15 @@ impl Broker {
 
     pub(crate) fn discard_half(&self, half_offset: u64, pending: &PendingHalf) {
         if let Err(error) = self.append_op_record(half_offset) {
-            eprintln!(
-                "shardmq: {}: cannot discard the half message at offset {half_offset} yet: \
+            log::warn!(
+                "{}: cannot discard the half message at offset {half_offset} yet: \
                  {error}",
                 self.identity.broker_name
             );
             return;
         }
-        eprintln!(
-            "shardmq: {}: discarded the half message at offset {half_offset} (msgId {}, \
+        log::warn!(
+            "{}: discarded the half message at offset {half_offset} (msgId {}, \
              group {}): checked {} times without an answer",
             self.identity.broker_name,
             pending.unique_id,
@@ -133,7 +134,10 @@ impl Broker {
         else {
             return false;
         };
-        let record = self.store.read_record(pending.commitlog_offset).await;
+        let record = self
+            .store
+            .read_record(shards::CommitLogOffset(pending.commitlog_offset))
+            .await;
         {
             let mut transactions = self.transactions.borrow_mut();
             let Some(current) = transactions.pending.get_mut(&half_offset) else {
@@ -186,8 +190,8 @@ impl Broker {
     }
 
     pub(crate) fn log_check_failure(&self, half_offset: u64, why: &str) {
-        eprintln!(
-            "shardmq: {}: cannot check the half message at offset {half_offset}: {why}",
+        log::warn!(
+            "{}: cannot check the half message at offset {half_offset}: {why}",
             self.identity.broker_name
         );
     }
@@ -202,12 +206,14 @@ impl Broker {
             }
             transactions.dirty = false;
             let progress = Progress {
-                half_scanned_offset: self
+                half_scanned_offset: (self
                     .store
-                    .max_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, HALF_QUEUE_ID),
-                op_scanned_offset: self
+                    .max_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, shards::QueueId(HALF_QUEUE_ID)))
+                .0,
+                op_scanned_offset: (self
                     .store
-                    .max_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, OP_QUEUE_ID),
+                    .max_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, shards::QueueId(OP_QUEUE_ID)))
+                .0,
                 pending: transactions
                     .pending
                     .iter()
@@ -219,16 +225,20 @@ impl Broker {
         let described_end = self.store.max_physical_offset();
         if let Err(error) = self.store.wait_durable(described_end).await {
             self.transactions.borrow_mut().dirty = true;
-            eprintln!(
-                "shardmq: {}: transaction progress not written, the store failed: {error}",
+            log::warn!(
+                "{}: transaction progress not written, the store failed: {error}",
                 self.identity.broker_name
             );
             return;
         }
-        if let Err(error) = crate::persist::write_json_file(&path, &progress.to_json()) {
+        let (target, json) = (path.clone(), progress.to_json());
+        let written =
+            shards::runtime::blocking(move || crate::persist::write_json_file(&target, &json))
+                .await;
+        if let Err(error) = written {
             self.transactions.borrow_mut().dirty = true;
-            eprintln!(
-                "shardmq: {}: cannot write {}: {error}",
+            log::warn!(
+                "{}: cannot write {}: {error}",
                 self.identity.broker_name,
                 path.display()
             );
@@ -257,12 +267,14 @@ impl Broker {
         // Halves appended after it.
         let half_end = self
             .store
-            .max_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, HALF_QUEUE_ID);
+            .max_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, shards::QueueId(HALF_QUEUE_ID));
         let mut next = progress.half_scanned_offset.max(
-            self.store
-                .min_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, HALF_QUEUE_ID),
+            (self
+                .store
+                .min_queue_offset(RMQ_SYS_TRANS_HALF_TOPIC, shards::QueueId(HALF_QUEUE_ID)))
+            .0,
         );
-        while next < half_end {
+        while next < half_end.0 {
             let records = self.read_halves(next, RECOVERY_BATCH_MESSAGES).await;
             let Some(last) = records.last().map(|(offset, _)| *offset) else {
                 break;
@@ -282,8 +294,8 @@ impl Broker {
         transactions.pending = found;
         transactions.dirty = true;
         if count > 0 {
-            eprintln!(
-                "shardmq: {}: {count} half message(s) wait for their transaction's end",
+            log::warn!(
+                "{}: {count} half message(s) wait for their transaction's end",
                 self.identity.broker_name
             );
         }
@@ -293,19 +305,21 @@ impl Broker {
     pub(crate) async fn read_op_offsets(&self, from: u64) -> Vec<u64> {
         let end = self
             .store
-            .max_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, OP_QUEUE_ID);
+            .max_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, shards::QueueId(OP_QUEUE_ID));
         let mut next = from.max(
-            self.store
-                .min_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, OP_QUEUE_ID),
+            (self
+                .store
+                .min_queue_offset(RMQ_SYS_TRANS_OP_HALF_TOPIC, shards::QueueId(OP_QUEUE_ID)))
+            .0,
         );
         let mut offsets = Vec::new();
-        while next < end {
+        while next < end.0 {
             let result = self
                 .store
                 .get_messages(
                     RMQ_SYS_TRANS_OP_HALF_TOPIC,
-                    OP_QUEUE_ID,
-                    next,
+                    shards::QueueId(OP_QUEUE_ID),
+                    shards::QueueOffset(next),
                     RECOVERY_BATCH_MESSAGES,
                     RECOVERY_BATCH_BYTES,
                     &|_| true,
@@ -323,7 +337,7 @@ impl Broker {
                 let text = String::from_utf8_lossy(op.body);
                 offsets.extend(text.split(',').filter_map(|o| o.trim().parse::<u64>().ok()));
             }
-            next = result.next_begin_offset.max(next + 1);
+            next = (result.next_begin_offset.max(shards::QueueOffset(next + 1))).0;
         }
         offsets
     }
@@ -334,8 +348,8 @@ impl Broker {
             .store
             .get_messages(
                 RMQ_SYS_TRANS_HALF_TOPIC,
-                HALF_QUEUE_ID,
-                offset,
+                shards::QueueId(HALF_QUEUE_ID),
+                shards::QueueOffset(offset),
                 max,
                 RECOVERY_BATCH_BYTES,
                 &|_| true,

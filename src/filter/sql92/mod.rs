@@ -27,9 +27,7 @@ pub use parser::EXPRESSION_DEPTH_MAX;
 
 use crate::body::find_property;
 
-/// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
-/// RocketMQ sets no bound, this one is far above any selector a person writes.
-pub const SQL_EXPRESSION_MAX_BYTES: usize = 16 * 1024;
+pub use crate::limits::SQL_EXPRESSION_MAX_BYTES;
 
 /// Why an expression does not parse: what was expected, what was found, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]

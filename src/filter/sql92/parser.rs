@@ -30,9 +30,7 @@ use super::eval::{Constant, Expr, OrderOp, TextOp};
 use super::lexer::{Token, TokenKind};
 use super::SqlError;
 
-/// Deepest expression tree (and deepest parenthesis / prefix-operator nesting) accepted:
-/// evaluation recurses once per level, so the bound keeps it far from the stack's end.
-pub const EXPRESSION_DEPTH_MAX: usize = 64;
+pub use crate::limits::SQL_EXPRESSION_DEPTH_MAX as EXPRESSION_DEPTH_MAX;
 
 const EXPECTED_VALUE: &str =
     "a value (a number, a 'string', TRUE, FALSE, NULL, a property name or '(')";
