@@ -5,13 +5,15 @@
 # msgs/s, the broker's busy cores from /proc and msgs/s per busy core.
 #   scripts/bench-ab.sh BROKER_A BROKER_B [ROUNDS] [SECONDS] [FLUSH_MODES]
 #   e.g. scripts/bench-ab.sh /tmp/shardmq-before target/release/shardmq 3 6 "async sync"
-# Environment: SIZE (1024), IN_FLIGHT (256), PROFILE (default), WARM (seconds the idle broker
+# Environment: SIZE (1024), IN_FLIGHT (256), BATCH (messages per send; unset: single sends),
+# PROFILE (default), WARM (seconds the idle broker
 # runs before the bench starts, so that its zero-fill is ahead of the writes as it is in a
 # broker past its first segment; default 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 a=$1; b=$2; rounds=${3:-3}; seconds=${4:-6}; modes=${5:-async sync}
 size=${SIZE:-1024}; in_flight=${IN_FLIGHT:-256}; profile=${PROFILE:-default}; warm=${WARM:-0}
+batch=${BATCH:-}
 cargo build --release -q -p shardmq-bench
 ticks=$(getconf CLK_TCK)
 run() { # binary flush
@@ -24,7 +26,8 @@ run() { # binary flush
     sleep "$warm"
     c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
     out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$2" \
-        --message-size "$size" --in-flight "$in_flight" --duration-secs "$seconds" --no-progress 2>&1)
+        --message-size "$size" --in-flight "$in_flight" --duration-secs "$seconds" \
+        ${batch:+--batch "$batch"} --no-progress 2>&1)
     t1=$(date +%s.%N); c1=$(awk '{print $14 + $15}' /proc/$broker/stat)
     kill "$broker"; wait "$broker" 2>/dev/null; rm -rf "$dir"
     msgs=$(echo "$out" | grep -oP 'Throughput: \K[0-9]+')

@@ -25,12 +25,18 @@ then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
 fi
 
-echo "==> cargo build --release -p shardmq"
-cargo build --release -p shardmq
+# The tests drive the store's fault hooks (a slow disk, failed writes): they are compiled in
+# only with the fault-injection feature, never in a production build.
+features="shardmq/fault-injection,shards/fault-injection"
+echo "==> cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets --features "$features" -- -D warnings
+echo "==> cargo build --release -p shardmq (with the test-only fault hooks)"
+cargo build --release -p shardmq --features fault-injection
 # Both suites run even when the first fails, so one run shows every failure; either fails it.
 echo "==> cargo test --release --workspace"
 cargo_status=0
-cargo test --release --workspace --no-fail-fast || cargo_status=$?
+cargo test --release --workspace --features "$features" --no-fail-fast || cargo_status=$?
 echo "==> pytest tests/python"
 pytest_status=0
 "$venv/bin/python" -m pytest -q -rs --durations=10 tests/python "$@" || pytest_status=$?

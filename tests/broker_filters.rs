@@ -255,12 +255,13 @@ fn held_sql_pull_never_returns_a_message_its_filter_refuses() {
         }
         panic!("the matching message never came; saw {seen:?}");
     });
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_parked_pulls(port, 1);
     for a in ["50", "60"] {
         let sent = send_with(&mut producer, TOPIC, 0, b"no", &[("a", a)]);
         assert_eq!(sent.code, response_code::SUCCESS);
+        // Woken, refused by its filter, parked again.
+        wait_for_parked_pulls(port, 1);
     }
-    std::thread::sleep(Duration::from_millis(500));
     let sent_at = Instant::now();
     let sent = send_with(&mut producer, TOPIC, 0, b"yes", &[("a", "200")]);
     assert_eq!(sent.code, response_code::SUCCESS);

@@ -253,7 +253,7 @@ fn reset_offset_moves_the_group_and_tells_its_consumers() {
         );
         (answer, started.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_parked_pulls(port, 1);
     let _ = reset(&mut admin, topic, "rg", before, true);
     let (answer, waited) = held.join().unwrap();
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Real client bodies from `shared/protocol/captures/*.jsonl` through `shardmq::body`.
+//! Real client bodies from `tests/golden/*.jsonl` through `shardmq::body`.
 //!
 //! Every HEART_BEAT request, REGISTER_BROKER request, successful GET_ROUTEINFO_BY_TOPIC
 //! response and GET_CONSUMER_LIST_BY_GROUP response in the captures must parse, and the parsed
@@ -36,7 +36,7 @@ impl Frame {
 }
 
 fn captures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/protocol/captures")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
 fn decode_hex(hex: &str) -> Vec<u8> {

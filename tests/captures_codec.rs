@@ -1,5 +1,5 @@
 //! The codec against real client traffic: every frame of every capture in
-//! `shared/protocol/captures/*.jsonl` (see its README) is rebuilt from `header_text` and
+//! `tests/golden/*.jsonl` (see its README) is rebuilt from `header_text` and
 //! `body_hex`, decoded, checked field by field against the capture's own parse, then
 //! re-encoded with `FrameEncoder` and decoded again.
 
@@ -9,7 +9,7 @@ use serde_json::Value;
 use shardmq::remoting::{decode_frame, FrameEncoder, RemotingCommand};
 
 fn captures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/protocol/captures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
 fn capture_files() -> Vec<PathBuf> {
