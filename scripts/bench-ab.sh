@@ -6,14 +6,15 @@
 #   scripts/bench-ab.sh BROKER_A BROKER_B [ROUNDS] [SECONDS] [FLUSH_MODES]
 #   e.g. scripts/bench-ab.sh /tmp/shardmq-before target/release/shardmq 3 6 "async sync"
 # Environment: SIZE (1024), IN_FLIGHT (256), BATCH (messages per send; unset: single sends),
-# PROFILE (default), WARM (seconds the idle broker
+# PREFILL (seconds of the same load run first and not measured: the store is then past its
+# first segments, in steady state; default 0), PROFILE (default), WARM (seconds the idle broker
 # runs before the bench starts, so that its zero-fill is ahead of the writes as it is in a
 # broker past its first segment; default 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 a=$1; b=$2; rounds=${3:-3}; seconds=${4:-6}; modes=${5:-async sync}
 size=${SIZE:-1024}; in_flight=${IN_FLIGHT:-256}; profile=${PROFILE:-default}; warm=${WARM:-0}
-batch=${BATCH:-}
+batch=${BATCH:-}; prefill=${PREFILL:-0}
 cargo build --release -q -p shardmq-bench
 ticks=$(getconf CLK_TCK)
 run() { # binary flush
@@ -24,6 +25,11 @@ run() { # binary flush
     broker=$!
     until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
     sleep "$warm"
+    if [ "$prefill" != 0 ]; then
+        target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$2" \
+            --message-size "$size" --in-flight "$in_flight" --duration-secs "$prefill" \
+            ${batch:+--batch "$batch"} --no-progress > /dev/null 2>&1
+    fi
     c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
     out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$2" \
         --message-size "$size" --in-flight "$in_flight" --duration-secs "$seconds" \

@@ -10,7 +10,7 @@ dir=$(mktemp -d /tmp/shardmq-idle-XXXXXX)
 port=$(( 20000 + RANDOM % 20000 ))
 log="$dir/out.log"
 "$binary" serve --shards "$shards" --data-dir "$dir/data" --namesrv-port "$port" \
-    --broker-port $(( port + 20 )) --segment-size-mib 64 --allocation-window-mib 64 >"$log" 2>&1 &
+    --broker-port $(( port + 20 )) --segment-size-mib 64 ${EXTRA:-} >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 1 200); do grep -q "shardmq: ready" "$log" && break; sleep 0.1; done

@@ -68,6 +68,8 @@ pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
 pub const CLOSE_FLUSH_RETRIES_MAX: u32 = 10;
 /// The reaper looks at the ring at least this often, wake-up byte or not.
 const REAP_FALLBACK_MS: u64 = 50;
+/// Under SYNC load, how far ahead of the writes zero-fill of the current segment stays.
+pub const ZERO_FILL_SYNC_DISTANCE_BYTES: u64 = 16 << 20;
 /// ASYNC_FLUSH: zero-filling waits until no flush has run for this long.
 pub const ZERO_FILL_IDLE_MS: u64 = 20;
 
@@ -400,8 +402,9 @@ fn next_action(inner: &Inner) -> Action {
     )
 }
 
-/// Zero-filling aims at the end of the segment after the one being written, but covers only
-/// allocated space (the window ahead of the writes, `space.rs`).
+/// Quiet zero-filling aims at the end of the segment after the one being written, but covers
+/// only allocated space (the window ahead of the writes, `space.rs`): an idle store's disk use
+/// is its data plus the window.
 fn zero_fill_target(inner: &Inner, log: &LogState, end: u64) -> u64 {
     let size = inner.config.segment_size_bytes;
     (align_down(end, size) + 2 * size).min(align_down(log.space.allocated_end, BLOCK_BYTES))
@@ -427,15 +430,31 @@ fn zero_fill_range(inner: &Inner, log: &LogState, quiet: bool) -> Option<(u64, u
     let target = zero_fill_target(inner, log, end);
     let (from, limit) = match (quiet, inner.config.flush_mode) {
         (true, _) => (align_up(end, BLOCK_BYTES), target),
+        // Under SYNC load the next segment is zeroed as the writes go, beyond the allocation
+        // window (writing zeros allocates; a durable write over fallocated-only space costs
+        // about twice as much, ARCHITECTURE §3): disk use stays within the current segment's
+        // data plus as much of the next one.
         (false, FlushMode::Sync) => (
             segment + size,
-            target.min(align_down(
+            (segment + 2 * size).min(align_down(
                 segment + size + (end - segment) + ZERO_FILL_PACE_LEAD_BYTES.min(size / 4),
                 BLOCK_BYTES,
             )),
         ),
         (false, FlushMode::Async) => return None,
     };
+    // Under SYNC load, space of the current segment inside the allocation window that is not
+    // zeroed yet (a fresh or restarted store) comes first, a distance ahead of the writes.
+    if !quiet && inner.config.flush_mode == FlushMode::Sync {
+        let near = align_up(end, BLOCK_BYTES) + ZERO_FILL_SYNC_DISTANCE_BYTES;
+        let pos = log.flush.zero_fill_next.max(near);
+        let stop = (pos + ZERO_FILL_CHUNK_BYTES)
+            .min(segment + size)
+            .min(align_down(log.space.allocated_end, BLOCK_BYTES));
+        if pos < stop {
+            return Some((pos, stop));
+        }
+    }
     let pos = log.flush.zero_fill_next.max(from);
     let stop = (pos + ZERO_FILL_CHUNK_BYTES)
         .min(align_down(pos, size) + size)

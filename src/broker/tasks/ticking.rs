@@ -116,7 +116,10 @@ impl Broker {
     pub async fn run_ticking(self: Rc<Self>) {
         let tick = Duration::from_millis(PULL_WHEEL_TICK_MS);
         let mut seen = self.load.requests.get();
-        let mut last_active = Instant::now();
+        // Idle until the first request.
+        let mut last_active = Instant::now()
+            .checked_sub(Duration::from_millis(IDLE_AFTER_MS))
+            .unwrap_or_else(Instant::now);
         loop {
             self.tick();
             let requests = self.load.requests.get();
