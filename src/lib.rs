@@ -16,5 +16,6 @@ pub mod node;
 pub mod persist;
 pub mod server;
 pub mod tuning;
+pub mod verify;
 
 pub use shardmq_protocol::{body, record, remoting};

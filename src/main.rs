@@ -38,6 +38,9 @@ enum Command {
     Tune(TuneArgs),
     /// Administration against shardmq or any RocketMQ name server (like mqadmin).
     Admin(shardmq::admin::AdminArgs),
+    /// Check a stopped node's stores offline (records, consume queues, index, config files);
+    /// exit status 1 when damage is found.
+    Verify(shardmq::verify::VerifyArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -125,6 +128,37 @@ struct BrokerOptions {
     /// Transactions: checks of one half message before it is discarded (transactionCheckMax).
     #[arg(long, default_value_t = 15)]
     transaction_check_max: u32,
+    /// Retention: hours a commitlog segment is kept after its last write (RocketMQ's
+    /// fileReservedTime; fractions allowed).
+    #[arg(long = "fileReservedTime", default_value_t = 72.0)]
+    file_reserved_time: f64,
+    /// Retention: hours of the day when expired segments are deleted, `;`-separated
+    /// (deleteWhen).
+    #[arg(long = "deleteWhen", default_value = "04")]
+    delete_when: String,
+    /// Retention: disk used % above which expired segments go at any hour
+    /// (diskMaxUsedSpaceRatio; 10..=95).
+    #[arg(long = "diskMaxUsedSpaceRatio", default_value_t = 75)]
+    disk_max_used_space_ratio: u32,
+    /// Retention: disk used % above which the oldest segments go even when not expired
+    /// (diskSpaceCleanForciblyRatio; 30..=98).
+    #[arg(long = "diskSpaceCleanForciblyRatio", default_value_t = 85)]
+    disk_space_clean_forcibly_ratio: u32,
+    /// Disk used % above which sends are refused until space returns
+    /// (diskSpaceWarningLevelRatio; 35..=99).
+    #[arg(long = "diskSpaceWarningLevelRatio", default_value_t = 90)]
+    disk_space_warning_level_ratio: u32,
+    /// Retention: whether unexpired segments may go past diskSpaceCleanForciblyRatio
+    /// (cleanFileForciblyEnable).
+    #[arg(long = "cleanFileForciblyEnable", default_value_t = true, action = clap::ArgAction::Set)]
+    clean_file_forcibly_enable: bool,
+    /// Retention: ms between two retention passes (cleanResourceInterval).
+    #[arg(long = "cleanResourceInterval", default_value_t = 10_000)]
+    clean_resource_interval: u64,
+    /// Retention: ms between two segment deletions of one pass
+    /// (deleteCommitLogFilesInterval).
+    #[arg(long = "deleteCommitLogFilesInterval", default_value_t = 100)]
+    delete_commit_log_files_interval: u64,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden, and only in builds with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -238,6 +272,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         delay_levels: Default::default(),
         test_flush_delay_ms: None,
         transaction: Default::default(),
+        retention: Default::default(),
     })
 }
 
@@ -281,6 +316,21 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         check_interval_ms: options.transaction_check_interval_ms,
         check_max: options.transaction_check_max,
     };
+    config.retention = shards::store::RetentionConfig {
+        file_reserved_time_hours: options.file_reserved_time,
+        delete_when_hours: shards::store::parse_delete_when(&options.delete_when)
+            .map_err(|e| anyhow::anyhow!("--deleteWhen: {e}"))?,
+        disk_max_used_space_ratio: options.disk_max_used_space_ratio,
+        disk_space_clean_forcibly_ratio: options.disk_space_clean_forcibly_ratio,
+        disk_space_warning_level_ratio: options.disk_space_warning_level_ratio,
+        clean_file_forcibly_enable: options.clean_file_forcibly_enable,
+        clean_resource_interval_ms: options.clean_resource_interval,
+        delete_commit_log_files_interval_ms: options.delete_commit_log_files_interval,
+    };
+    config
+        .retention
+        .validate()
+        .map_err(|e| anyhow::anyhow!("retention: {e}"))?;
     Ok(())
 }
 
@@ -355,13 +405,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => Some(&args.shard),
         Command::Namesrv(args) => Some(&args.shard),
         Command::Broker(args) => Some(&args.shard),
-        Command::Tune(_) | Command::Admin(_) => None,
+        Command::Tune(_) | Command::Admin(_) | Command::Verify(_) => None,
     };
     if let Some(shard) = shard_args {
         shardmq::logging::init(&shard.log_level, shard.log_dir.as_deref())?;
     }
     let config = match cli.command {
         Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
+        Command::Verify(args) => std::process::exit(shardmq::verify::run(&args)),
         Command::Serve(args) => {
             let mut config = base_config(&args.shard, Some(&args.broker))?;
             apply_broker_options(&mut config, &args.broker)?;

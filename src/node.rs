@@ -69,6 +69,8 @@ pub struct NodeConfig {
     pub test_flush_delay_ms: Option<u64>,
     /// Transaction check-back settings (timeout, check interval, check max).
     pub transaction: crate::broker::transaction::TransactionConfig,
+    /// Retention and the disk ratios (RocketMQ's fileReservedTime, deleteWhen, …).
+    pub retention: shards::store::RetentionConfig,
 }
 
 impl NodeConfig {
@@ -456,6 +458,14 @@ fn report_recovery(
         scanned as f64 / 1_048_576.0 / seconds.max(0.001),
         summary.end
     );
+    if summary.damaged_regions > 0 {
+        log::error!(
+            "shard {shard_id}: recovery stepped over {} damaged region(s) of the commitlog \
+             ({} bytes); see the lines above, and run `shardmq verify` on the stopped store",
+            summary.damaged_regions,
+            summary.damaged_bytes
+        );
+    }
 }
 
 async fn open_broker(
@@ -493,6 +503,7 @@ async fn open_broker(
     });
     let options = broker::BrokerOptions {
         delay_levels: config.delay_levels.clone(),
+        retention: config.retention.clone(),
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }
@@ -598,6 +609,7 @@ fn start_broker_tasks(
     });
     // The shard's ticking task: the long-poll wheel's clock and the overload gauge.
     runtime::spawn_detached(broker.clone().run_ticking());
+    runtime::spawn_detached(broker.clone().run_retention());
     runtime::spawn_detached(broker::tasks::transaction_checks::run_checks(
         broker.clone(),
     ));

@@ -127,3 +127,43 @@ pub fn broker_status(admin: &mut Admin, target: &Target) -> anyhow::Result<Outco
         text,
     })
 }
+
+/// `deleteExpiredCommitLog`: DELETE_EXPIRED_COMMITLOG (329) to every target broker, which then
+/// deletes its expired commitlog segments whatever the hour (mqadmin's command of that name).
+/// JSON: `{"brokers":[{"brokerName","addr","ok","error"?}]}`; fails when no broker took it.
+pub fn delete_expired_commit_log(admin: &mut Admin, target: &Target) -> anyhow::Result<Outcome> {
+    let brokers = admin.targets(target, false)?;
+    let mut table = Table::new(&["Broker", "Address", "Result"]);
+    let mut entries = Vec::new();
+    let mut taken = 0;
+    for broker in brokers {
+        match admin.broker_expect(&broker, rc::DELETE_EXPIRED_COMMITLOG, &[], &[]) {
+            Ok(_) => {
+                taken += 1;
+                table.row(vec![
+                    broker.name.clone(),
+                    broker.addr.clone(),
+                    "success".into(),
+                ]);
+                entries.push(json!({"brokerName": broker.name, "addr": broker.addr, "ok": true}));
+            }
+            Err(error) => {
+                let text = format!("{error:#}");
+                table.row(vec![broker.name.clone(), broker.addr.clone(), text.clone()]);
+                entries.push(json!({
+                    "brokerName": broker.name, "addr": broker.addr, "ok": false, "error": text
+                }));
+            }
+        }
+    }
+    if taken == 0 {
+        anyhow::bail!(
+            "no broker took DELETE_EXPIRED_COMMITLOG:\n{}",
+            table.render()
+        );
+    }
+    Ok(Outcome {
+        json: json!({ "brokers": entries }),
+        text: table.render(),
+    })
+}

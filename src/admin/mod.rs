@@ -6,7 +6,8 @@
 //! | Command | What it does (request codes) |
 //! |---|---|
 //! | `clusterList` | clusters, brokers and their runtime figures (106, 28) |
-//! | `brokerStatus` | every runtime figure of brokers (28) |
+//! | `brokerStatus` | every runtime figure of brokers (28), disk ratio and refusals included |
+//! | `deleteExpiredCommitLog` | brokers delete their expired commitlog segments now (329) |
 //! | `updateTopic`, `deleteTopic` | create/update a topic on the masters; delete it there and in the namesrv (17; 215, 216) |
 //! | `topicList`, `topicRoute`, `topicStatus` | names (206/224), route (105), per-queue min/max/last update (202) |
 //! | `updateSubGroup`, `deleteSubGroup`, `subGroupList` | subscription groups on the masters (200, 207, 201) |
@@ -90,6 +91,10 @@ pub enum AdminCommand {
     /// Every runtime figure of brokers (GET_BROKER_RUNTIME_INFO).
     #[command(name = "brokerStatus")]
     BrokerStatus(Target),
+    /// Ask brokers to delete their expired commitlog segments now, whatever the hour
+    /// (DELETE_EXPIRED_COMMITLOG).
+    #[command(name = "deleteExpiredCommitLog")]
+    DeleteExpiredCommitLog(Target),
     /// Create or update a topic on the masters.
     #[command(name = "updateTopic")]
     UpdateTopic(topic::UpdateTopicArgs),
@@ -241,6 +246,9 @@ fn execute(admin: &mut Admin, command: &AdminCommand) -> anyhow::Result<Outcome>
     match command {
         AdminCommand::ClusterList { cluster } => cluster::cluster_list(admin, cluster.as_deref()),
         AdminCommand::BrokerStatus(target) => cluster::broker_status(admin, target),
+        AdminCommand::DeleteExpiredCommitLog(target) => {
+            cluster::delete_expired_commit_log(admin, target)
+        }
         AdminCommand::UpdateTopic(args) => topic::update_topic(admin, args),
         AdminCommand::DeleteTopic { topic, cluster } => {
             topic::delete_topic(admin, topic, cluster.as_deref())

@@ -94,6 +94,8 @@ pub struct Broker {
     pub pull_waiters: Rc<ParkedPulls>,
     /// How late this shard runs (overload.rs).
     pub load: ticking::ShardLoad,
+    /// Segment retention and the disk monitor (tasks/retention.rs).
+    pub retention: tasks::retention::Retention,
     /// Half messages waiting for their transaction's end (transaction.rs).
     pub transactions: RefCell<transaction::Transactions>,
     /// Queues reset by INVOKE_BROKER_TO_RESET_OFFSET that their group has not pulled since.
@@ -125,6 +127,8 @@ pub struct Broker {
 pub struct BrokerOptions {
     /// RocketMQ's messageDelayLevel table.
     pub delay_levels: schedule::DelayLevels,
+    /// fileReservedTime, deleteWhen, the disk ratios (tasks/retention.rs).
+    pub retention: shards::store::RetentionConfig,
 }
 
 impl Broker {
@@ -165,6 +169,8 @@ impl Broker {
                 }
             },
         ));
+        let retention = tasks::retention::Retention::new(options.retention);
+        store.set_segment_listener(retention.waker());
         Broker {
             identity,
             store,
@@ -177,6 +183,7 @@ impl Broker {
             schedule: RefCell::new(schedule),
             pull_waiters,
             load: ticking::ShardLoad::default(),
+            retention,
             transactions: RefCell::new(transaction::Transactions::new(&config_dir)),
             pending_resets: RefCell::new(resets::PendingResets::default()),
             sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
@@ -255,6 +262,9 @@ impl Broker {
             rc::CONSUMER_SEND_MSG_BACK => self.consumer_send_msg_back(request, connection),
             rc::GET_ALL_DELAY_OFFSET => self.all_delay_offset(request, connection),
             rc::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(request, connection),
+            rc::DELETE_EXPIRED_COMMITLOG | rc::TRIGGER_DELETE_FILES => {
+                self.delete_expired_files(request, connection)
+            }
             code => Err(RequestError::NotSupported(code)),
         }
     }

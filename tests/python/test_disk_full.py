@@ -30,6 +30,9 @@ CONSUME_TIMEOUT_S = 120
 SERVICE_NOT_AVAILABLE = 14
 DISK_FULL_REMARK = "the broker's disk is full"
 SYSTEM_ERROR = 1
+# The disk filled to ENOSPC itself: the warning ratio past what the filler leaves, and no
+# forced deletion (test_retention.py covers the ratios and deletion).
+ENOSPC_ARGS = ["--diskSpaceWarningLevelRatio", "99", "--cleanFileForciblyEnable", "false"]
 
 
 def item(run, index):
@@ -106,7 +109,7 @@ def test_a_full_disk_refuses_sends_serves_reads_heals_and_loses_nothing(shardmq_
         node = shardmq_factory(
             data_dir=os.path.join(mount_point, "data"), flush=flush,
             segment_size_mib=SEGMENT_MIB,
-            extra_args=["--allocation-window-mib", str(ALLOCATION_WINDOW_MIB)])
+            extra_args=["--allocation-window-mib", str(ALLOCATION_WINDOW_MIB)] + ENOSPC_ARGS)
         try:
             topic = create_topic(node, "Tfull", queue_nums=QUEUES)
             run = unique("r")
@@ -157,7 +160,7 @@ def test_a_topic_created_on_a_full_disk_is_not_answered_success_until_written(
         data_dir = os.path.join(mount_point, "data")
         node = shardmq_factory(data_dir=data_dir, segment_size_mib=SEGMENT_MIB,
                                extra_args=["--allocation-window-mib",
-                                           str(ALLOCATION_WINDOW_MIB)])
+                                           str(ALLOCATION_WINDOW_MIB)] + ENOSPC_ARGS)
         try:
             filler = fill(mount_point, 0)
             topic = unique("Tcfg")

@@ -293,6 +293,53 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// Retention: takes out the files whose every unit points below `min_physical` (the
+    /// first commitlog offset still held), never the last file, and moves `min_offset` to
+    /// the first unit at or past it (RocketMQ's deleteExpiredFile + correctMinOffset). The
+    /// files are unmapped here; the caller removes them (`paths`), off the shard's thread.
+    pub(crate) fn expire_below(
+        &mut self,
+        min_physical: u64,
+        paths: &mut Vec<PathBuf>,
+    ) -> io::Result<()> {
+        while self.files.len() > 1 {
+            let Some(&first) = self.files.first() else {
+                break;
+            };
+            let last_unit = self.read_unit(first + self.units_per_file - 1)?;
+            let expired = last_unit.is_none_or(|u| u.physical_offset < min_physical);
+            if !expired {
+                break;
+            }
+            if self.cached.as_ref().is_some_and(|f| f.start_unit == first) {
+                self.cached = None;
+            }
+            if self.active.as_ref().is_some_and(|f| f.start_unit == first) {
+                self.active = None;
+            }
+            self.files.remove(&first);
+            self.dirty_files.remove(&first);
+            paths.push(self.dir.join(file_name(first)));
+        }
+        let floor = self.files.first().copied().unwrap_or(self.max_offset);
+        let (mut low, mut high) = (self.min_offset.max(floor), self.max_offset);
+        // Units' commitlog offsets increase along the queue: the first one held is a binary
+        // search (a unit never written counts as below).
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let held = self
+                .read_unit(mid)?
+                .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical);
+            if held {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+        }
+        self.min_offset = low;
+        Ok(())
+    }
+
     fn take_dirty_paths(&mut self, out: &mut Vec<PathBuf>) {
         for start in std::mem::take(&mut self.dirty_files) {
             out.push(self.dir.join(file_name(start)));
@@ -402,6 +449,18 @@ impl QueueTable {
             .collect()
     }
 
+    /// Retention for every queue (`ConsumeQueue::expire_below`): the paths of the files to
+    /// remove.
+    pub(crate) fn expire_below(&mut self, min_physical: u64) -> io::Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        for queues in self.topics.values_mut() {
+            for queue in queues.values_mut() {
+                queue.expire_below(min_physical, &mut paths)?;
+            }
+        }
+        Ok(paths)
+    }
+
     /// Paths of the files written since the last call (they need an fdatasync).
     pub(crate) fn take_dirty_paths(&mut self) -> Vec<PathBuf> {
         let mut out = Vec::new();
@@ -446,5 +505,31 @@ mod tests {
         let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
         let queue = table.get_mut("T", 1).unwrap();
         assert_eq!(queue.count_units_below(u64::MAX / 2).unwrap(), 6);
+    }
+
+    #[test]
+    fn retention_drops_whole_files_below_and_moves_the_minimum() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_or_create("T", 0).unwrap();
+        for i in 0..10 {
+            queue.append(unit(i * 100)).unwrap();
+        }
+        // Units 0..=5 point below 550: file 0 (units 0-3) goes, the minimum moves to 6.
+        let paths = table.expire_below(550).unwrap();
+        assert_eq!(paths.len(), 1);
+        assert!(paths[0].ends_with("00000000000000000000"));
+        let queue = table.get_mut("T", 0).unwrap();
+        assert_eq!((queue.min_offset(), queue.max_offset()), (6, 10));
+        for path in paths {
+            std::fs::remove_file(path).unwrap();
+        }
+        // Everything below: the last file stays, the queue is empty from its max on.
+        let paths = table.expire_below(10_000).unwrap();
+        assert_eq!(paths.len(), 1, "file 4-7 goes, file 8-11 stays");
+        let queue = table.get_mut("T", 0).unwrap();
+        assert_eq!((queue.min_offset(), queue.max_offset()), (10, 10));
+        assert_eq!(queue.append(unit(20_000)).unwrap(), 10);
+        assert_eq!(queue.read_unit(10).unwrap(), Some(unit(20_000)));
     }
 }

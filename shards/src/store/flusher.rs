@@ -596,6 +596,10 @@ async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), Stor
                 .segments
                 .files
                 .insert(segment, Rc::new(file));
+            let listener = inner.segment_listener.borrow().clone();
+            if let Some(listener) = listener {
+                listener();
+            }
         }
         segment += size;
     }

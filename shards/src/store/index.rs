@@ -832,19 +832,26 @@ impl Index {
         Ok(())
     }
 
-    /// Drops the files whose entries all point below `physical_offset` (the retention hook:
-    /// call it with the first offset still held after deleting commitlog segments).
-    pub(crate) fn expire_below(&mut self, physical_offset: u64) -> io::Result<usize> {
-        let mut removed = 0;
-        while self
-            .files
-            .front()
-            .is_some_and(|f| f.last_offset().is_none_or(|o| o < physical_offset))
+    /// Takes out the files whose entries all point below `physical_offset` (the retention
+    /// hook: called with the first offset still held after commitlog segments went), never
+    /// the last one. They are unmapped here; the caller removes the returned paths (off the
+    /// shard's thread: an index file is hundreds of MiB).
+    pub(crate) fn expire_below(&mut self, physical_offset: u64) -> Vec<std::path::PathBuf> {
+        let mut paths = Vec::new();
+        while self.files.len() > 1
+            && self
+                .files
+                .front()
+                .is_some_and(|f| f.last_offset().is_none_or(|o| o < physical_offset))
         {
-            self.remove_oldest()?;
-            removed += 1;
+            let Some(file) = self.files.pop_front() else {
+                break;
+            };
+            self.dirty.remove(&file.start);
+            self.dir_dirty = true;
+            paths.push(file.path.clone());
         }
-        Ok(removed)
+        paths
     }
 
     /// Newest first: up to `limit` commitlog offsets filed under `topic#key` with a store
@@ -985,8 +992,11 @@ mod tests {
             (500..510).rev().map(|i| i * 100).collect::<Vec<_>>()
         );
         assert!(index.lookup("U", "k3", (0, i64::MAX), 10).is_empty());
-        let removed = index.expire_below(599 * 100).unwrap();
-        assert_eq!(removed, 2);
+        let removed = index.expire_below(599 * 100);
+        assert_eq!(removed.len(), 2);
+        for path in removed {
+            std::fs::remove_file(path).unwrap();
+        }
         assert!(!index.lookup("T", "all", (0, i64::MAX), 1000).is_empty());
     }
 

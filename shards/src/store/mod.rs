@@ -43,9 +43,11 @@ mod index_query;
 mod pull;
 pub use shardmq_protocol::record;
 mod recovery;
+mod retention;
 mod segments;
 mod space;
 mod tail;
+pub mod verify;
 
 use std::cell::RefCell;
 use std::net::{SocketAddr, SocketAddrV4};
@@ -62,6 +64,10 @@ pub use index::{
 pub use index_query::{MessageQuery, QueryMessageResult, QUERY_MESSAGES_MAX};
 pub use pull::{
     GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
+};
+pub use retention::{
+    parse_delete_when, DeletedSegment, DiskVerdict, RetentionConfig, SealedSegment,
+    DELETE_FILES_BATCH_MAX, MANUAL_DELETE_RUNS,
 };
 pub use space::{ALLOCATION_RETRY_MS, ALLOCATION_WINDOW_DEFAULT_BYTES, FLUSH_RETRY_MS};
 
@@ -160,6 +166,9 @@ pub struct RecoverySummary {
     pub end: u64,
     /// Whether the previous stop was clean (its checkpoint matched the end).
     pub clean: bool,
+    /// Damaged regions in the middle of the log the scan stepped over, and their bytes.
+    pub damaged_regions: u64,
+    pub damaged_bytes: u64,
 }
 
 impl StoreConfig {
@@ -280,6 +289,10 @@ pub struct StoreStats {
     /// Time flushes took from submission to reaping (their writes, fdatasyncs and the
     /// wake-up of the reaper: where a SYNC_FLUSH send's wait goes), in microseconds.
     pub flush_micros: u64,
+    /// Commitlog segments deleted by retention.
+    pub segments_deleted: u64,
+    /// Damaged records a pull met and did not serve (`pull::record_fault`).
+    pub corrupt_records: u64,
 }
 
 impl StoreStats {
@@ -322,6 +335,8 @@ pub(crate) struct Inner {
     reap_hook: Rc<dyn Fn()>,
     /// Told of every message appended to a queue (`Store::set_arrival_listener`).
     arrival_listener: RefCell<Option<ArrivalListener>>,
+    /// Told whenever a commitlog segment file is created (`Store::set_segment_listener`).
+    pub(crate) segment_listener: RefCell<Option<Rc<dyn Fn()>>>,
     /// Whether the ring's reaper task waits idle (flusher.rs).
     pub(crate) reaper: Rc<flusher::ReaperState>,
 }
@@ -337,8 +352,9 @@ pub struct Store {
     inner: Rc<Inner>,
 }
 
-/// Used fraction (0..=1) of the filesystem holding `path` (statvfs: blocks in use, counting
-/// the blocks reserved for root as used, as `df` and RocketMQ's ratio do).
+/// Used fraction (0..=1) of the filesystem holding `path`, as `df` and RocketMQ's
+/// getDiskPartitionSpaceUsedPercent compute it: used / (used + available to users), where
+/// used = total − free (statvfs); the blocks reserved for root count as neither.
 pub fn disk_used_ratio(path: &std::path::Path) -> Option<f64> {
     use std::os::unix::ffi::OsStrExt;
     let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
@@ -347,9 +363,12 @@ pub fn disk_used_ratio(path: &std::path::Path) -> Option<f64> {
     if unsafe { libc::statvfs(name.as_ptr(), &mut stat) } != 0 || stat.f_blocks == 0 {
         return None;
     }
-    let total = stat.f_blocks as f64;
-    let available = stat.f_bavail as f64;
-    Some(((total - available) / total).clamp(0.0, 1.0))
+    let used = stat.f_blocks.saturating_sub(stat.f_bfree) as f64;
+    let entire = used + stat.f_bavail as f64;
+    if entire <= 0.0 {
+        return None;
+    }
+    Some((used / entire).clamp(0.0, 1.0))
 }
 
 pub(crate) fn validate_topic(topic: &str) -> Result<(), StoreError> {
@@ -413,6 +432,7 @@ impl Store {
                     }
                 }),
                 arrival_listener: RefCell::new(None),
+                segment_listener: RefCell::new(None),
                 reaper: Rc::default(),
             }
         });
@@ -590,6 +610,12 @@ impl Store {
     /// Sets the listener told of every appended message (see [`ArrivalListener`]).
     pub fn set_arrival_listener(&self, listener: ArrivalListener) {
         *self.inner.arrival_listener.borrow_mut() = Some(listener);
+    }
+
+    /// Sets the listener told whenever a new commitlog segment file takes its space: the
+    /// disk monitor measures then, since that is when the store's use of the disk jumps.
+    pub fn set_segment_listener(&self, listener: Rc<dyn Fn()>) {
+        *self.inner.segment_listener.borrow_mut() = Some(listener);
     }
 
     /// Resolves once the bytes waiting for the disk are down to half of
@@ -788,12 +814,11 @@ impl Store {
     /// `physical_offset` (call it with the first commitlog offset still held once segments
     /// are deleted). Returns how many files went.
     pub fn expire_index_below(&self, physical_offset: u64) -> Result<usize, StoreError> {
-        let removed = self
-            .inner
-            .index
-            .borrow_mut()
-            .expire_below(physical_offset)?;
-        Ok(removed)
+        let paths = self.inner.index.borrow_mut().expire_below(physical_offset);
+        for path in &paths {
+            std::fs::remove_file(path)?;
+        }
+        Ok(paths.len())
     }
 
     /// Message index files held now (each `IndexConfig`-sized; at most `files_max`).
@@ -836,6 +861,22 @@ impl Store {
 
     pub fn min_physical_offset(&self) -> CommitLogOffset {
         CommitLogOffset(self.inner.log.borrow().min_physical_offset)
+    }
+
+    /// The oldest commitlog segment retention may delete now (sealed and durable, never the
+    /// last file), with its age; None when there is none.
+    pub fn oldest_sealed_segment(&self) -> Option<SealedSegment> {
+        retention::oldest_sealed(&self.inner)
+    }
+
+    /// Deletes `segment` (from `oldest_sealed_segment`) if it still is the oldest that may go,
+    /// with the consume-queue and index files that only point into it; each queue's minimum
+    /// offset moves past it. The files are removed off the shard's thread.
+    pub async fn delete_oldest_segment(
+        &self,
+        segment: SealedSegment,
+    ) -> Result<Option<DeletedSegment>, StoreError> {
+        retention::delete_oldest(&self.inner, segment).await
     }
 
     /// Why writes are refused for want of disk space right now (None: they are not).

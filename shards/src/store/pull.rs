@@ -94,7 +94,7 @@ pub struct PullFilter<'a> {
 struct Plan {
     result: GetMessageResult,
     units: Vec<Unit>,
-    /// Queue offset of each unit, index-aligned (filled only when every candidate is taken).
+    /// Queue offset of each unit, index-aligned.
     indexes: Vec<u64>,
     /// Whether the scan met units pointing at deleted commitlog.
     saw_null: bool,
@@ -173,9 +173,7 @@ fn plan(
         }
         if filter(unit.tags_code) {
             units.push(unit);
-            if take_all {
-                indexes.push(index);
-            }
+            indexes.push(index);
             bytes += size;
         }
         index += 1;
@@ -212,7 +210,10 @@ pub(crate) async fn get_messages(
         return take_matching(inner, request, plan, properties).await;
     }
     let Plan {
-        mut result, units, ..
+        mut result,
+        units,
+        indexes,
+        ..
     } = plan(inner, request, filter.tags_code, false)?;
     let mut run_start = 0;
     while run_start < units.len() {
@@ -228,8 +229,95 @@ pub(crate) async fn get_messages(
         result.body.extend_from_slice(&bytes);
         run_start = run_end;
     }
-    check_sizes(&units, &result.body)?;
+    let faults = vet_records(inner, request, &units, &indexes, &result.body);
+    if !faults.is_empty() {
+        let mut body = Vec::with_capacity(result.body.len());
+        let mut at = 0usize;
+        for (i, unit) in units.iter().enumerate() {
+            let size = unit.size_bytes as usize;
+            if !faults.contains(&i) {
+                body.extend_from_slice(&result.body[at..at + size]);
+            }
+            at += size;
+        }
+        result.body = body;
+        result.message_count -= faults.len() as u32;
+        if result.message_count == 0 {
+            // As for units of deleted commitlog: PULL_RETRY_IMMEDIATELY, past them.
+            result.status = GetStatus::OffsetFoundNull;
+        }
+    }
     Ok(result)
+}
+
+/// Why the record a unit points at may not be served (None: it may): it must decode whole
+/// (magic, TOTALSIZE, field lengths, BODYCRC) and be the record the unit names (its size, its
+/// PHYSICALOFFSET, the queue's topic, QUEUEID and the unit's QUEUEOFFSET). Damage inside the
+/// log that the flusher wrote whole (a bad sector, a stray write) is caught here.
+pub(crate) fn record_fault(
+    unit: &Unit,
+    topic: &str,
+    queue_id: u32,
+    queue_offset: u64,
+    bytes: &[u8],
+) -> Option<String> {
+    let message = match record::decode(bytes) {
+        Ok(message) => message,
+        Err(error) => return Some(error.to_string()),
+    };
+    if message.total_size != unit.size_bytes {
+        return Some(format!(
+            "TOTALSIZE {} differs from its unit's {}",
+            message.total_size, unit.size_bytes
+        ));
+    }
+    if message.physical_offset != unit.physical_offset {
+        return Some(format!("PHYSICALOFFSET reads {}", message.physical_offset));
+    }
+    if message.topic != topic
+        || message.queue_id != queue_id
+        || message.queue_offset != queue_offset
+    {
+        return Some(format!(
+            "the record is of {}/{} at queue offset {}",
+            message.topic, message.queue_id, message.queue_offset
+        ));
+    }
+    None
+}
+
+/// Checks every record of a pull body against its unit; the positions of the bad ones (each
+/// logged with where it lies, counted in `StoreStats::corrupt_records`) are not served.
+fn vet_records(
+    inner: &Inner,
+    request: &PullRequest<'_>,
+    units: &[Unit],
+    indexes: &[u64],
+    body: &[u8],
+) -> Vec<usize> {
+    let mut faults = Vec::new();
+    let mut at = 0usize;
+    for (i, (unit, &queue_offset)) in units.iter().zip(indexes).enumerate() {
+        let size = unit.size_bytes as usize;
+        let bytes = &body[at..at + size];
+        at += size;
+        if let Some(why) = record_fault(unit, request.topic, request.queue_id, queue_offset, bytes)
+        {
+            log::error!(
+                "store {}: damaged record not served: {}/{} queue offset {queue_offset} at \
+                 commitlog offset {} ({} bytes): {why}; run `shardmq verify` on the stopped \
+                 store",
+                inner.config.root_dir.display(),
+                request.topic,
+                request.queue_id,
+                unit.physical_offset,
+                unit.size_bytes
+            );
+            inner.log.borrow_mut().stats.corrupt_records += 1;
+            faults.push(i);
+        }
+    }
+    faults
 }
 
 /// The properties stage: reads the candidates in runs of contiguous records and keeps those
@@ -283,18 +371,24 @@ async fn take_matching(
                 break 'runs;
             }
             let record = &bytes[at..at + size];
-            check_sizes(std::slice::from_ref(unit), record)?;
-            let properties =
-                record::properties_of(record).map_err(|error| StoreError::Corrupt {
-                    offset: unit.physical_offset,
-                    reason: format!("record unreadable for the properties filter: {error}"),
-                })?;
+            at += size;
+            if !vet_records(
+                inner,
+                request,
+                std::slice::from_ref(unit),
+                std::slice::from_ref(index),
+                record,
+            )
+            .is_empty()
+            {
+                continue;
+            }
+            let properties = record::properties_of(record).unwrap_or_default();
             if properties_match(properties) {
                 result.body.extend_from_slice(record);
                 taken += 1;
                 body_bytes += size as u64;
             }
-            at += size;
         }
         run_start = run_end;
     }
@@ -310,25 +404,6 @@ async fn take_matching(
 
 fn follows(previous: &Unit, next: &Unit) -> bool {
     previous.physical_offset + u64::from(previous.size_bytes) == next.physical_offset
-}
-
-/// Every record's TOTALSIZE must equal its unit's size: a pull body is decoded sequentially.
-fn check_sizes(units: &[Unit], body: &[u8]) -> Result<(), StoreError> {
-    let mut at = 0usize;
-    for unit in units {
-        let size = record::peek_header(&body[at..]).map(|(size, _)| size as u32);
-        if size != Some(unit.size_bytes) {
-            return Err(StoreError::Corrupt {
-                offset: unit.physical_offset,
-                reason: format!(
-                    "TOTALSIZE {size:?} differs from its unit's {}",
-                    unit.size_bytes
-                ),
-            });
-        }
-        at += unit.size_bytes as usize;
-    }
-    Ok(())
 }
 
 /// Copies commitlog bytes `[pos, pos + len)`: the part in the tail from memory, the part

@@ -10,13 +10,19 @@
 //!    first segment when there is none, it does not fit the files, or a queue on disk holds
 //!    fewer units than it recorded), checking every record's TOTALSIZE, magic, BODYCRC,
 //!    PHYSICALOFFSET, topic and the last byte of its properties (see `dispatch`). A blank
-//!    filler moves to the next segment; the first bad, zero or short record ends the log.
+//!    filler moves to the next segment. Zeros past what the checkpoint knew durable end the
+//!    log; so does any other bad record there, unless a valid record follows beyond what a
+//!    torn flush can reach (`past_damage`): that is damage in the middle of the log, as is
+//!    any bad record below the checkpoint's mark. Damage is logged with its offsets and
+//!    stepped over (those records are lost; the rest is kept), never served.
 //! 3. Re-dispatch a consume-queue unit for every scanned record (at the QUEUEOFFSET it
 //!    carries, so it is idempotent), then cut every queue back to its units below the end.
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next.
-//! 5. Sync the rebuilt queues and write a (not clean) checkpoint at the recovered end.
+//! 5. Move every queue's minimum offset to its first unit at or past the first segment (the
+//!    files below it that retention had not removed yet go), then sync the rebuilt queues and
+//!    write a (not clean) checkpoint at the recovered end.
 //!
 //! The message index (`index.rs`) rides along: it is opened first, trusting what the
 //! checkpoint's mark covers; the scan starts no later than the segment holding its indexed
@@ -90,7 +96,21 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         .progress
         .scan_total_bytes
         .set(files_end.saturating_sub(scan_from));
-    let end = scan(&segments, config, scan_from, &mut rebuilt).await?;
+    // What the checkpoint knew durable: a bad record below it is damage, not a torn tail.
+    let durable_mark = saved
+        .as_ref()
+        .map_or(0, |c| c.commitlog_offset)
+        .min(files_end);
+    let mut damage = Damage::default();
+    let end = scan(
+        &segments,
+        config,
+        scan_from,
+        durable_mark,
+        &mut rebuilt,
+        &mut damage,
+    )
+    .await?;
     index.truncate_to(end)?;
     let queue_ids: Vec<(String, u32)> = queues
         .queues_mut()
@@ -102,6 +122,15 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
             queue.truncate_to(units)?;
         }
     }
+    // Segments retention deleted: the units and index entries that pointed into them go
+    // (a crash between a segment's deletion and theirs leaves them behind).
+    for path in queues
+        .expire_below(first)?
+        .into_iter()
+        .chain(index.expire_below(first))
+    {
+        std::fs::remove_file(path)?;
+    }
     let clean = saved
         .as_ref()
         .is_some_and(|c| c.clean && c.commitlog_offset == end);
@@ -109,6 +138,8 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         scan_from,
         end,
         clean,
+        damaged_regions: damage.regions,
+        damaged_bytes: damage.bytes,
     }));
     if !clean {
         zero_after_end(&segments, end, &config.progress).await?;
@@ -240,16 +271,25 @@ struct Rebuilt<'a> {
     index: &'a mut Index,
 }
 
+/// Damage in the middle of the log the scan stepped over.
+#[derive(Default)]
+struct Damage {
+    regions: u64,
+    bytes: u64,
+}
+
 /// Step 2 and the re-dispatch of step 3. Returns the end of the valid log.
 async fn scan(
     segments: &Segments,
     config: &StoreConfig,
     from: u64,
+    durable_mark: u64,
     rebuilt: &mut Rebuilt<'_>,
+    damage: &mut Damage,
 ) -> Result<u64, StoreError> {
     let size = config.segment_size_bytes;
     let mut pos = from;
-    loop {
+    'windows: loop {
         let Some((segment, file)) = segments.file_for(pos) else {
             return Ok(pos);
         };
@@ -266,24 +306,156 @@ async fn scan(
             if here == segment_end {
                 break;
             }
-            match classify(&window[at..], here, segment_end) {
+            let bad = match classify(&window[at..], here, segment_end) {
                 Found::Record(record_size) => {
                     let bytes = &window[at..at + record_size];
-                    if !dispatch(bytes, here, config, rebuilt)? {
-                        return Ok(here);
+                    if dispatch(bytes, here, config, rebuilt)? {
+                        at += record_size;
+                        continue;
                     }
-                    at += record_size;
+                    true
                 }
                 Found::Blank => {
                     at = (segment_end - pos) as usize;
                     break;
                 }
                 Found::NeedMore if at > 0 => break,
-                Found::NeedMore | Found::End => return Ok(here),
+                Found::NeedMore | Found::End => true,
+            };
+            debug_assert!(bad);
+            let blank_end = window[at..].iter().all(|&b| b == 0) && here >= durable_mark;
+            if blank_end {
+                return Ok(here);
+            }
+            match past_damage(segments, size, here, durable_mark).await? {
+                Some(next) => {
+                    log::error!(
+                        "store {}: damaged commitlog at offsets {here}..{next} ({} bytes, \
+                         inside the log, not a torn tail): the records there are lost; \
+                         recovery goes on after them; run `shardmq verify` to see the rest",
+                        config.root_dir.display(),
+                        next - here
+                    );
+                    damage.regions += 1;
+                    damage.bytes += next - here;
+                    pos = next;
+                    continue 'windows;
+                }
+                None => return Ok(here),
             }
         }
         pos += at as u64;
     }
+}
+
+/// A record at `here` is bad. The log goes on past it (returns where) when this is damage in
+/// its middle: the bad record lies below what the checkpoint knew durable, or a valid record
+/// follows beyond all a torn flush can reach (`RECOVERY_ZERO_WINDOW_BYTES`). Otherwise it is
+/// the torn tail of an unclean stop and the log ends at `here` (None).
+async fn past_damage(
+    segments: &Segments,
+    size: u64,
+    here: u64,
+    durable_mark: u64,
+) -> Result<Option<u64>, StoreError> {
+    let reach = here + RECOVERY_ZERO_WINDOW_BYTES;
+    let search_end = (reach + 2 * RECOVERY_READ_BYTES)
+        .max(durable_mark.saturating_add(RECOVERY_ZERO_WINDOW_BYTES));
+    let next = next_valid_record(segments, size, here + 1, search_end).await?;
+    // A later segment that starts beyond a torn flush's reach with a valid record (the
+    // checkpoint may be gone) also says the log went on.
+    let mut later = None;
+    if next.is_none_or(|next| next < reach) {
+        let beyond = segments.segments_from(align_up(reach, size)).next();
+        if let Some((start, file)) = beyond {
+            if valid_record_at(&file, start, start + size, start).await? {
+                later = Some(start);
+            }
+        }
+    }
+    let middle = here < durable_mark || next.is_some_and(|n| n >= reach) || later.is_some();
+    Ok(if middle { next.or(later) } else { None })
+}
+
+/// The first position in `[from, search_end)` of `from`'s segment, or else the start of the
+/// next segment, that holds a whole valid record naming its own position (PHYSICALOFFSET).
+/// Candidates are found by their magic code's first byte (memchr), so zeros go by fast.
+pub(crate) async fn next_valid_record(
+    segments: &Segments,
+    size: u64,
+    from: u64,
+    search_end: u64,
+) -> Result<Option<u64>, StoreError> {
+    let Some((segment, file)) = segments.file_for(from) else {
+        return Ok(None);
+    };
+    let segment_end = segment + size;
+    let stop = search_end.min(segment_end);
+    // A record starts 4 bytes before its magic code; windows overlap by a header.
+    let mut pos = from;
+    while pos < stop {
+        let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
+        let mut window = vec![0u8; len];
+        file.read_exact_at(pos - segment, &mut window).await?;
+        let mut at = 4usize;
+        while at + 4 <= len {
+            let Some(found) = memchr::memchr(0xDA, &window[at..len - 3]) else {
+                break;
+            };
+            let magic_at = at + found;
+            at = magic_at + 1;
+            let candidate = pos + magic_at as u64 - 4;
+            if candidate >= stop {
+                break;
+            }
+            let magic = i32::from_be_bytes(window[magic_at..magic_at + 4].try_into().unwrap());
+            if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
+                continue;
+            }
+            if valid_record_at(&file, segment, segment_end, candidate).await? {
+                return Ok(Some(candidate));
+            }
+        }
+        if pos + len as u64 >= segment_end {
+            break;
+        }
+        pos += len as u64 - record::BLANK_HEADER_BYTES as u64;
+    }
+    if let Some((_, next_file)) = segments.file_for(segment_end) {
+        if valid_record_at(&next_file, segment_end, segment_end + size, segment_end).await? {
+            return Ok(Some(segment_end));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a whole valid record that names `offset` as its position starts at `offset`.
+async fn valid_record_at(
+    file: &DirectFile,
+    segment: u64,
+    segment_end: u64,
+    offset: u64,
+) -> Result<bool, StoreError> {
+    let mut header = [0u8; record::BLANK_HEADER_BYTES];
+    if offset + header.len() as u64 > segment_end {
+        return Ok(false);
+    }
+    file.read_exact_at(offset - segment, &mut header).await?;
+    let Some((size, magic)) = record::peek_header(&header) else {
+        return Ok(false);
+    };
+    let Ok(size) = usize::try_from(size) else {
+        return Ok(false);
+    };
+    let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
+        && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
+        && offset + size as u64 <= segment_end;
+    if !plausible {
+        return Ok(false);
+    }
+    let mut bytes = vec![0u8; size];
+    file.read_exact_at(offset - segment, &mut bytes).await?;
+    Ok(record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset))
 }
 
 /// Re-dispatches one record's unit (and its index entries, past the index's end); false when

@@ -92,6 +92,14 @@ impl Segments {
         self.files.get(&start).map(|f| (start, f.clone()))
     }
 
+    /// The segments starting at or after `start`, in order.
+    pub(crate) fn segments_from(
+        &self,
+        start: u64,
+    ) -> impl Iterator<Item = (u64, Rc<DirectFile>)> + '_ {
+        self.files.range(start..).map(|(&s, f)| (s, f.clone()))
+    }
+
     pub(crate) fn first_start(&self) -> Option<u64> {
         self.files.keys().next().copied()
     }

@@ -14,4 +14,5 @@ pub mod reset_offset;
 pub mod send;
 pub mod send_back;
 pub mod stats;
+pub mod store_admin;
 pub mod topic_admin;

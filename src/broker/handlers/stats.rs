@@ -1,5 +1,9 @@
 //! What the operator's tools ask a broker: GET_BROKER_RUNTIME_INFO (28), GET_TOPIC_STATS_INFO
 //! (202), GET_CONSUME_STATS (208).
+//!
+//! Retention shows in them: a topic's `minOffset` is the first offset still held, and
+//! GET_CONSUME_STATS reports a consumer offset below it as the minimum (where the consumer's
+//! next pull moves it), so the lag counts only messages that can still be consumed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -123,11 +127,19 @@ impl Broker {
         let oneway = request.is_oneway();
         shards::runtime::spawn_detached(async move {
             let mut stats = ConsumeStats::default();
-            for (topic, queue_id, consumer_offset) in queues {
+            for (topic, queue_id, committed) in queues {
                 let broker_offset = broker
                     .store
                     .max_queue_offset(&topic, shards::QueueId(queue_id))
                     .0 as i64;
+                // Below the queue's minimum (retention deleted what lies between) the
+                // consumer's next pull moves it to the minimum: the lag counts only what it
+                // can still consume. A Java broker reports the committed offset as it is.
+                let min = broker
+                    .store
+                    .min_queue_offset(&topic, shards::QueueId(queue_id))
+                    .0 as i64;
+                let consumer_offset = committed.max(min);
                 let last_timestamp = match consumer_offset {
                     0 => 0,
                     offset => {
@@ -223,6 +235,22 @@ impl Broker {
         put(
             "commitLogMinOffset",
             self.store.min_physical_offset().to_string(),
+        );
+        // RocketMQ's disk keys: the used ratio of the store's filesystem (0..1, as Java's
+        // double prints), the consume queues living on the same one.
+        let ratio = self
+            .store
+            .disk_used_ratio()
+            .or(self.retention.used_ratio())
+            .unwrap_or(-1.0);
+        put("commitLogDiskRatio", ratio.to_string());
+        put("consumeQueueDiskRatio", ratio.to_string());
+        let refusal = self.store.space_refusal();
+        put("diskFull", refusal.is_some().to_string());
+        put("storeWritesRefused", refusal.unwrap_or_default());
+        put(
+            "retentionDeletedSegments",
+            self.retention.deleted_segments.get().to_string(),
         );
         put("storeStats", format!("{stats:?}"));
         put("parkedPulls", self.pull_waiters.len().to_string());

@@ -70,8 +70,21 @@ impl Broker {
             .map(|(offset, p)| (*offset, p.clone()))
             .collect();
         let mut waiting_for_producer: BTreeMap<String, usize> = BTreeMap::new();
+        let commitlog_start = self.store.min_physical_offset().0;
         for (half_offset, pending) in due {
-            if pending.op_unwritten {
+            if pending.commitlog_offset < commitlog_start {
+                // Retention deleted its segment: nothing is left to check or deliver.
+                log::warn!(
+                    "{}: dropped the half message at offset {half_offset} (msgId {}, group \
+                     {}): its commitlog segment was deleted by retention before its \
+                     transaction ended",
+                    self.identity.broker_name,
+                    pending.unique_id,
+                    pending.producer_group
+                );
+                self.forget_half(half_offset);
+                self.transactions.borrow_mut().stats.discarded += 1;
+            } else if pending.op_unwritten {
                 if self.append_op_record(half_offset).is_ok() {
                     self.forget_half(half_offset);
                 }

@@ -1,0 +1,371 @@
+//! Retention: which commitlog segments may go, and deleting them without stalling the shard.
+//!
+//! The policy is RocketMQ's `CleanCommitLogService` (CAPABILITIES.md §1.1), with its names and
+//! defaults, and pure: `RetentionConfig` says from the disk's used ratio, the hour and the
+//! segment's age what may be deleted; the broker's retention task (one per shard) asks it every
+//! `cleanResourceInterval` and deletes with `Store::delete_oldest_segment`, one segment at a
+//! time, `deleteCommitLogFilesInterval` apart.
+//!
+//! | Setting | Default | Meaning |
+//! |---|---|---|
+//! | `fileReservedTime` | 72 h | a segment expires this long after its last write (file mtime) |
+//! | `deleteWhen` | "04" | hours of the day (`;`-separated) when expired segments go |
+//! | `diskMaxUsedSpaceRatio` | 75 % | above it, expired segments go at any hour |
+//! | `diskSpaceCleanForciblyRatio` | 85 % | above it, the oldest segments go even when not expired |
+//! | `diskSpaceWarningLevelRatio` | 90 % | above it, appends are refused (`Store::set_over_ratio`) |
+//! | `cleanFileForciblyEnable` | true | allows the forced deletion |
+//!
+//! Deletion (`delete_oldest`): only a sealed segment goes (every byte of it durable, appends
+//! past its end, and never the last file), oldest first. In one synchronous step the segment
+//! leaves the table, the commitlog's minimum offset moves to the next one, and the consume
+//! queues and the message index drop the files that only point below it (each queue's
+//! minimum offset moves to its first unit still held, so pulls below it get OffsetTooSmall
+//! from then on). The files are then removed on the shard's helper thread: the shard keeps
+//! an extra descriptor of the segment so that neither its own close nor the unlink frees the
+//! blocks (what takes time for a 1 GiB file); the helper thread's close does.
+
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::{Inner, StoreError};
+use crate::runtime::{self, fs::DirectFile};
+use crate::types::CommitLogOffset;
+
+/// Most segments one retention run deletes (RocketMQ's deleteFileBatchMax).
+pub const DELETE_FILES_BATCH_MAX: usize = 10;
+/// Runs a manual trigger (DELETE_EXPIRED_COMMITLOG, TRIGGER_DELETE_FILES) lasts (RocketMQ's
+/// MAX_MANUAL_DELETE_FILE_TIMES).
+pub const MANUAL_DELETE_RUNS: u32 = 20;
+/// How long a deletion waits for reads still using the segment before closing it anyway.
+pub const READERS_WAIT_MS: u64 = 2_000;
+
+/// Bounds of the ratios, in percent; values outside are refused. RocketMQ clamps the warning
+/// ratio to 35..=90 and the forced one to 30..=85; shardmq lets both go higher, because its
+/// disk filled to the last block refuses sends without losing or poisoning anything
+/// (`space.rs`), so an operator may use more of the disk than a Java broker can.
+pub const DISK_MAX_USED_SPACE_RATIO_RANGE: (u32, u32) = (10, 95);
+pub const DISK_SPACE_CLEAN_FORCIBLY_RATIO_RANGE: (u32, u32) = (30, 98);
+pub const DISK_SPACE_WARNING_LEVEL_RATIO_RANGE: (u32, u32) = (35, 99);
+
+/// One shard's retention settings, RocketMQ's names in the comments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionConfig {
+    /// `fileReservedTime`, hours (fractions allowed).
+    pub file_reserved_time_hours: f64,
+    /// `deleteWhen`: hours of the day (0..=23).
+    pub delete_when_hours: Vec<u8>,
+    /// `diskMaxUsedSpaceRatio`, percent.
+    pub disk_max_used_space_ratio: u32,
+    /// `diskSpaceCleanForciblyRatio`, percent.
+    pub disk_space_clean_forcibly_ratio: u32,
+    /// `diskSpaceWarningLevelRatio`, percent.
+    pub disk_space_warning_level_ratio: u32,
+    /// `cleanFileForciblyEnable`.
+    pub clean_file_forcibly_enable: bool,
+    /// `cleanResourceInterval`, ms.
+    pub clean_resource_interval_ms: u64,
+    /// `deleteCommitLogFilesInterval`, ms.
+    pub delete_commit_log_files_interval_ms: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> RetentionConfig {
+        RetentionConfig {
+            file_reserved_time_hours: 72.0,
+            delete_when_hours: vec![4],
+            disk_max_used_space_ratio: 75,
+            disk_space_clean_forcibly_ratio: 85,
+            disk_space_warning_level_ratio: 90,
+            clean_file_forcibly_enable: true,
+            clean_resource_interval_ms: 10_000,
+            delete_commit_log_files_interval_ms: 100,
+        }
+    }
+}
+
+/// What the disk's used ratio asks of retention (RocketMQ's isSpaceToDelete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskVerdict {
+    /// Past `diskSpaceWarningLevelRatio`: refuse appends.
+    pub refuse_writes: bool,
+    /// Past `diskSpaceCleanForciblyRatio` (and forced deletion enabled): delete the oldest
+    /// segments even when not expired.
+    pub clean_immediately: bool,
+    /// Past `diskMaxUsedSpaceRatio`: delete expired segments whatever the hour.
+    pub space_to_delete: bool,
+}
+
+/// `deleteWhen`: hours of the day separated by `;` ("04", "04;05").
+pub fn parse_delete_when(text: &str) -> Result<Vec<u8>, String> {
+    let mut hours = Vec::new();
+    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.parse::<u8>() {
+            Ok(hour) if hour < 24 => hours.push(hour),
+            _ => {
+                return Err(format!(
+                    "deleteWhen {text:?}: {part:?} is not an hour of the day (0..=23)"
+                ))
+            }
+        }
+    }
+    if hours.is_empty() {
+        return Err(format!("deleteWhen {text:?} names no hour"));
+    }
+    Ok(hours)
+}
+
+impl RetentionConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let hours = self.file_reserved_time_hours;
+        if !hours.is_finite() || hours <= 0.0 || hours > 24.0 * 365.0 * 100.0 {
+            return Err(format!(
+                "fileReservedTime {hours} must be a positive number of hours"
+            ));
+        }
+        let ratios = [
+            (
+                "diskMaxUsedSpaceRatio",
+                self.disk_max_used_space_ratio,
+                DISK_MAX_USED_SPACE_RATIO_RANGE,
+            ),
+            (
+                "diskSpaceCleanForciblyRatio",
+                self.disk_space_clean_forcibly_ratio,
+                DISK_SPACE_CLEAN_FORCIBLY_RATIO_RANGE,
+            ),
+            (
+                "diskSpaceWarningLevelRatio",
+                self.disk_space_warning_level_ratio,
+                DISK_SPACE_WARNING_LEVEL_RATIO_RANGE,
+            ),
+        ];
+        for (name, value, (low, high)) in ratios {
+            if !(low..=high).contains(&value) {
+                return Err(format!(
+                    "{name} {value} is out of bounds: want {low}..={high} (%)"
+                ));
+            }
+        }
+        if self.delete_when_hours.is_empty() || self.delete_when_hours.iter().any(|&h| h > 23) {
+            return Err("deleteWhen must name hours of the day (0..=23)".into());
+        }
+        if self.clean_resource_interval_ms == 0 || self.clean_resource_interval_ms > 3_600_000 {
+            return Err(format!(
+                "cleanResourceInterval {} is out of bounds: want 1..=3600000 (ms)",
+                self.clean_resource_interval_ms
+            ));
+        }
+        if self.delete_commit_log_files_interval_ms > 60_000 {
+            return Err(format!(
+                "deleteCommitLogFilesInterval {} is out of bounds: want 0..=60000 (ms)",
+                self.delete_commit_log_files_interval_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// `fileReservedTime` in milliseconds.
+    pub fn reserved_ms(&self) -> i64 {
+        (self.file_reserved_time_hours * 3_600_000.0) as i64
+    }
+
+    /// Whether `hour` (local time, 0..=23) is one of `deleteWhen`'s.
+    pub fn time_to_delete(&self, hour: u8) -> bool {
+        self.delete_when_hours.contains(&hour)
+    }
+
+    /// The verdict for a disk `used_ratio` full (0..=1); None (it could not be measured)
+    /// counts as past `diskMaxUsedSpaceRatio`, as RocketMQ's -1 does.
+    pub fn disk_verdict(&self, used_ratio: Option<f64>) -> DiskVerdict {
+        let Some(ratio) = used_ratio else {
+            return DiskVerdict {
+                refuse_writes: false,
+                clean_immediately: false,
+                space_to_delete: true,
+            };
+        };
+        let percent = ratio * 100.0;
+        let refuse_writes = percent > f64::from(self.disk_space_warning_level_ratio);
+        let forcibly = refuse_writes || percent > f64::from(self.disk_space_clean_forcibly_ratio);
+        DiskVerdict {
+            refuse_writes,
+            clean_immediately: forcibly && self.clean_file_forcibly_enable,
+            space_to_delete: percent > f64::from(self.disk_max_used_space_ratio),
+        }
+    }
+
+    /// Whether a segment last written at `last_modified_ms` has expired at `now_ms`.
+    pub fn expired(&self, last_modified_ms: i64, now_ms: i64) -> bool {
+        now_ms >= last_modified_ms.saturating_add(self.reserved_ms())
+    }
+}
+
+/// A commitlog segment retention may delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealedSegment {
+    pub start: CommitLogOffset,
+    pub end: CommitLogOffset,
+    /// The segment file's last modification (ms since the epoch), as RocketMQ ages files.
+    pub last_modified_ms: i64,
+}
+
+/// What one deletion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeletedSegment {
+    pub start: CommitLogOffset,
+    pub end: CommitLogOffset,
+    /// Consume-queue files removed with it.
+    pub queue_files: usize,
+    /// Message index files removed with it.
+    pub index_files: usize,
+    /// How long the removal took on the helper thread (unlink and the freeing close).
+    pub unlink: Duration,
+}
+
+/// The oldest segment that may go: not the last file, wholly below the durable end and below
+/// the write position.
+pub(crate) fn oldest_sealed(inner: &Inner) -> Option<SealedSegment> {
+    let log = inner.log.borrow();
+    if log.closing || log.poison.is_some() || log.segments.files.len() < 2 {
+        return None;
+    }
+    let start = log.segments.first_start()?;
+    let end = start + inner.config.segment_size_bytes;
+    if end > log.flush.durable_end || end > log.tail.end() {
+        return None;
+    }
+    let path = log.segments.path_of(start);
+    drop(log);
+    let last_modified_ms = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as i64);
+    Some(SealedSegment {
+        start: CommitLogOffset(start),
+        end: CommitLogOffset(end),
+        last_modified_ms,
+    })
+}
+
+/// Deletes the segment `oldest_sealed` names, if it still is the oldest one that may go.
+pub(crate) async fn delete_oldest(
+    inner: &Inner,
+    expected: SealedSegment,
+) -> Result<Option<DeletedSegment>, StoreError> {
+    if oldest_sealed(inner).map(|s| s.start) != Some(expected.start) {
+        return Ok(None);
+    }
+    let start = expected.start.0;
+    let (file, path, keep) = {
+        let mut log = inner.log.borrow_mut();
+        let path = log.segments.path_of(start);
+        // A second descriptor, so the shard's close below is never the last one.
+        let keep = std::fs::File::open(&path)?;
+        let Some(file) = log.segments.files.remove(&start) else {
+            return Ok(None);
+        };
+        let next = log
+            .segments
+            .first_start()
+            .expect("the last segment is never deleted");
+        log.min_physical_offset = next;
+        log.flush.checkpoint_wanted = true;
+        log.stats.segments_deleted += 1;
+        (file, path, keep)
+    };
+    let min_physical = expected.end.0;
+    let mut doomed = inner.queues.borrow_mut().expire_below(min_physical)?;
+    let queue_files = doomed.len();
+    let index_paths = inner.index.borrow_mut().expire_below(min_physical);
+    let index_files = index_paths.len();
+    doomed.extend(index_paths);
+    inner.notify.signal();
+    wait_for_readers(&file).await;
+    DirectFile::close_shared(file).await;
+    let unlink = runtime::blocking(move || -> std::io::Result<Duration> {
+        let started = std::time::Instant::now();
+        let mut result = std::fs::remove_file(&path);
+        drop(keep);
+        for other in doomed {
+            match std::fs::remove_file(&other) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    result = result.and(Err(error))
+                }
+                _ => {}
+            }
+        }
+        result.map(|()| started.elapsed())
+    })
+    .await?;
+    Ok(Some(DeletedSegment {
+        start: expected.start,
+        end: expected.end,
+        queue_files,
+        index_files,
+        unlink,
+    }))
+}
+
+/// Reads in flight hold the segment's file: give them `READERS_WAIT_MS` to finish.
+async fn wait_for_readers(file: &Rc<DirectFile>) {
+    let mut waited = 0;
+    while Rc::strong_count(file) > 1 && waited < READERS_WAIT_MS {
+        runtime::sleep(Duration::from_millis(10)).await;
+        waited += 10;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_decide_as_rocketmq_does() {
+        let config = RetentionConfig::default();
+        let at = |percent: f64| config.disk_verdict(Some(percent / 100.0));
+        assert_eq!(
+            at(50.0),
+            DiskVerdict {
+                refuse_writes: false,
+                clean_immediately: false,
+                space_to_delete: false
+            }
+        );
+        assert!(at(76.0).space_to_delete && !at(76.0).clean_immediately);
+        assert!(at(86.0).clean_immediately && !at(86.0).refuse_writes);
+        assert!(at(91.0).refuse_writes && at(91.0).clean_immediately);
+        assert!(config.disk_verdict(None).space_to_delete);
+        let gentle = RetentionConfig {
+            clean_file_forcibly_enable: false,
+            ..RetentionConfig::default()
+        };
+        assert!(!gentle.disk_verdict(Some(0.95)).clean_immediately);
+        assert!(gentle.disk_verdict(Some(0.95)).refuse_writes);
+    }
+
+    #[test]
+    fn hours_and_ages() {
+        assert_eq!(parse_delete_when("04").unwrap(), vec![4]);
+        assert_eq!(parse_delete_when("04;05; 23").unwrap(), vec![4, 5, 23]);
+        assert!(parse_delete_when("24").is_err());
+        assert!(parse_delete_when("").is_err());
+        assert!(parse_delete_when("four").is_err());
+        let config = RetentionConfig {
+            file_reserved_time_hours: 0.5,
+            ..RetentionConfig::default()
+        };
+        assert!(config.time_to_delete(4) && !config.time_to_delete(5));
+        assert!(!config.expired(1_000, 1_000 + 1_799_999));
+        assert!(config.expired(1_000, 1_000 + 1_800_000));
+        assert!(config.validate().is_ok());
+        let bad = RetentionConfig {
+            disk_space_warning_level_ratio: 100,
+            ..RetentionConfig::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .contains("diskSpaceWarningLevelRatio"));
+    }
+}

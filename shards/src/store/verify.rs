@@ -1,0 +1,575 @@
+//! The offline verifier behind `shardmq verify`: checks a stopped store, file by file.
+//!
+//! It runs without a shard (plain positional reads; nothing is written), on a store no broker
+//! has open, as an operator runs it before and after moving a disk:
+//!
+//! 1. The commitlog, every segment from its first byte: each record decodes whole (TOTALSIZE,
+//!    magic, field lengths, BODYCRC) and names its own position (PHYSICALOFFSET); a blank
+//!    filler ends a segment; zeros end the data (in the last segment; in an earlier one the
+//!    segment ended early). Anything else is damage: reported with its offsets, then the scan
+//!    resynchronises on the next valid record (`recovery::next_valid_record`'s rule) and goes on.
+//! 2. Every consume-queue unit from the queue's first one on: it points into the log that is
+//!    left (units below the first segment are expired, not damage; units past the log's end
+//!    are what recovery cuts after an unclean stop), at a valid record of its size, topic,
+//!    queue id and queue offset; a unit never written between written ones is a hole.
+//! 3. Every index file: its header, its slot heads and links within its entries, and each
+//!    entry at or past the first segment pointing at the start of a valid record.
+//! 4. The config files (`config/*.json`, the checkpoint): each one parses as JSON.
+//!
+//! What counts as damage makes `shardmq verify` exit non-zero; notes (expired units, units
+//! past the end, a store not stopped cleanly) do not.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
+use super::RECORD_SIZE_MAX_BYTES;
+
+/// Commitlog bytes read per step.
+const READ_BYTES: usize = 8 << 20;
+/// Damage lines kept per store (the count goes on).
+const FINDINGS_KEPT_MAX: usize = 100;
+
+/// What the verifier found in one store (one shard's directory).
+#[derive(Debug, Default)]
+pub struct VerifyReport {
+    pub root: PathBuf,
+    pub segments: u64,
+    pub segment_size_bytes: u64,
+    /// First byte of the first segment, end of the valid log.
+    pub log_start: u64,
+    pub log_end: u64,
+    pub records: u64,
+    pub record_bytes: u64,
+    pub queues: u64,
+    pub units: u64,
+    pub expired_units: u64,
+    pub units_past_end: u64,
+    pub index_files: u64,
+    pub index_entries: u64,
+    pub config_files: u64,
+    /// Damage found: count, and the first `FINDINGS_KEPT_MAX` descriptions.
+    pub damage: u64,
+    pub findings: Vec<String>,
+    /// Things worth knowing that are not damage.
+    pub notes: Vec<String>,
+}
+
+impl VerifyReport {
+    fn damaged(&mut self, what: String) {
+        self.damage += 1;
+        if self.findings.len() < FINDINGS_KEPT_MAX {
+            self.findings.push(what);
+        }
+    }
+}
+
+/// One commitlog segment, opened for reading.
+struct Segment {
+    start: u64,
+    file: File,
+    len: u64,
+}
+
+struct Log {
+    segments: Vec<Segment>,
+    size: u64,
+}
+
+impl Log {
+    fn segment_of(&self, offset: u64) -> Option<&Segment> {
+        let i = self.segments.partition_point(|s| s.start <= offset);
+        let segment = self.segments.get(i.checked_sub(1)?)?;
+        (offset < segment.start + self.size).then_some(segment)
+    }
+
+    /// The record at `offset`, if a whole valid one naming that position starts there.
+    fn record_at(&self, offset: u64) -> io::Result<Option<Vec<u8>>> {
+        let Some(segment) = self.segment_of(offset) else {
+            return Ok(None);
+        };
+        let within = offset - segment.start;
+        let mut header = [0u8; record::BLANK_HEADER_BYTES];
+        if within + header.len() as u64 > segment.len {
+            return Ok(None);
+        }
+        segment.file.read_exact_at(&mut header, within)?;
+        let Some((size, magic)) = record::peek_header(&header) else {
+            return Ok(None);
+        };
+        let Ok(size) = usize::try_from(size) else {
+            return Ok(None);
+        };
+        let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
+            && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
+            && within + size as u64 <= segment.len.min(self.size);
+        if !plausible {
+            return Ok(None);
+        }
+        let mut bytes = vec![0u8; size];
+        segment.file.read_exact_at(&mut bytes, within)?;
+        let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset);
+        Ok(valid.then_some(bytes))
+    }
+}
+
+/// Verifies the store in `root` (a shard's directory: `commitlog/`, `consumequeue/`, …).
+/// `segment_size_bytes`: None infers it from the segment names (or the one file's length).
+pub fn verify_store(root: &Path, segment_size_bytes: Option<u64>) -> io::Result<VerifyReport> {
+    let mut report = VerifyReport {
+        root: root.to_path_buf(),
+        ..VerifyReport::default()
+    };
+    let log = open_log(root, segment_size_bytes, &mut report)?;
+    scan_log(&log, &mut report)?;
+    check_queues(root, &log, &mut report)?;
+    check_index(root, &log, &mut report)?;
+    check_config(root, &mut report);
+    Ok(report)
+}
+
+fn open_log(root: &Path, size: Option<u64>, report: &mut VerifyReport) -> io::Result<Log> {
+    let dir = root.join("commitlog");
+    let mut starts = Vec::new();
+    if dir.is_dir() {
+        for entry in fs::read_dir(&dir)? {
+            let name = entry?.file_name();
+            match name.to_str().and_then(|n| n.parse::<u64>().ok()) {
+                Some(start) => starts.push(start),
+                None => report.notes.push(format!(
+                    "commitlog/{} is not a segment (ignored)",
+                    name.to_string_lossy()
+                )),
+            }
+        }
+    }
+    starts.sort_unstable();
+    let mut segments = Vec::new();
+    for &start in &starts {
+        let path = dir.join(format!("{start:020}"));
+        let file = File::open(&path)?;
+        let len = file.metadata()?.len();
+        segments.push(Segment { start, file, len });
+    }
+    let inferred = starts.windows(2).map(|w| w[1] - w[0]).min();
+    let size = match (size, inferred) {
+        (Some(size), Some(gap)) if gap % size != 0 => {
+            report.damaged(format!(
+                "segments are {gap} bytes apart, not a multiple of the segment size {size} given"
+            ));
+            size
+        }
+        (Some(size), _) => size,
+        (None, Some(gap)) => gap,
+        (None, None) => segments.first().map_or(0, |s| s.len),
+    };
+    for segment in &segments {
+        if segment.start % size.max(1) != 0 {
+            report.damaged(format!(
+                "segment {:020} does not start at a multiple of the segment size {size}",
+                segment.start
+            ));
+        }
+        if segment.len > size {
+            report.damaged(format!(
+                "segment {:020} is {} bytes, more than the segment size {size}",
+                segment.start, segment.len
+            ));
+        }
+    }
+    for pair in starts.windows(2) {
+        if pair[1] != pair[0] + size {
+            report.damaged(format!(
+                "commitlog segments missing between {:020} and {:020}",
+                pair[0], pair[1]
+            ));
+        }
+    }
+    report.segments = segments.len() as u64;
+    report.segment_size_bytes = size;
+    report.log_start = starts.first().copied().unwrap_or(0);
+    report.log_end = report.log_start;
+    Ok(Log { segments, size })
+}
+
+/// Step 1: every record of every segment.
+fn scan_log(log: &Log, report: &mut VerifyReport) -> io::Result<()> {
+    // Where the data stopped (zeros), if it did: segments past it are allocated ahead and
+    // must hold nothing.
+    let mut ended_at: Option<u64> = None;
+    for segment in &log.segments {
+        let data_end = segment.len.min(log.size);
+        if let Some(end) = ended_at {
+            if log.record_at(segment.start)?.is_none() {
+                continue;
+            }
+            report.damaged(format!(
+                "{end}..{}: the log stops (zeros) but segment {:020} holds records (records \
+                 lost)",
+                segment.start, segment.start
+            ));
+            ended_at = None;
+        }
+        let mut within = 0u64;
+        let mut window = Vec::new();
+        let mut window_at = u64::MAX;
+        'records: while within < data_end {
+            // Keep a window holding the record at `within` (one largest record fits).
+            let need = (RECORD_SIZE_MAX_BYTES as u64).min(data_end - within);
+            if window_at == u64::MAX
+                || within < window_at
+                || within + need > window_at + window.len() as u64
+            {
+                let len = (READ_BYTES as u64).min(data_end - within) as usize;
+                window.resize(len, 0);
+                segment.file.read_exact_at(&mut window, within)?;
+                window_at = within;
+            }
+            let at = (within - window_at) as usize;
+            let here = segment.start + within;
+            let rest = &window[at..];
+            let Some((size, magic)) = record::peek_header(rest) else {
+                if rest.iter().all(|&b| b == 0) {
+                    break 'records;
+                }
+                report.damaged(format!(
+                    "{here}: a partial record header at a segment's end"
+                ));
+                break 'records;
+            };
+            if size == 0 && magic == 0 {
+                // Zeros: the data ends here. Past here the segment must be zeros too.
+                if let Some(next) = next_valid(log, segment, within + 1, data_end)? {
+                    report.damaged(format!(
+                        "{here}..{}: {} bytes of zeros inside the log (records lost)",
+                        segment.start + next,
+                        next - within
+                    ));
+                    within = next;
+                    continue 'records;
+                }
+                ended_at = Some(here);
+                break 'records;
+            }
+            if magic == BLANK_MAGIC_CODE {
+                let exact =
+                    size >= record::BLANK_HEADER_BYTES as i32 && within + size as u64 == log.size;
+                if exact {
+                    break 'records;
+                }
+                report.damaged(format!(
+                    "{here}: a blank filler of {size} bytes that does not end its segment"
+                ));
+            } else if let Some(bytes) = rest.get(..usize::try_from(size).unwrap_or(usize::MAX)) {
+                match record::decode(bytes) {
+                    Ok(message) if message.physical_offset == here => {
+                        report.records += 1;
+                        report.record_bytes += size as u64;
+                        report.log_end = here + size as u64;
+                        within += size as u64;
+                        continue 'records;
+                    }
+                    Ok(message) => report.damaged(format!(
+                        "{here}: a record whose PHYSICALOFFSET reads {}",
+                        message.physical_offset
+                    )),
+                    Err(error) => report.damaged(format!("{here}: {error}")),
+                }
+            } else {
+                report.damaged(format!(
+                    "{here}: TOTALSIZE {size} runs past its segment or is not a size"
+                ));
+            }
+            // Damage: go on at the next valid record of this segment, if any.
+            match next_valid(log, segment, within + 1, data_end)? {
+                Some(next) => {
+                    report.findings.last_mut().into_iter().for_each(|f| {
+                        f.push_str(&format!(" (skipped to {})", segment.start + next))
+                    });
+                    within = next;
+                }
+                None => break 'records,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first position in `[from, end)` of `segment` where a valid record starts.
+fn next_valid(log: &Log, segment: &Segment, from: u64, end: u64) -> io::Result<Option<u64>> {
+    let mut pos = from;
+    let mut window = vec![0u8; READ_BYTES];
+    while pos < end {
+        let len = (READ_BYTES as u64).min(end - pos) as usize;
+        segment.file.read_exact_at(&mut window[..len], pos)?;
+        let mut at = 4usize;
+        while at + 4 <= len {
+            let Some(found) = memchr::memchr(0xDA, &window[at..len - 3]) else {
+                break;
+            };
+            let magic_at = at + found;
+            at = magic_at + 1;
+            let magic = i32::from_be_bytes(window[magic_at..magic_at + 4].try_into().unwrap());
+            if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
+                continue;
+            }
+            let candidate = pos + magic_at as u64 - 4;
+            if log.record_at(segment.start + candidate)?.is_some() {
+                return Ok(Some(candidate));
+            }
+        }
+        if pos + len as u64 >= end {
+            break;
+        }
+        pos += len as u64 - record::BLANK_HEADER_BYTES as u64;
+    }
+    Ok(None)
+}
+
+/// Step 2: every consume-queue unit.
+fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<()> {
+    let dir = root.join("consumequeue");
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    for topic_entry in fs::read_dir(&dir)? {
+        let topic_entry = topic_entry?;
+        let topic = topic_entry.file_name().to_string_lossy().into_owned();
+        for queue_entry in fs::read_dir(topic_entry.path())? {
+            let queue_entry = queue_entry?;
+            let queue_name = queue_entry.file_name().to_string_lossy().into_owned();
+            let Ok(queue_id) = queue_name.parse::<u32>() else {
+                report.notes.push(format!(
+                    "consumequeue/{topic}/{queue_name} is not a queue (ignored)"
+                ));
+                continue;
+            };
+            report.queues += 1;
+            check_queue(&queue_entry.path(), &topic, queue_id, log, report)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_queue(
+    dir: &Path,
+    topic: &str,
+    queue_id: u32,
+    log: &Log,
+    report: &mut VerifyReport,
+) -> io::Result<()> {
+    let unit_bytes = super::consume_queue::CQ_UNIT_BYTES;
+    let mut files = BTreeMap::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if let Some(start) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            files.insert(start, entry.path());
+        }
+    }
+    let mut hole_from: Option<u64> = None;
+    let mut seen_written = false;
+    let mut last_physical = 0u64;
+    for (start, path) in files {
+        if start % unit_bytes != 0 {
+            report.damaged(format!(
+                "{}: a name that is not a unit boundary",
+                path.display()
+            ));
+            continue;
+        }
+        let bytes = fs::read(&path)?;
+        for (i, unit) in bytes.chunks_exact(unit_bytes as usize).enumerate() {
+            let queue_offset = start / unit_bytes + i as u64;
+            let physical = u64::from_be_bytes(unit[0..8].try_into().unwrap());
+            let size = u32::from_be_bytes(unit[8..12].try_into().unwrap());
+            if size == 0 {
+                hole_from.get_or_insert(queue_offset);
+                continue;
+            }
+            let name = format!("{topic}/{queue_id} unit {queue_offset}");
+            if let Some(from) = hole_from.take() {
+                if seen_written {
+                    report.damaged(format!(
+                        "{topic}/{queue_id}: units {from}..{queue_offset} never written \
+                         between written ones"
+                    ));
+                }
+            }
+            seen_written = true;
+            if physical < last_physical {
+                report.damaged(format!(
+                    "{name}: commitlog offset {physical} goes backwards"
+                ));
+            }
+            last_physical = physical;
+            if physical < log.log_start() {
+                report.expired_units += 1;
+                continue;
+            }
+            if physical >= report.log_end {
+                report.units_past_end += 1;
+                continue;
+            }
+            report.units += 1;
+            match log.record_at(physical)? {
+                None => report.damaged(format!(
+                    "{name}: no valid record at commitlog offset {physical}"
+                )),
+                Some(record_bytes) => {
+                    let message = record::decode(&record_bytes).expect("checked by record_at");
+                    if message.total_size != size
+                        || message.topic != topic
+                        || message.queue_id != queue_id
+                        || message.queue_offset != queue_offset
+                    {
+                        report.damaged(format!(
+                            "{name} ({size} bytes at {physical}) points at the record of {}/{} \
+                             queue offset {} ({} bytes)",
+                            message.topic,
+                            message.queue_id,
+                            message.queue_offset,
+                            message.total_size
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Log {
+    fn log_start(&self) -> u64 {
+        self.segments.first().map_or(0, |s| s.start)
+    }
+}
+
+/// Step 3: every index file.
+fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<()> {
+    const HEADER: usize = 64;
+    const ENTRY: usize = 28;
+    let dir = root.join("index");
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let mut paths: Vec<PathBuf> = fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .collect();
+    paths.sort();
+    for path in paths {
+        report.index_files += 1;
+        let bytes = fs::read(&path)?;
+        let name = path.display();
+        if bytes.len() < HEADER || &bytes[0..4] != b"SMQI" {
+            report.damaged(format!("{name}: not an index file (header)"));
+            continue;
+        }
+        let field = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let (slots, capacity, entries) = (field(8), field(12), field(16));
+        let entries_at = HEADER + slots * 4;
+        if entries > capacity || entries_at + capacity * ENTRY > bytes.len() {
+            report.damaged(format!(
+                "{name}: {entries} entries of {capacity}, {slots} slots do not fit its {} bytes",
+                bytes.len()
+            ));
+            continue;
+        }
+        for slot in 0..slots {
+            let head = field(HEADER + slot * 4);
+            if head > entries {
+                report.damaged(format!(
+                    "{name}: slot {slot} names entry {head} of {entries}"
+                ));
+            }
+        }
+        let mut previous_offset = 0u64;
+        for number in 1..=entries {
+            let at = entries_at + (number - 1) * ENTRY;
+            let physical = u64::from_be_bytes(bytes[at + 8..at + 16].try_into().unwrap());
+            let link = u32::from_be_bytes(bytes[at + 24..at + 28].try_into().unwrap()) as usize;
+            report.index_entries += 1;
+            if link >= number {
+                report.damaged(format!("{name}: entry {number} links forward to {link}"));
+            }
+            if physical < previous_offset {
+                report.damaged(format!(
+                    "{name}: entry {number} goes back to offset {physical}"
+                ));
+            }
+            previous_offset = physical;
+            if physical >= log.log_start()
+                && physical < report.log_end
+                && log.record_at(physical)?.is_none()
+            {
+                report.damaged(format!(
+                    "{name}: entry {number} points at {physical}, where no valid record starts"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Step 4: the config files and the checkpoint parse.
+fn check_config(root: &Path, report: &mut VerifyReport) {
+    let mut paths = vec![root.join("checkpoint")];
+    if let Ok(entries) = fs::read_dir(root.join("config")) {
+        for entry in entries.flatten() {
+            paths.push(entry.path());
+        }
+    }
+    for path in paths {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        if name.ends_with(".tmp") {
+            report.notes.push(format!(
+                "{} is a leftover of an interrupted write (the file beside it is the one read)",
+                path.display()
+            ));
+            continue;
+        }
+        let Ok(text) = fs::read(&path) else {
+            if name != "checkpoint" {
+                report.damaged(format!("{}: unreadable", path.display()));
+            } else {
+                report
+                    .notes
+                    .push("no checkpoint: the next start scans the whole log".into());
+            }
+            continue;
+        };
+        if !name.ends_with(".json") && name != "checkpoint" {
+            continue;
+        }
+        report.config_files += 1;
+        match serde_json::from_slice::<serde_json::Value>(&text) {
+            Ok(value) => {
+                if name == "checkpoint"
+                    && value.get("clean") == Some(&serde_json::Value::Bool(false))
+                {
+                    report.notes.push(
+                        "the checkpoint says the store was not stopped cleanly: recovery cuts \
+                         what follows the last durable record"
+                            .into(),
+                    );
+                }
+            }
+            Err(error) => report.damaged(format!("{}: not JSON: {error}", path.display())),
+        }
+    }
+}

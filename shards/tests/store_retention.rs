@@ -1,0 +1,181 @@
+//! Retention: deleting sealed segments moves every queue's minimum, drops the consume-queue
+//! and index files behind it, and survives restarts and crashes in between.
+
+mod store_support;
+
+use std::path::Path;
+
+use shards::store::{FlushMode, GetStatus, Store};
+use shards::{CommitLogOffset, QueueId, QueueOffset};
+use store_support::*;
+
+const SEGMENT: u64 = 64 << 10;
+const MESSAGES: u64 = 600;
+
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| entries.count())
+}
+
+fn segment_files(dir: &Path) -> usize {
+    files_in(&dir.join("commitlog"))
+}
+
+/// Appends MESSAGES of ~1 KiB over two queues and waits until they are durable.
+async fn fill(store: &Store) {
+    let mut last = CommitLogOffset(0);
+    for i in 0..MESSAGES {
+        last = append(store, "T", (i % 2) as u32, i, 1000, "tag").end_offset;
+    }
+    store.wait_durable(last).await.unwrap();
+}
+
+async fn delete_all_sealed(store: &Store) -> usize {
+    let mut deleted = 0;
+    while let Some(segment) = store.oldest_sealed_segment() {
+        assert!(segment.end.0 <= store.durable_offset().0);
+        let done = store.delete_oldest_segment(segment).await.unwrap();
+        let done = done.expect("the oldest sealed segment goes");
+        assert_eq!(done.start, segment.start);
+        deleted += 1;
+    }
+    deleted
+}
+
+async fn check_minimum_moved(store: &Store) -> (u64, u64) {
+    let min_physical = store.min_physical_offset().0;
+    let mut mins = (0, 0);
+    for queue in 0..2u32 {
+        let min = store.min_queue_offset("T", QueueId(queue)).0;
+        let max = store.max_queue_offset("T", QueueId(queue)).0;
+        assert!(min > 0 && min <= max, "queue {queue}: min {min} max {max}");
+        // Below the minimum: OffsetTooSmall, pointing at the minimum.
+        let below = store
+            .get_messages("T", QueueId(queue), QueueOffset(0), 32, 1 << 20, &|_| true)
+            .await
+            .unwrap();
+        assert_eq!(below.status, GetStatus::OffsetTooSmall);
+        assert_eq!(below.next_begin_offset.0, min);
+        // From the minimum: every message still held, the first one at or past the
+        // commitlog's first offset.
+        let unit = store
+            .queue_unit("T", QueueId(queue), QueueOffset(min))
+            .unwrap()
+            .expect("the minimum is held");
+        assert!(unit.0 .0 >= min_physical);
+        if min > 0 {
+            assert!(store
+                .queue_unit("T", QueueId(queue), QueueOffset(min - 1))
+                .unwrap()
+                .is_none());
+        }
+        let bodies = pull_all(store, "T", queue, min).await;
+        assert_eq!(bodies.len() as u64, max - min);
+        for (k, body) in bodies.iter().enumerate() {
+            let i = (min + k as u64) * 2 + u64::from(queue);
+            assert_eq!(body, &body_of(i, 1000));
+        }
+        if queue == 0 {
+            mins.0 = min;
+        } else {
+            mins.1 = min;
+        }
+    }
+    mins
+}
+
+#[test]
+fn deleting_sealed_segments_moves_each_queues_minimum() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mins, segments_before) = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        fill(&store).await;
+        let before = segment_files(dir.path());
+        let queue_files = files_in(&dir.path().join("consumequeue/T/0"));
+        assert!(queue_files >= 4, "units_per_file 64: {queue_files} files");
+        let deleted = delete_all_sealed(&store).await;
+        assert!(deleted >= 5, "{deleted} of {before} segments deleted");
+        // No file is left below the commitlog's new start (files ahead are allocated space).
+        let min_physical = store.min_physical_offset().0;
+        assert_eq!(min_physical, deleted as u64 * SEGMENT);
+        let below = std::fs::read_dir(dir.path().join("commitlog"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_str().unwrap().parse::<u64>().unwrap() < min_physical
+            })
+            .count();
+        assert_eq!(below, 0);
+        assert!(files_in(&dir.path().join("consumequeue/T/0")) < queue_files);
+        assert!(store.stats().segments_deleted >= 5);
+        let mins = check_minimum_moved(&store).await;
+        // The active segment and everything after it stay.
+        assert!(store.oldest_sealed_segment().is_none());
+        store.close().await.unwrap();
+        (mins, before)
+    });
+    assert!(segments_before > 0);
+    // A clean restart finds the same minimums.
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(check_minimum_moved(&store).await, mins);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn a_crash_between_a_segments_deletion_and_its_queues_is_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        fill(&store).await;
+        store.close().await.unwrap();
+    });
+    // The segments go as if retention had removed them and the node died before the queues
+    // followed: every consume-queue file is still there.
+    let mut starts: Vec<u64> = std::fs::read_dir(dir.path().join("commitlog"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    starts.sort_unstable();
+    for start in &starts[..4] {
+        std::fs::remove_file(dir.path().join("commitlog").join(format!("{start:020}"))).unwrap();
+    }
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        assert_eq!(store.min_physical_offset().0, starts[4]);
+        check_minimum_moved(&store).await;
+        // Appends go on after the repair.
+        let more = append(&store, "T", 0, MESSAGES * 2, 1000, "tag");
+        store.wait_durable(more.end_offset).await.unwrap();
+        assert_eq!(
+            more.queue_offset.0,
+            store.max_queue_offset("T", QueueId(0)).0 - 1
+        );
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn the_active_segment_is_never_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Async, SEGMENT))
+            .await
+            .unwrap();
+        // Less than a segment: nothing is sealed.
+        for i in 0..20 {
+            append(&store, "T", 0, i, 1000, "tag");
+        }
+        assert!(store.oldest_sealed_segment().is_none());
+        store.close().await.unwrap();
+    });
+}

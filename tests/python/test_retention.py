@@ -1,0 +1,224 @@
+"""Retention on a small filesystem (real binary, a loop-mounted ext4 made here, the real C++
+client): a producer writes five times the filesystem's size while segments past
+fileReservedTime are deleted behind it; disk use stays under the warning ratio and no send is
+refused; a consumer that kept up receives everything; a consumer group that fell behind is
+moved to each queue's minimum by the C++ client's own handling of PULL_OFFSET_MOVED and
+receives everything from there, nothing twice.
+"""
+
+import os
+import threading
+import time
+
+import remoting
+from mq import Collector, make_consumer, unique, wait_for_keys, wait_until
+from smallfs import small_filesystem
+
+FS_MIB = 512
+SEGMENT_MIB = 64
+BODY_BYTES = 64 * 1024
+QUEUES = 2
+SHARDS = 1  # each shard holds an active and a preallocated segment: 128 MiB of 512
+WRITE_FACTOR = 5  # bytes written / filesystem size
+LAGGARD_MESSAGES = 200
+LEAD_MAX = 100  # messages the producer may be ahead of the consumer that keeps up
+WARNING_RATIO = 0.90
+GET_MIN_OFFSET = 31
+CONSUME_TIMEOUT_S = 180
+EVERY_HOUR = ";".join(str(hour) for hour in range(24))
+RETENTION_ARGS = [
+    "--allocation-window-mib", "64",
+    "--fileReservedTime", "0.0003",  # about a second
+    "--deleteWhen", EVERY_HOUR,
+    "--cleanResourceInterval", "1000",
+]
+KEEP_ALL_ARGS = ["--allocation-window-mib", "64", "--cleanFileForciblyEnable", "false"]
+
+
+def used_ratio(path):
+    """df's Use%, as the broker computes it."""
+    stat = os.statvfs(path)
+    used = stat.f_blocks - stat.f_bfree
+    return used / float(used + stat.f_bavail)
+
+
+class DiskWatch(threading.Thread):
+    """Samples the filesystem's used ratio every 50 ms; keeps the highest."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path = path
+        self.highest = 0.0
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.is_set():
+            self.highest = max(self.highest, used_ratio(self.path))
+            time.sleep(0.05)
+
+
+def properties(key):
+    return "KEYS\x01{k}\x02TAGS\x01TagA\x02test_key\x01{k}\x02".format(k=key)
+
+
+def body_of(key):
+    return (key.encode() + b" ") * (BODY_BYTES // (len(key) + 1))
+
+
+def min_offset(address, topic, queue_id):
+    with remoting.RemotingClient.connect(address) as client:
+        response = client.call(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
+    assert response.code == remoting.SUCCESS, response
+    return int(response.ext["offset"])
+
+
+class Producer:
+    """Raw sends over every shard and queue in turn; remembers where each key went."""
+
+    def __init__(self, node, topic, run):
+        self.clients = [remoting.RemotingClient.connect(a) for a in node.broker_addrs]
+        self.topic = topic
+        self.run = run
+        self.placed = {}  # key -> (shard, queue id, queue offset)
+        self.sent = 0
+        self.refused = []
+
+    def send(self):
+        key = "ret-{}-{:07d}".format(self.run, self.sent)
+        shard = self.sent % len(self.clients)
+        queue_id = (self.sent // len(self.clients)) % QUEUES
+        response = self.clients[shard].call(
+            remoting.SEND_MESSAGE,
+            remoting.send_message_ext(self.topic, queue_id, properties(key)),
+            body=body_of(key), timeout_s=30)
+        self.sent += 1
+        if response.code != remoting.SUCCESS:
+            self.refused.append(response)
+            return
+        self.placed[key] = (shard, int(response.ext["queueId"]), int(response.ext["queueOffset"]))
+
+    def close(self):
+        for client in self.clients:
+            client.close()
+
+
+def wait_registered(node, group):
+    for address in node.broker_addrs:
+        wait_until(lambda: remoting.consumer_ids(address, group), 45, interval_s=0.2,
+                   message="{} to register on {}".format(group, address))
+
+
+def committed_total(node, group, topic):
+    total = 0
+    for address in node.broker_addrs:
+        for queue_id in range(QUEUES):
+            total += remoting.query_consumer_offset(address, group, topic, queue_id) or 0
+    return total
+
+
+def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shardmq_factory):
+    with small_filesystem(FS_MIB) as mount_point:
+        data_dir = os.path.join(mount_point, "data")
+        node = shardmq_factory(data_dir=data_dir, segment_size_mib=SEGMENT_MIB, shards=SHARDS,
+                               extra_args=RETENTION_ARGS)
+        keeper = laggard = None
+        producer = None
+        watch = DiskWatch(mount_point)
+        try:
+            topic = unique("Tret")
+            assert remoting.create_topic(node.broker_addr(0), topic, QUEUES).code == 0
+            run = unique("r")
+            keeper_seen = Collector("kept up")
+            laggard_seen = Collector("laggard")
+            keeper_group, laggard_group = unique("cg_keep"), unique("cg_lag")
+            keeper = make_consumer(node.namesrv_addr, topic, keeper_seen, group=keeper_group)
+            laggard = make_consumer(node.namesrv_addr, topic, laggard_seen, group=laggard_group)
+            wait_registered(node, keeper_group)
+            wait_registered(node, laggard_group)
+
+            # The laggard reads the first messages, commits, and goes away.
+            producer = Producer(node, topic, run)
+            while producer.sent < LAGGARD_MESSAGES:
+                producer.send()
+            first = list(producer.placed)
+            wait_for_keys([laggard_seen], first, 60, label="first messages (laggard)")
+            wait_until(lambda: committed_total(node, laggard_group, topic) >= len(first), 30,
+                       interval_s=0.5, message="the laggard to commit its offsets")
+            laggard.shutdown()
+            laggard = None
+
+            # Five times the filesystem, never far ahead of the consumer that keeps up.
+            watch.start()
+            total = WRITE_FACTOR * (FS_MIB << 20) // BODY_BYTES
+            started = time.monotonic()
+            while producer.sent < total and not producer.refused:
+                while len(producer.placed) - keeper_seen.count_distinct() > LEAD_MAX:
+                    time.sleep(0.002)
+                producer.send()
+            elapsed = time.monotonic() - started
+            wait_for_keys([keeper_seen], producer.placed, CONSUME_TIMEOUT_S,
+                          label="messages (consumer that kept up)")
+            watch.stopping.set()
+            watch.join()
+            written_mib = (producer.sent * BODY_BYTES) >> 20
+            print("wrote {} MiB ({:.1f}x the filesystem) in {:.1f} s; disk at most {:.1%} used"
+                  .format(written_mib, written_mib / FS_MIB, elapsed, watch.highest))
+            assert not producer.refused, "sends refused: {!r}".format(producer.refused[:3])
+            assert watch.highest < WARNING_RATIO, "disk reached {:.1%}".format(watch.highest)
+            snapshot = keeper_seen.snapshot()
+            twice = sorted(k for k, got in snapshot.items() if len(got) > 1)
+            assert not twice, "the consumer that kept up got {} twice, e.g. {}".format(
+                len(twice), twice[:5])
+            assert not keeper_seen.errors, keeper_seen.errors[:3]
+            for key, got in snapshot.items():
+                assert got[0].body == body_of(key), key
+
+            # From here nothing is deleted; the minimums stay where retention left them.
+            placed = producer.placed
+            producer.close()
+            producer = None
+            node.extra_args = KEEP_ALL_ARGS
+            node.restart()
+            with open(node.log_path) as log:
+                deletions = log.read().count("retention deleted commitlog segment")
+            minimums = {}
+            for shard, address in enumerate(node.broker_addrs):
+                for queue_id in range(QUEUES):
+                    minimums[(shard, queue_id)] = min_offset(address, topic, queue_id)
+            print("{} segments deleted; queue minimums {}".format(deletions, minimums))
+            assert deletions >= 10, "only {} segments deleted".format(deletions)
+            assert all(m > 0 for m in minimums.values()), minimums
+            committed = {}
+            for shard, address in enumerate(node.broker_addrs):
+                for queue_id in range(QUEUES):
+                    committed[(shard, queue_id)] = remoting.query_consumer_offset(
+                        address, laggard_group, topic, queue_id) or 0
+            assert any(committed[q] < minimums[q] for q in minimums), (
+                "the laggard was not behind any minimum: {} vs {}".format(committed, minimums))
+
+            # The laggard comes back: it gets PULL_OFFSET_MOVED below the minimum, its client
+            # moves there, and it receives exactly what is still held past its position.
+            expected = sorted(
+                key for key, (shard, queue_id, offset) in placed.items()
+                if offset >= max(minimums[(shard, queue_id)], committed[(shard, queue_id)]))
+            back_seen = Collector("laggard again")
+            laggard = make_consumer(node.namesrv_addr, topic, back_seen, group=laggard_group)
+            wait_for_keys([back_seen], expected, CONSUME_TIMEOUT_S,
+                          label="messages past the minimum (laggard)")
+            time.sleep(2)  # nothing else may trail in
+            got = back_seen.snapshot()
+            unexpected = sorted(set(got) - set(expected))
+            assert not unexpected, "{} messages below the minimum or already consumed, e.g. " \
+                "{}".format(len(unexpected), unexpected[:5])
+            twice = sorted(k for k, items in got.items() if len(items) > 1)
+            assert not twice, "the laggard got {} twice, e.g. {}".format(len(twice), twice[:5])
+            print("the laggard received the {} messages past the minimums".format(len(expected)))
+        finally:
+            watch.stopping.set()
+            if producer is not None:
+                producer.close()
+            for consumer in (keeper, laggard):
+                if consumer is not None:
+                    consumer.shutdown()
+            if node.is_running():
+                node.stop()
