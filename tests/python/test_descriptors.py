@@ -9,6 +9,9 @@ import remoting
 from mq import create_topic
 
 IDLE_CONNECTIONS = 1500
+# The memory budget of an idle connection (docs/design.md, "Memory budget of a shard"):
+# measured ~6 KiB of RSS each; 64 KiB each before its read buffer started small.
+IDLE_CONNECTION_BUDGET_BYTES = 16 * 1024
 FLOOD_CONNECTIONS = 300
 SENDS = 50
 CHECKPOINTS_WAIT_S = 2.5  # a couple of checkpoints (every second) under the connection load
@@ -29,6 +32,14 @@ def open_idle(address, count):
     return sockets
 
 
+def rss_bytes(pid):
+    with open("/proc/{}/status".format(pid)) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for {}".format(pid))
+
+
 def send_many(address, topic, count, run):
     with remoting.RemotingClient.connect(address) as client:
         for index in range(count):
@@ -46,8 +57,14 @@ def test_the_open_file_limit_is_raised_and_idle_connections_do_not_poison_stores
     output = node.log_tail()
     assert "raised the open-file limit (RLIMIT_NOFILE) from 1024 to 8192" in output, output
     topic = create_topic(node, "Tfd", queue_nums=2)
+    before = rss_bytes(node.process.pid)
     idle = open_idle(node.broker_addr(0), IDLE_CONNECTIONS)
     try:
+        time.sleep(1)  # every connection accepted and its reader waiting
+        per_connection = (rss_bytes(node.process.pid) - before) / IDLE_CONNECTIONS
+        print("RSS per idle connection: {:.0f} bytes (budget {})".format(
+            per_connection, IDLE_CONNECTION_BUDGET_BYTES))
+        assert per_connection <= IDLE_CONNECTION_BUDGET_BYTES, per_connection
         send_many(node.broker_addr(0), topic, SENDS, "a")
         time.sleep(CHECKPOINTS_WAIT_S)
         send_many(node.broker_addr(0), topic, SENDS, "b")
