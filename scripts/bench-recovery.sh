@@ -39,7 +39,7 @@ for gib in $SIZES; do
         >"$dir/fill.log" 2>&1 &
     pid=$!
     sleep 2
-    messages=$(( gib * 1024 * 1024 * 1024 / 1200 ))
+    messages=$(( gib * 1024 * 1024 * 1024 / 1200 / 32 * 32 ))
     "$BIN/shardmq-bench" producer --namesrv 127.0.0.1:$NS_PORT --topic BenchRecovery \
         --queues 8 --batch 32 --messages "$messages" --no-progress 2>&1 | grep Throughput
     kill -TERM $pid

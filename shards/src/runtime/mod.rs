@@ -23,6 +23,7 @@ use crate::mesh::Mesh;
 use crate::ShardId;
 
 pub mod fs;
+pub mod read_ahead;
 pub mod wake;
 pub mod workarounds;
 

@@ -33,6 +33,7 @@ use std::io;
 use std::path::Path;
 
 use crate::runtime::fs::DirectFile;
+use crate::runtime::read_ahead::ReadAhead;
 use crate::runtime::workarounds;
 
 use super::checkpoint::{self, Checkpoint};
@@ -279,6 +280,10 @@ struct Damage {
 }
 
 /// Step 2 and the re-dispatch of step 3. Returns the end of the valid log.
+///
+/// Each segment is read ahead of the checks on a helper thread (`runtime::read_ahead`), so
+/// the disk and the shard work at once; a record crossing two chunks is put together in
+/// front of the second one.
 async fn scan(
     segments: &Segments,
     config: &StoreConfig,
@@ -288,63 +293,97 @@ async fn scan(
     damage: &mut Damage,
 ) -> Result<u64, StoreError> {
     let size = config.segment_size_bytes;
+    let progress = &config.progress;
     let mut pos = from;
-    'windows: loop {
-        let Some((segment, file)) = segments.file_for(pos) else {
+    'segments: loop {
+        let Some((segment, _)) = segments.file_for(pos) else {
             return Ok(pos);
         };
         let segment_end = segment + size;
-        let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
-        let mut window = vec![0u8; len];
-        file.read_exact_at(pos - segment, &mut window).await?;
-        let progress = &config.progress;
-        progress.step();
-        progress.scanned_bytes.set(pos + len as u64 - from);
-        let mut at = 0usize;
+        let read_from = align_down(pos - segment, BLOCK_BYTES);
+        let mut ahead = ReadAhead::start(
+            &segments.path_of(segment),
+            read_from,
+            size,
+            RECORD_SIZE_MAX_BYTES,
+        )?;
+        // Bytes from `pos` up to the next chunk that the last one left unfinished.
+        let mut carry: Vec<u8> = Vec::new();
+        let mut skip = (pos - segment - read_from) as usize;
         loop {
-            let here = pos + at as u64;
-            if here == segment_end {
-                break;
-            }
-            let bad = match classify(&window[at..], here, segment_end) {
-                Found::Record(record_size) => {
-                    let bytes = &window[at..at + record_size];
-                    if dispatch(bytes, here, config, rebuilt)? {
-                        at += record_size;
-                        continue;
-                    }
-                    true
-                }
-                Found::Blank => {
-                    at = (segment_end - pos) as usize;
+            let mut chunk = match ahead.next_chunk() {
+                Some(chunk) => chunk?,
+                // The range ended (a short segment file): what is left ends the log here.
+                None => return Ok(pos),
+            };
+            progress.step();
+            progress
+                .scanned_bytes
+                .set(segment + chunk.pos + chunk.len as u64 - from);
+            // The open's watch prints progress lines meanwhile (`next_chunk` above blocks).
+            crate::runtime::yield_now().await;
+            let window_all = chunk.with_front(&carry);
+            let window = &window_all[skip..];
+            skip = 0;
+            let window_end = pos + window.len() as u64;
+            let mut at = 0usize;
+            let mut next_chunk = false;
+            loop {
+                let here = pos + at as u64;
+                if here == segment_end {
                     break;
                 }
-                Found::NeedMore if at > 0 => break,
-                Found::NeedMore | Found::End => true,
-            };
-            debug_assert!(bad);
-            let blank_end = window[at..].iter().all(|&b| b == 0) && here >= durable_mark;
-            if blank_end {
-                return Ok(here);
-            }
-            match past_damage(segments, size, here, durable_mark).await? {
-                Some(next) => {
-                    log::error!(
-                        "store {}: damaged commitlog at offsets {here}..{next} ({} bytes, \
-                         inside the log, not a torn tail): the records there are lost; \
-                         recovery goes on after them; run `shardmq verify` to see the rest",
-                        config.root_dir.display(),
-                        next - here
-                    );
-                    damage.regions += 1;
-                    damage.bytes += next - here;
-                    pos = next;
-                    continue 'windows;
+                let bad = match classify(&window[at..], here, segment_end) {
+                    Found::Record(record_size) => {
+                        let bytes = &window[at..at + record_size];
+                        if dispatch(bytes, here, config, rebuilt)? {
+                            at += record_size;
+                            continue;
+                        }
+                        true
+                    }
+                    Found::Blank => {
+                        at = (segment_end - pos) as usize;
+                        break;
+                    }
+                    Found::NeedMore if window_end < segment_end => {
+                        next_chunk = true;
+                        break;
+                    }
+                    Found::NeedMore | Found::End => true,
+                };
+                debug_assert!(bad);
+                let blank_end = window[at..].iter().all(|&b| b == 0) && here >= durable_mark;
+                if blank_end {
+                    return Ok(here);
                 }
-                None => return Ok(here),
+                match past_damage(segments, size, here, durable_mark).await? {
+                    Some(next) => {
+                        log::error!(
+                            "store {}: damaged commitlog at offsets {here}..{next} ({} bytes, \
+                             inside the log, not a torn tail): the records there are lost; \
+                             recovery goes on after them; run `shardmq verify` to see the rest",
+                            config.root_dir.display(),
+                            next - here
+                        );
+                        damage.regions += 1;
+                        damage.bytes += next - here;
+                        pos = next;
+                        continue 'segments;
+                    }
+                    None => return Ok(here),
+                }
             }
+            if next_chunk {
+                carry = window[at..].to_vec();
+                pos += at as u64;
+                ahead.recycle(chunk);
+                continue;
+            }
+            // The segment is done (its end, or a blank filler): on to the next one.
+            pos = segment_end;
+            continue 'segments;
         }
-        pos += at as u64;
     }
 }
 
