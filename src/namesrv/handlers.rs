@@ -192,22 +192,41 @@ impl NamesrvHandler {
             let table = body.topic_config_table;
             (table.topics.into_values().collect(), table.data_version)
         };
+        let broker_id = ext.required_i64("brokerId")?;
         let registration = BrokerRegistration {
             cluster_name: ext.required("clusterName")?.to_string(),
             broker_name: ext.required("brokerName")?.to_string(),
             broker_addr: ext.required("brokerAddr")?.to_string(),
-            broker_id: ext.required_i64("brokerId")?.max(0) as u64,
+            broker_id: u64::try_from(broker_id).map_err(|_| {
+                RequestError::InvalidParameter(format!(
+                    "brokerId {broker_id} is negative: 0 is a master, more a slave"
+                ))
+            })?,
             ha_server_addr: ext.get("haServerAddr").unwrap_or_default().to_string(),
             heartbeat_timeout_ms: ext.optional_i64("heartbeatTimeoutMillis")?.unwrap_or(0),
             data_version,
             topics,
             received_at_ms: now_ms(),
+            peer_ip: Some(connection.peer.ip()),
         };
+        validate_registration(&registration)?;
+        if let Some(conflict) = self
+            .table
+            .borrow()
+            .registration_conflict(&registration, registration.received_at_ms)
+        {
+            log::warn!(
+                "namesrv: registration from {} refused: {conflict}",
+                connection.peer
+            );
+            return Err(RequestError::NoPermission(conflict));
+        }
         let unregister = RouteUpdate::Unregister {
             cluster_name: registration.cluster_name.clone(),
             broker_name: registration.broker_name.clone(),
             broker_addr: registration.broker_addr.clone(),
             broker_id: registration.broker_id,
+            peer_ip: registration.peer_ip,
         };
         let (broker_name, broker_id) = (registration.broker_name.clone(), registration.broker_id);
         let ha_server_addr = registration.ha_server_addr.clone();
@@ -251,6 +270,7 @@ impl NamesrvHandler {
             broker_name: ext.required("brokerName")?.to_string(),
             broker_addr: ext.required("brokerAddr")?.to_string(),
             broker_id: ext.required_i64("brokerId")?.max(0) as u64,
+            peer_ip: Some(connection.peer.ip()),
         };
         if let Some(registered) = self
             .registered_by_connection
@@ -358,6 +378,68 @@ impl NamesrvHandler {
             self.apply(update);
         }
     }
+}
+
+/// Longest cluster or broker name a namesrv takes (RocketMQ's names are short; this bounds
+/// what a stranger can make every replica hold).
+pub const BROKER_NAME_MAX_CHARS: usize = 255;
+
+/// A name of a cluster or broker: not blank, bounded, letters, digits and `-_.%|:`.
+fn validate_broker_name(kind: &str, name: &str) -> Result<(), RequestError> {
+    let valid =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '%' | '|' | ':');
+    if name.is_empty() || name.len() > BROKER_NAME_MAX_CHARS || !name.chars().all(valid) {
+        let shown: String = name.chars().take(64).collect();
+        return Err(RequestError::InvalidParameter(format!(
+            "{kind} {shown:?}{} is not a valid name: 1 to {BROKER_NAME_MAX_CHARS} letters, \
+             digits or -_.%|:",
+            if name.chars().count() > 64 { "…" } else { "" }
+        )));
+    }
+    Ok(())
+}
+
+/// An address a client can connect to: `host:port`, a port of 1 to 65535, a host of letters,
+/// digits, `.`, `-` or `:` (IPv6), at most 255 characters.
+fn validate_address(kind: &str, addr: &str) -> Result<(), RequestError> {
+    let invalid = || {
+        let shown: String = addr.chars().take(64).collect();
+        RequestError::InvalidParameter(format!(
+            "{kind} {shown:?} is not an address: want host:port"
+        ))
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(invalid)?;
+    let host_ok = !host.is_empty()
+        && addr.len() <= 255
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+    if host_ok && port_ok {
+        Ok(())
+    } else {
+        Err(invalid())
+    }
+}
+
+/// What a namesrv checks in every registration before any replica takes it: the names, the
+/// addresses, and every topic name (as a broker checks a topic it creates).
+fn validate_registration(registration: &BrokerRegistration) -> Result<(), RequestError> {
+    validate_broker_name("clusterName", &registration.cluster_name)?;
+    validate_broker_name("brokerName", &registration.broker_name)?;
+    validate_address("brokerAddr", &registration.broker_addr)?;
+    if !registration.ha_server_addr.is_empty() {
+        validate_address("haServerAddr", &registration.ha_server_addr)?;
+    }
+    for topic in &registration.topics {
+        crate::broker::state::topics::validate_topic_name(&topic.topic_name).map_err(|error| {
+            RequestError::InvalidParameter(format!(
+                "topic {:?} of the registration: {error}",
+                topic.topic_name.chars().take(64).collect::<String>()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 fn same_broker(a: &RouteUpdate, b: &RouteUpdate) -> bool {

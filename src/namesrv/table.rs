@@ -23,6 +23,8 @@ pub struct BrokerRegistration {
     pub topics: Vec<TopicConfig>,
     /// When it was received (ms since the epoch), the replica's ordering stamp.
     pub received_at_ms: i64,
+    /// The IP address the registration came from (None: not known).
+    pub peer_ip: Option<std::net::IpAddr>,
 }
 
 /// A change to the route table, as applied locally and broadcast to the other replicas.
@@ -34,6 +36,8 @@ pub enum RouteUpdate {
         broker_name: String,
         broker_addr: String,
         broker_id: u64,
+        /// Who asks: a live broker registered from another IP address stays (None: anyone).
+        peer_ip: Option<std::net::IpAddr>,
     },
     PutKv {
         namespace: String,
@@ -57,6 +61,7 @@ struct LiveBroker {
     last_update_ms: i64,
     timeout_ms: i64,
     data_version: DataVersion,
+    peer_ip: Option<std::net::IpAddr>,
 }
 
 /// The replica.
@@ -83,7 +88,8 @@ impl RouteTable {
                 broker_addr,
                 broker_id,
                 cluster_name,
-            } => self.unregister(cluster_name, broker_name, broker_addr, *broker_id),
+                peer_ip,
+            } => self.unregister(cluster_name, broker_name, broker_addr, *broker_id, *peer_ip),
             RouteUpdate::PutKv {
                 namespace,
                 key,
@@ -153,11 +159,24 @@ impl RouteTable {
                 last_update_ms: registration.received_at_ms,
                 timeout_ms,
                 data_version: registration.data_version.clone(),
+                peer_ip: registration.peer_ip,
             },
         );
     }
 
-    fn unregister(&mut self, cluster: &str, broker_name: &str, broker_addr: &str, broker_id: u64) {
+    fn unregister(
+        &mut self,
+        cluster: &str,
+        broker_name: &str,
+        broker_addr: &str,
+        broker_id: u64,
+        peer_ip: Option<std::net::IpAddr>,
+    ) {
+        if let (Some(live), Some(asking)) = (self.live.get(broker_addr), peer_ip) {
+            if live.peer_ip.is_some_and(|registrant| registrant != asking) {
+                return; // not the registrant's to remove
+            }
+        }
         self.live.remove(broker_addr);
         let mut name_gone = false;
         if let Some((_, addrs)) = self.brokers.get_mut(broker_name) {
@@ -214,7 +233,7 @@ impl RouteTable {
             .collect();
         for (addr, live) in &expired {
             let id = self.broker_id_of(&live.broker_name, addr).unwrap_or(0);
-            self.unregister(&live.cluster_name, &live.broker_name, addr, id);
+            self.unregister(&live.cluster_name, &live.broker_name, addr, id, None);
         }
         expired.into_iter().map(|(addr, _)| addr).collect()
     }
@@ -305,6 +324,52 @@ impl RouteTable {
         self.live.get(broker_addr).map(|live| &live.data_version)
     }
 
+    /// Why `registration` may not replace what a live broker registered (None: it may): the
+    /// name and id are held by a live broker at another address, or the address by a live
+    /// broker of another name or registered from another IP address. An expired or
+    /// unregistered broker's place is free.
+    pub fn registration_conflict(
+        &self,
+        registration: &BrokerRegistration,
+        now_ms: i64,
+    ) -> Option<String> {
+        let alive = |addr: &str| {
+            self.live
+                .get(addr)
+                .filter(|live| now_ms - live.last_update_ms <= live.timeout_ms)
+        };
+        let name = &registration.broker_name;
+        let id = registration.broker_id;
+        let addr = &registration.broker_addr;
+        if let Some((_, addrs)) = self.brokers.get(name) {
+            if let Some(held) = addrs.get(&id).filter(|held| *held != addr) {
+                if let Some(live) = alive(held) {
+                    return Some(format!(
+                        "broker {name} id {id} is registered at {held} and alive (last \
+                         registration {} ms ago); a registration of {addr} under that name \
+                         and id is refused until it unregisters or expires",
+                        now_ms - live.last_update_ms
+                    ));
+                }
+            }
+        }
+        let live = alive(addr)?;
+        if live.broker_name != *name {
+            return Some(format!(
+                "{addr} is registered as broker {} and alive; it cannot register as {name} \
+                 until that one unregisters or expires",
+                live.broker_name
+            ));
+        }
+        match (live.peer_ip, registration.peer_ip) {
+            (Some(registrant), Some(asking)) if registrant != asking => Some(format!(
+                "broker {name} at {addr} is registered from {registrant} and alive; a \
+                 registration from {asking} is refused until it unregisters or expires"
+            )),
+            _ => None,
+        }
+    }
+
     pub fn master_addr_of(&self, broker_name: &str) -> Option<&str> {
         self.brokers.get(broker_name)?.1.get(&0).map(String::as_str)
     }
@@ -329,6 +394,7 @@ mod tests {
             broker_id: 0,
             ha_server_addr: String::new(),
             heartbeat_timeout_ms: 0,
+            peer_ip: None,
             data_version: DataVersion {
                 counter: 1,
                 state_version: 0,
@@ -387,6 +453,37 @@ mod tests {
     }
 
     #[test]
+    fn a_live_brokers_name_and_address_are_its_own() {
+        let ip = |last: u8| Some(std::net::IpAddr::from([127, 0, 0, last]));
+        let mut table = RouteTable::default();
+        let mut real = registration("b-0", "a:1", &["T"], 1_000);
+        real.peer_ip = ip(1);
+        table.apply(&RouteUpdate::Register(real.clone()));
+        let mut other_addr = registration("b-0", "x:1", &["T"], 1_100);
+        other_addr.peer_ip = ip(2);
+        assert!(table.registration_conflict(&other_addr, 1_100).is_some());
+        let mut spoof = real.clone();
+        spoof.peer_ip = ip(2);
+        assert!(table.registration_conflict(&spoof, 1_100).is_some());
+        assert!(table.registration_conflict(&real, 1_100).is_none());
+        // Expired, the place is free.
+        let later = 1_000 + BROKER_EXPIRY_MS_DEFAULT + 1;
+        assert!(table.registration_conflict(&other_addr, later).is_none());
+        // Only its registrant's address removes it.
+        let unregister = |peer_ip| RouteUpdate::Unregister {
+            cluster_name: "DefaultCluster".into(),
+            broker_name: "b-0".into(),
+            broker_addr: "a:1".into(),
+            broker_id: 0,
+            peer_ip,
+        };
+        table.apply(&unregister(ip(2)));
+        assert!(table.route("T").is_some());
+        table.apply(&unregister(ip(1)));
+        assert!(table.route("T").is_none());
+    }
+
+    #[test]
     fn unregister_drops_queue_data_and_kv_round_trips() {
         let mut table = RouteTable::default();
         table.apply(&RouteUpdate::Register(registration(
@@ -400,6 +497,7 @@ mod tests {
             broker_name: "b-0".into(),
             broker_addr: "a:1".into(),
             broker_id: 0,
+            peer_ip: None,
         });
         assert!(table.route("T").is_none());
         table.apply(&RouteUpdate::PutKv {

@@ -36,6 +36,8 @@ GET_ALL_TOPIC_CONFIG = 21
 GET_MAX_OFFSET = 30
 GET_CONSUMER_LIST_BY_GROUP = 38
 GET_ROUTEINFO_BY_TOPIC = 105
+REGISTER_BROKER = 103
+UNREGISTER_BROKER = 104
 
 # Response codes (REMOTING.md §2.2).
 SUCCESS = 0
@@ -134,18 +136,21 @@ def decode_frame(frame):
 class RemotingClient:
     """One TCP connection to a namesrv or broker endpoint."""
 
-    def __init__(self, host, port, timeout_s=RESPONSE_READ_TIMEOUT_S):
+    def __init__(self, host, port, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None):
         self.address = (host, port)
-        self.sock = socket.create_connection(self.address, timeout=timeout_s)
+        source = (source_ip, 0) if source_ip else None
+        self.sock = socket.create_connection(self.address, timeout=timeout_s,
+                                             source_address=source)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout_s = timeout_s
         self._opaques = itertools.count(1)
         self._buffer = b""
 
     @classmethod
-    def connect(cls, address, timeout_s=RESPONSE_READ_TIMEOUT_S):
+    def connect(cls, address, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None):
+        """source_ip: the local address to connect from (any 127.x.y.z is loopback)."""
         host, port = address.rsplit(":", 1)
-        return cls(host, int(port), timeout_s)
+        return cls(host, int(port), timeout_s, source_ip)
 
     def close(self):
         try:
