@@ -93,6 +93,10 @@ struct CommonArgs {
     /// master broker of the cluster.
     #[arg(long)]
     queues: Option<u32>,
+    /// Producer: spread the sends over this many topics, `<topic>-00000` and on, each created
+    /// first with --queues queues per broker (many topics × queues, as a real deployment).
+    #[arg(long)]
+    topics: Option<u32>,
     /// Run for this long (default 10 s unless --messages is given; a catch-up runs until
     /// drained).
     #[arg(long, conflicts_with = "messages")]
@@ -191,6 +195,7 @@ impl CommonArgs {
             namesrv: self.namesrv,
             topic: self.topic,
             queues: self.queues,
+            topics: self.topics,
             run_length,
             request_timeout: Duration::from_millis(self.timeout_ms),
             report: self.report,

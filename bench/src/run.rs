@@ -64,6 +64,8 @@ pub struct CommonOptions {
     pub topic: String,
     /// Create (or resize) the topic with this many queues per broker first.
     pub queues: Option<u32>,
+    /// Producer: send to this many topics `<topic>-00000…` (created with `queues` each).
+    pub topics: Option<u32>,
     pub run_length: RunLength,
     pub request_timeout: Duration,
     pub report: Option<PathBuf>,
@@ -111,9 +113,33 @@ pub struct ConsumerOptions {
     pub drain: Duration,
 }
 
+/// Most topics one `--topics` run spreads its sends over.
+pub const TOPICS_MAX: u32 = 100_000;
+
 impl CommonOptions {
+    /// The topics a producer sends to: `--topic`, or `<topic>-00000…` with `--topics N`.
+    pub fn topic_names(&self) -> Vec<String> {
+        match self.topics {
+            None => vec![self.topic.clone()],
+            Some(count) => (0..count)
+                .map(|i| format!("{}-{i:05}", self.topic))
+                .collect(),
+        }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         check_resource_name("topic", &self.topic, TOPIC_NAME_MAX_CHARS)?;
+        if let Some(topics) = self.topics {
+            ensure!(
+                (1..=TOPICS_MAX).contains(&topics),
+                "--topics must be 1..={TOPICS_MAX}"
+            );
+            ensure!(
+                self.queues.is_some(),
+                "--topics needs --queues (each topic is created)"
+            );
+            check_resource_name("topic", &self.topic_names()[0], TOPIC_NAME_MAX_CHARS)?;
+        }
         if let Some(queues) = self.queues {
             ensure!(
                 (1..=QUEUES_MAX).contains(&queues),
@@ -283,21 +309,30 @@ pub fn run_producer(common: &CommonOptions, producer: &ProducerOptions) -> anyho
         common.run_length != RunLength::UntilDrained,
         "a producer runs for a duration or a message count"
     );
-    let targets = match common.queues {
-        Some(queues) => {
-            let route = route::create_topic(
-                &common.namesrv,
-                &common.topic,
-                queues,
-                common.request_timeout,
-            )?;
-            route::publish_targets(&route, None)?
-        }
-        None => {
-            route::fetch_publish_targets(&common.namesrv, &common.topic, common.request_timeout)?
-        }
-    };
-    let connections = connect_producers(common, producer, &targets, false)?;
+    let names = common.topic_names();
+    let created = std::time::Instant::now();
+    let mut topics = Vec::with_capacity(names.len());
+    for name in names {
+        let targets = match common.queues {
+            Some(queues) => {
+                let route =
+                    route::create_topic(&common.namesrv, &name, queues, common.request_timeout)?;
+                route::publish_targets(&route, None)?
+            }
+            None => route::fetch_publish_targets(&common.namesrv, &name, common.request_timeout)?,
+        };
+        topics.push((name, targets));
+    }
+    if topics.len() > 1 {
+        println!(
+            "Created {} topics of {} queue(s) per broker in {:.1} s",
+            topics.len(),
+            common.queues.unwrap_or(0),
+            created.elapsed().as_secs_f64()
+        );
+    }
+    let targets = topics[0].1.clone();
+    let connections = connect_producers(common, producer, &topics, false)?;
     let connection_count = connections.len();
     let clock = RunClock::start_now();
     let (sender, receiver) = mpsc::channel();
@@ -432,7 +467,12 @@ pub fn run_end_to_end(
     let publish = route::publish_targets(&route, None)?;
     let subscribe = route::subscribe_targets(&route)?;
     let pull_connections = connect_consumer(common, &subscribe, StartAt::Last)?;
-    let connections = connect_producers(common, producer, &publish, true)?;
+    let connections = connect_producers(
+        common,
+        producer,
+        &[(common.topic.clone(), publish.clone())],
+        true,
+    )?;
     let clock = RunClock::start_now();
     let producers_done = Arc::new(ProducersDone::default());
     let safety_deadline = match common.run_length {
@@ -620,21 +660,23 @@ fn intervals_json(series: &[IntervalPoint]) -> Value {
 /// One blocking connect per connection, before the clock starts; sockets are handed over
 /// non-blocking. Requests in `--messages` mode are split evenly, remainder first; an
 /// open-loop rate is split evenly too, each connection's schedule offset by its share.
+/// Each broker's connections cycle through the frames of every topic's queues on it.
 fn connect_producers(
     common: &CommonOptions,
     producer: &ProducerOptions,
-    targets: &[PublishTarget],
+    topics: &[(String, Vec<PublishTarget>)],
     stamp_sent_time: bool,
 ) -> anyhow::Result<Vec<ConnectionPlan>> {
+    let targets = &topics[0].1;
     let connection_count = targets.len() * producer.connections_per_broker;
     ensure!(
         connection_count <= CONNECTIONS_MAX,
         "{connection_count} connections exceed the limit of {CONNECTIONS_MAX}"
     );
     let body = message_body(producer.message_size_bytes);
-    let fields = SendFields {
+    let fields_of = |topic| SendFields {
         producer_group: &producer.producer_group,
-        topic: &common.topic,
+        topic,
         tag: &producer.tag,
         keys: producer.keys,
         stamp_sent_time,
@@ -650,14 +692,32 @@ fn connect_producers(
     });
     let mut plans = Vec::with_capacity(connection_count);
     for target in targets {
-        let templates = (0..target.write_queue_nums)
-            .map(|queue_id| SendTemplate::new(&fields, queue_id, &body))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut templates = Vec::new();
+        for (topic, topic_targets) in topics {
+            let on_this = topic_targets
+                .iter()
+                .find(|t| t.broker_addr == target.broker_addr)
+                .map_or(0, |t| t.write_queue_nums);
+            let fields = fields_of(topic.as_str());
+            for queue_id in 0..on_this {
+                templates.push(SendTemplate::new(&fields, queue_id, &body)?);
+            }
+        }
+        ensure!(
+            !templates.is_empty(),
+            "broker {} has no write queue",
+            target.broker_name
+        );
         println!(
-            "Broker {} at {}: {} write queue(s), {}-byte frames of {} message(s)",
+            "Broker {} at {}: {} write queue(s){}, {}-byte frames of {} message(s)",
             target.broker_name,
             target.broker_addr,
-            target.write_queue_nums,
+            templates.len(),
+            if topics.len() > 1 {
+                format!(" over {} topics", topics.len())
+            } else {
+                String::new()
+            },
             templates.first().map_or(0, SendTemplate::frame_size_bytes),
             producer.batch
         );

@@ -22,13 +22,18 @@ SHARDS = 1  # each shard holds an active and a preallocated segment: 128 MiB of 
 WRITE_FACTOR = 5  # bytes written / filesystem size
 LAGGARD_MESSAGES = 200
 LEAD_MAX = 100  # messages the producer may be ahead of the consumer that keeps up
+# The write rate is held here: what the disk must hold is the two live segments plus what
+# arrives within fileReservedTime and one cleanResourceInterval (~2 s), so an unpaced producer
+# on a fast machine (160 MB/s) came within 0.3% of the warning ratio. At 96 MiB/s that is
+# ~200 MiB of 512 on top of the live segments.
+RATE_BYTES_PER_S = 96 << 20
 WARNING_RATIO = 0.90
 GET_MIN_OFFSET = 31
 CONSUME_TIMEOUT_S = 180
 EVERY_HOUR = ";".join(str(hour) for hour in range(24))
 RETENTION_ARGS = [
     "--allocation-window-mib", "64",
-    "--fileReservedTime", "0.0003",  # about a second
+    "--fileReservedTime", "0.0002",  # 0.72 s
     "--deleteWhen", EVERY_HOUR,
     "--cleanResourceInterval", "1000",
 ]
@@ -154,6 +159,10 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             while producer.sent < total and not producer.refused:
                 while len(producer.placed) - keeper_seen.count_distinct() > LEAD_MAX:
                     time.sleep(0.002)
+                due = started + (producer.sent - LAGGARD_MESSAGES) * BODY_BYTES / RATE_BYTES_PER_S
+                ahead = due - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
                 producer.send()
             elapsed = time.monotonic() - started
             wait_for_keys([keeper_seen], producer.placed, CONSUME_TIMEOUT_S,

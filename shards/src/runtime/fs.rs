@@ -172,6 +172,24 @@ pub async fn sync_dir(dir: &Path) -> io::Result<()> {
     handle.close().await.map_err(io_error)
 }
 
+/// syncfs(2) of the filesystem holding `path`, on a helper thread: every dirty page of every
+/// file there (memory maps included) and the metadata, in one call whose cost follows the
+/// dirty bytes, not the number of files.
+pub async fn syncfs(path: &Path) -> io::Result<()> {
+    let path = path.to_path_buf();
+    super::blocking(move || {
+        use std::os::unix::io::AsRawFd;
+        let handle = std::fs::File::open(&path)?;
+        // SAFETY: plain syscall on a descriptor we own for the call's length.
+        if unsafe { libc::syncfs(handle.as_raw_fd()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    })
+    .await
+}
+
 /// fdatasync of a file by path (files written through memory maps).
 pub async fn fdatasync_path(path: &Path) -> io::Result<()> {
     let file = BufferedFile::open(path).await.map_err(io_error)?;

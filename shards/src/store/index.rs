@@ -359,6 +359,8 @@ impl IndexFile {
         // SAFETY: the file is private to this shard's store and is never truncated while
         // mapped (files are unmapped before they are deleted).
         let map = unsafe { MmapMut::map_mut(&file)? };
+        // Slots are touched at random: no readahead (see consume_queue.rs's maps).
+        map.advise(memmap2::Advice::Random)?;
         let mut index_file = IndexFile {
             start,
             path,
@@ -390,6 +392,7 @@ impl IndexFile {
         }
         // SAFETY: as in `create`.
         let map = unsafe { MmapMut::map_mut(&file)? };
+        map.advise(memmap2::Advice::Random)?;
         let (magic, version) = (read_u32(&map, 0), read_u32(&map, 4));
         let (slots, capacity, count) = (read_u32(&map, 8), read_u32(&map, 12), read_u32(&map, 16));
         let fits = slots > 0 && len == IndexFile::size_bytes(slots, capacity) && count <= capacity;
