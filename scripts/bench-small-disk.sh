@@ -3,6 +3,8 @@
 # data filesystem bounded while the bench goes on at steady throughput.
 #
 #   scripts/bench-small-disk.sh [SECONDS] [FS_MIB]      (default: 600 s, 4096 MiB)
+#   IN_FLIGHT=N (default 256) requests in flight; BIG=1 runs the same on a plain directory
+#   of the root filesystem instead (the side-by-side without a small disk).
 #
 # Makes an ext4 image of FS_MIB, loop-mounts it (root), runs one shard on it with 64 MiB
 # segments and RocketMQ's default retention except the pause between deletions (10 ms: a
@@ -25,12 +27,14 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-truncate -s "${FS_MIB}M" "$work/fs.img"
-mkfs.ext4 -q "$work/fs.img"
 mkdir "$work/mnt"
-if ! mount -o loop "$work/fs.img" "$work/mnt"; then
-    echo "cannot loop-mount an ext4 image here (needs root and loop devices): not run"
-    exit 1
+if [ -z "${BIG:-}" ]; then
+    truncate -s "${FS_MIB}M" "$work/fs.img"
+    mkfs.ext4 -q "$work/fs.img"
+    if ! mount -o loop "$work/fs.img" "$work/mnt"; then
+        echo "cannot loop-mount an ext4 image here (needs root and loop devices): not run"
+        exit 1
+    fi
 fi
 "$BIN/shardmq" serve --data-dir "$work/mnt/data" --shards 1 --segment-size-mib 64 \
     --allocation-window-mib 64 --deleteCommitLogFilesInterval 10 \
@@ -42,13 +46,13 @@ sleep 2
     >"$work/df") &
 watch=$!
 "$BIN/shardmq-bench" producer --namesrv 127.0.0.1:$NS_PORT --topic BenchSmallDisk --queues 8 \
-    --batch 32 --duration-secs "$SECONDS_TO_RUN" --no-progress --report "$work/report.json" \
+    --batch 32 --in-flight "${IN_FLIGHT:-256}" --duration-secs "$SECONDS_TO_RUN" --no-progress --report "$work/report.json" \
     >"$work/bench.out" 2>&1 || true
 grep -A8 -- "--- shardmq-bench producer summary" "$work/bench.out" || tail -20 "$work/bench.out"
 python3 - "$work/report.json" <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
-series = report.get("series", [])
+series = report.get("intervals", [])
 per_minute = {}
 for point in series:
     minute = int(point["t_secs"] // 60)
@@ -57,6 +61,7 @@ for minute, rates in sorted(per_minute.items()):
     print("minute {:2d}: {:,.0f} msgs/s (mean of {} seconds)".format(
         minute + 1, sum(rates) / len(rates), len(rates)))
 EOF
-echo "disk use at most: $(sort -n "$work/df" | tail -1)% of ${FS_MIB} MiB"
+where=${FS_MIB}MiB; [ -n "${BIG:-}" ] && where="the root filesystem"
+echo "disk use at most: $(sort -n "$work/df" | tail -1)% of $where"
 echo "segments deleted: $(grep -c 'retention deleted commitlog segment' "$work/broker.log")"
 echo "refusal lines in the broker log: $(grep -c 'sends are refused' "$work/broker.log" || true)"
