@@ -38,7 +38,7 @@ pub(crate) struct Unit {
 }
 
 impl Unit {
-    fn decode(bytes: &[u8]) -> Unit {
+    pub(crate) fn decode(bytes: &[u8]) -> Unit {
         let mut offset = [0u8; 8];
         let mut size = [0u8; 4];
         let mut tags = [0u8; 8];

@@ -93,7 +93,7 @@ pub const INDEX_RESERVE_CHUNK_BYTES: u64 = 1 << 20;
 /// millions of messages makes long chains; the query asks for few results anyway).
 pub const INDEX_LOOKUP_STEPS_MAX: usize = 1 << 20;
 
-const INDEX_MAGIC: u32 = u32::from_be_bytes(*b"SMQI");
+pub(crate) const INDEX_MAGIC: u32 = u32::from_be_bytes(*b"SMQI");
 const INDEX_LAYOUT_VERSION: u32 = 1;
 const DIR_NAME: &str = "index";
 /// Properties string separators (REMOTING.md §5.4) and the KEYS word separator.
@@ -299,15 +299,27 @@ pub fn indexes_sys_flag(sys_flag: i32) -> bool {
 
 /// One record's entry in the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    hash: u64,
-    physical_offset: u64,
-    store_timestamp_ms: i64,
+pub(crate) struct Entry {
+    pub(crate) hash: u64,
+    pub(crate) physical_offset: u64,
+    pub(crate) store_timestamp_ms: i64,
     /// 1-based; 0 = none.
-    previous: u32,
+    pub(crate) previous: u32,
 }
 
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
+impl Entry {
+    /// The entry in `bytes` (`INDEX_ENTRY_BYTES` of them, the layout in the module docs).
+    pub(crate) fn decode(bytes: &[u8]) -> Entry {
+        Entry {
+            hash: read_u64(bytes, 0),
+            physical_offset: read_u64(bytes, 8),
+            store_timestamp_ms: read_u64(bytes, 16) as i64,
+            previous: read_u32(bytes, 24),
+        }
+    }
+}
+
+pub(crate) fn read_u32(bytes: &[u8], at: usize) -> u32 {
     let mut field = [0u8; 4];
     field.copy_from_slice(&bytes[at..at + 4]);
     u32::from_be_bytes(field)
@@ -451,13 +463,7 @@ impl IndexFile {
     }
 
     fn entry(&self, number: u32) -> Entry {
-        let bytes = &self.map[self.entry_range(number)];
-        Entry {
-            hash: read_u64(bytes, 0),
-            physical_offset: read_u64(bytes, 8),
-            store_timestamp_ms: read_u64(bytes, 16) as i64,
-            previous: read_u32(bytes, 24),
-        }
+        Entry::decode(&self.map[self.entry_range(number)])
     }
 
     fn slot_at(&self, hash: u64) -> usize {

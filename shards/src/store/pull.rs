@@ -26,7 +26,8 @@
 use std::rc::Rc;
 
 use super::consume_queue::Unit;
-use super::record::{self, MAGIC_CODE_V1, MAGIC_CODE_V2};
+use super::record;
+use super::recovery::plausible_record_size;
 use super::{Inner, StoreError, RECORD_SIZE_MAX_BYTES};
 use crate::runtime::fs::DirectFile;
 use crate::types::QueueOffset;
@@ -462,18 +463,9 @@ pub(crate) async fn read_record(
         return Ok(None);
     }
     let header = read_range(inner, physical_offset, record::BLANK_HEADER_BYTES).await?;
-    let Some((size, magic)) = record::peek_header(&header) else {
+    let Some(size) = plausible_record_size(&header, end - physical_offset) else {
         return Ok(None);
     };
-    let Ok(size) = usize::try_from(size) else {
-        return Ok(None);
-    };
-    let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
-        && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
-        && physical_offset + size as u64 <= end;
-    if !plausible {
-        return Ok(None);
-    }
     let bytes = read_range(inner, physical_offset, size).await?;
     let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == physical_offset);
     Ok(valid.then_some(bytes))

@@ -38,10 +38,10 @@ use crate::runtime::workarounds;
 
 use super::checkpoint::{self, Checkpoint};
 use super::consume_queue::{QueueTable, Unit};
-use super::flusher::{sync_file, ZERO_FILL_CHUNK_BYTES};
+use super::flusher::ZERO_FILL_CHUNK_BYTES;
 use super::index::{self, Index, MessageKeys};
 use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
-use super::segments::{align_down, align_up, sync_dir, Segments, BLOCK_BYTES};
+use super::segments::{align_down, align_up, Segments, BLOCK_BYTES};
 use super::tail::{Tail, TAIL_CHUNK_BYTES};
 use super::TAIL_UNDURABLE_MAX_BYTES;
 use super::{validate_topic, StoreConfig, StoreError, RECORD_SIZE_MAX_BYTES};
@@ -150,18 +150,9 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let (index_paths, index_dir) = index.take_dirty_paths();
     let mut dirty = queues.take_dirty_paths();
     dirty.extend(index_paths);
-    if dirty.len() > super::flusher::SYNCFS_FILES_MIN {
-        // Thousands of queues re-dispatched: one syncfs, not an fdatasync each (8,000 queues
-        // took 100 s to start that way).
-        crate::runtime::fs::syncfs(root).await?;
-    } else {
-        for path in dirty {
-            sync_file(&path).await?;
-        }
-        if let Some(dir) = index_dir {
-            sync_dir(&dir).await?;
-        }
-    }
+    super::flusher::sync_written(root, dirty, index_dir)
+        .await
+        .map_err(|failure| failure.error)?;
     let record = Checkpoint {
         commitlog_offset: end,
         clean: false,
@@ -341,14 +332,13 @@ async fn scan(
                 if here == segment_end {
                     break;
                 }
-                let bad = match classify(&window[at..], here, segment_end) {
+                match classify(&window[at..], here, segment_end) {
                     Found::Record(record_size) => {
                         let bytes = &window[at..at + record_size];
                         if dispatch(bytes, here, config, rebuilt)? {
                             at += record_size;
                             continue;
                         }
-                        true
                     }
                     Found::Blank => {
                         at = (segment_end - pos) as usize;
@@ -358,9 +348,9 @@ async fn scan(
                         next_chunk = true;
                         break;
                     }
-                    Found::NeedMore | Found::End => true,
-                };
-                debug_assert!(bad);
+                    Found::NeedMore | Found::End => {}
+                }
+                // A bad record at `here`: the log's end, or damage to step over.
                 let blank_end = window[at..].iter().all(|&b| b == 0) && here >= durable_mark;
                 if blank_end {
                     return Ok(here);
@@ -438,26 +428,16 @@ pub(crate) async fn next_valid_record(
     };
     let segment_end = segment + size;
     let stop = search_end.min(segment_end);
-    // A record starts 4 bytes before its magic code; windows overlap by a header.
+    // Windows overlap by a header (`record_start_candidates`).
     let mut pos = from;
     while pos < stop {
         let len = RECOVERY_READ_BYTES.min(segment_end - pos) as usize;
         let mut window = vec![0u8; len];
         file.read_exact_at(pos - segment, &mut window).await?;
-        let mut at = 4usize;
-        while at + 4 <= len {
-            let Some(found) = memchr::memchr(0xDA, &window[at..len - 3]) else {
-                break;
-            };
-            let magic_at = at + found;
-            at = magic_at + 1;
-            let candidate = pos + magic_at as u64 - 4;
+        for at in record_start_candidates(&window) {
+            let candidate = pos + at as u64;
             if candidate >= stop {
                 break;
-            }
-            let magic = i32::from_be_bytes(window[magic_at..magic_at + 4].try_into().unwrap());
-            if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
-                continue;
             }
             if valid_record_at(&file, segment, segment_end, candidate).await? {
                 return Ok(Some(candidate));
@@ -476,6 +456,36 @@ pub(crate) async fn next_valid_record(
     Ok(None)
 }
 
+/// Offsets in `window` where a record could start: 4 bytes before each V1 or V2 magic code,
+/// found by its first byte (memchr), so zeros go by fast. A magic code that ends past the
+/// window is not listed: callers overlap their windows by a header.
+pub(crate) fn record_start_candidates(window: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    let mut at = 4usize;
+    std::iter::from_fn(move || {
+        while at + 4 <= window.len() {
+            let found = memchr::memchr(0xDA, &window[at..window.len() - 3])?;
+            let magic_at = at + found;
+            at = magic_at + 1;
+            let magic = i32::from_be_bytes(window[magic_at..magic_at + 4].try_into().unwrap());
+            if magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2 {
+                return Some(magic_at - 4);
+            }
+        }
+        None
+    })
+}
+
+/// The size of the record whose TOTALSIZE and magic start `header`, when it can be a record:
+/// magic V1 or V2, a size a record can have, and no more than the `room` left before the end.
+pub(crate) fn plausible_record_size(header: &[u8], room: u64) -> Option<usize> {
+    let (size, magic) = record::peek_header(header)?;
+    let size = usize::try_from(size).ok()?;
+    let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
+        && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
+        && size as u64 <= room;
+    plausible.then_some(size)
+}
+
 /// Whether a whole valid record that names `offset` as its position starts at `offset`.
 async fn valid_record_at(
     file: &DirectFile,
@@ -488,18 +498,9 @@ async fn valid_record_at(
         return Ok(false);
     }
     file.read_exact_at(offset - segment, &mut header).await?;
-    let Some((size, magic)) = record::peek_header(&header) else {
+    let Some(size) = plausible_record_size(&header, segment_end - offset) else {
         return Ok(false);
     };
-    let Ok(size) = usize::try_from(size) else {
-        return Ok(false);
-    };
-    let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
-        && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
-        && offset + size as u64 <= segment_end;
-    if !plausible {
-        return Ok(false);
-    }
     let mut bytes = vec![0u8; size];
     file.read_exact_at(offset - segment, &mut bytes).await?;
     Ok(record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset))

@@ -25,7 +25,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::record::{self, BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2};
+use super::record::{self, BLANK_MAGIC_CODE};
+use super::recovery::{plausible_record_size, record_start_candidates};
 use super::RECORD_SIZE_MAX_BYTES;
 
 /// Commitlog bytes read per step.
@@ -97,18 +98,10 @@ impl Log {
             return Ok(None);
         }
         segment.file.read_exact_at(&mut header, within)?;
-        let Some((size, magic)) = record::peek_header(&header) else {
+        let room = segment.len.min(self.size) - within;
+        let Some(size) = plausible_record_size(&header, room) else {
             return Ok(None);
         };
-        let Ok(size) = usize::try_from(size) else {
-            return Ok(None);
-        };
-        let plausible = (magic == MAGIC_CODE_V1 || magic == MAGIC_CODE_V2)
-            && (record::RECORD_FIXED_BYTES..=RECORD_SIZE_MAX_BYTES).contains(&size)
-            && within + size as u64 <= segment.len.min(self.size);
-        if !plausible {
-            return Ok(None);
-        }
         let mut bytes = vec![0u8; size];
         segment.file.read_exact_at(&mut bytes, within)?;
         let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset);
@@ -298,25 +291,16 @@ fn scan_log(log: &Log, report: &mut VerifyReport) -> io::Result<()> {
     Ok(())
 }
 
-/// The first position in `[from, end)` of `segment` where a valid record starts.
+/// The first position in `[from, end)` of `segment` where a valid record starts (windows
+/// overlap by a header, as recovery's search).
 fn next_valid(log: &Log, segment: &Segment, from: u64, end: u64) -> io::Result<Option<u64>> {
     let mut pos = from;
     let mut window = vec![0u8; READ_BYTES];
     while pos < end {
         let len = (READ_BYTES as u64).min(end - pos) as usize;
         segment.file.read_exact_at(&mut window[..len], pos)?;
-        let mut at = 4usize;
-        while at + 4 <= len {
-            let Some(found) = memchr::memchr(0xDA, &window[at..len - 3]) else {
-                break;
-            };
-            let magic_at = at + found;
-            at = magic_at + 1;
-            let magic = i32::from_be_bytes(window[magic_at..magic_at + 4].try_into().unwrap());
-            if magic != MAGIC_CODE_V1 && magic != MAGIC_CODE_V2 {
-                continue;
-            }
-            let candidate = pos + magic_at as u64 - 4;
+        for at in record_start_candidates(&window[..len]) {
+            let candidate = pos + at as u64;
             if log.record_at(segment.start + candidate)?.is_some() {
                 return Ok(Some(candidate));
             }
@@ -387,8 +371,11 @@ fn check_queue(
         let bytes = fs::read(&path)?;
         for (i, unit) in bytes.chunks_exact(unit_bytes as usize).enumerate() {
             let queue_offset = start / unit_bytes + i as u64;
-            let physical = u64::from_be_bytes(unit[0..8].try_into().unwrap());
-            let size = u32::from_be_bytes(unit[8..12].try_into().unwrap());
+            let super::consume_queue::Unit {
+                physical_offset: physical,
+                size_bytes: size,
+                ..
+            } = super::consume_queue::Unit::decode(unit);
             if size == 0 {
                 hole_from.get_or_insert(queue_offset);
                 continue;
@@ -453,8 +440,10 @@ impl Log {
 
 /// Step 3: every index file.
 fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<()> {
-    const HEADER: usize = 64;
-    const ENTRY: usize = 28;
+    use super::index::{
+        read_u32, Entry, INDEX_ENTRY_BYTES as ENTRY, INDEX_HEADER_BYTES as HEADER, INDEX_MAGIC,
+        INDEX_SLOT_BYTES as SLOT,
+    };
     let dir = root.join("index");
     if !dir.is_dir() {
         return Ok(());
@@ -472,13 +461,13 @@ fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<
         report.index_files += 1;
         let bytes = fs::read(&path)?;
         let name = path.display();
-        if bytes.len() < HEADER || &bytes[0..4] != b"SMQI" {
+        if bytes.len() < HEADER || read_u32(&bytes, 0) != INDEX_MAGIC {
             report.damaged(format!("{name}: not an index file (header)"));
             continue;
         }
-        let field = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let field = |at: usize| read_u32(&bytes, at) as usize;
         let (slots, capacity, entries) = (field(8), field(12), field(16));
-        let entries_at = HEADER + slots * 4;
+        let entries_at = HEADER + slots * SLOT;
         if entries > capacity || entries_at + capacity * ENTRY > bytes.len() {
             report.damaged(format!(
                 "{name}: {entries} entries of {capacity}, {slots} slots do not fit its {} bytes",
@@ -487,7 +476,7 @@ fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<
             continue;
         }
         for slot in 0..slots {
-            let head = field(HEADER + slot * 4);
+            let head = field(HEADER + slot * SLOT);
             if head > entries {
                 report.damaged(format!(
                     "{name}: slot {slot} names entry {head} of {entries}"
@@ -497,8 +486,8 @@ fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<
         let mut previous_offset = 0u64;
         for number in 1..=entries {
             let at = entries_at + (number - 1) * ENTRY;
-            let physical = u64::from_be_bytes(bytes[at + 8..at + 16].try_into().unwrap());
-            let link = u32::from_be_bytes(bytes[at + 24..at + 28].try_into().unwrap()) as usize;
+            let entry = Entry::decode(&bytes[at..at + ENTRY]);
+            let (physical, link) = (entry.physical_offset, entry.previous as usize);
             report.index_entries += 1;
             if link >= number {
                 report.damaged(format!("{name}: entry {number} links forward to {link}"));
