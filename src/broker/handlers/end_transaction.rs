@@ -2,13 +2,12 @@
 //! for the whole protocol). COMMIT rebuilds the message for its real topic and queue and
 //! appends it through `route`/`append`, then the op record; ROLLBACK writes only the op record.
 
-use std::net::{SocketAddr, SocketAddrV4};
 use std::rc::Rc;
 
 use shards::store::{record, FlushMode};
 
 use crate::body::{encode_properties, java_string_hash, parse_properties, property};
-use crate::broker::append::Outgoing;
+use crate::broker::append::{to_v4, Outgoing};
 use crate::broker::route::{route, Destination, RouteRequest};
 use crate::broker::state::schedule::divert_for;
 use crate::broker::state::transactions::{
@@ -219,7 +218,7 @@ impl Broker {
             flag: half.flag,
             sys_flag: (half.sys_flag & !TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT_TYPE,
             born_timestamp_ms: half.born_timestamp_ms,
-            born_host: v4_or_local(half.born_host),
+            born_host: to_v4(half.born_host),
             reconsume_times: half.reconsume_times,
             prepared_transaction_offset: half_commitlog_offset as i64,
             body: half.body,
@@ -296,17 +295,5 @@ impl Broker {
             .map_err(store_error)?
             .end_offset)
             .0)
-    }
-}
-
-pub(crate) fn v4_or_local(addr: SocketAddr) -> SocketAddrV4 {
-    match addr {
-        SocketAddr::V4(v4) => v4,
-        SocketAddr::V6(v6) => SocketAddrV4::new(
-            v6.ip()
-                .to_ipv4_mapped()
-                .unwrap_or(std::net::Ipv4Addr::LOCALHOST),
-            v6.port(),
-        ),
     }
 }
