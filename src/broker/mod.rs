@@ -104,8 +104,8 @@ pub struct Broker {
     pub sql_filters: RefCell<crate::filter::SqlFilterCache>,
     /// Tells the other shards about a topic change.
     pub broadcast_topic: Box<dyn Fn(&TopicChange)>,
-    /// Asks the registration task to re-register with the namesrv now.
-    pub register_now: Rc<shards::sync::Signal>,
+    /// Asks the registration task to register with the namesrv now.
+    pub registration: crate::broker::tasks::registration::RegistrationRequests,
     pub stats: BrokerStats,
     /// SYNC_FLUSH answers waiting for their group commit (durable.rs).
     pub durable_replies: Rc<durable::DurableReplies>,
@@ -188,7 +188,7 @@ impl Broker {
             pending_resets: RefCell::new(resets::PendingResets::default()),
             sql_filters: RefCell::new(crate::filter::SqlFilterCache::default()),
             broadcast_topic,
-            register_now: Rc::new(shards::sync::Signal::default()),
+            registration: Default::default(),
             stats,
             durable_replies: Rc::default(),
             local_routes: None,
@@ -275,23 +275,20 @@ impl Broker {
         let weak = Rc::downgrade(self);
         let topics = self.topics.borrow().persisted().clone();
         shards::runtime::spawn_detached(crate::persist::run_writer(topics, move || {
-            let broker = weak.upgrade()?;
-            let bytes = broker.topics.borrow().snapshot().encode_pretty();
-            Some(bytes)
+            let table = weak.upgrade()?.topics.borrow().snapshot();
+            Some(Box::new(move || table.encode_pretty()))
         }));
         let weak = Rc::downgrade(self);
         let groups = self.groups.borrow().persisted().clone();
         shards::runtime::spawn_detached(crate::persist::run_writer(groups, move || {
-            let broker = weak.upgrade()?;
-            let bytes = broker.groups.borrow().snapshot().encode_pretty();
-            Some(bytes)
+            let table = weak.upgrade()?.groups.borrow().snapshot();
+            Some(Box::new(move || table.encode_pretty()))
         }));
         let weak = Rc::downgrade(self);
         let offsets = self.offsets.borrow().persisted.clone();
         shards::runtime::spawn_detached(crate::persist::run_writer(offsets, move || {
-            let broker = weak.upgrade()?;
-            let bytes = broker.offsets.borrow().encode();
-            Some(bytes)
+            let table = weak.upgrade()?.offsets.borrow().snapshot();
+            Some(Box::new(move || table.encode_pretty()))
         }));
     }
 
@@ -354,19 +351,24 @@ impl Broker {
 
     /// Applies a topic change that another shard made.
     pub fn apply_topic_change(&self, change: &TopicChange) {
-        let changed = match change {
-            TopicChange::Upsert(config) => self.topics.borrow_mut().upsert(config.clone()),
-            TopicChange::Delete(topic) => self.remove_topic_locally(topic),
-        };
-        if changed {
-            self.register_now.notify();
+        match change {
+            TopicChange::Upsert(config) => {
+                if self.topics.borrow_mut().upsert(config.clone()) {
+                    self.registration.topic_changed(&config.topic_name);
+                }
+            }
+            TopicChange::Delete(topic) => {
+                if self.remove_topic_locally(topic) {
+                    self.registration.everything();
+                }
+            }
         }
     }
 
     /// Creates or updates a topic here and on every other shard.
     pub fn upsert_topic_everywhere(&self, config: TopicConfig) {
         if self.topics.borrow_mut().upsert(config.clone()) {
-            self.register_now.notify();
+            self.registration.topic_changed(&config.topic_name);
             (self.broadcast_topic)(&TopicChange::Upsert(config));
         }
     }

@@ -35,9 +35,10 @@ impl NamesrvHandler {
             let file = crate::persist::Persisted::new(path);
             let weak = Rc::downgrade(&table);
             shards::runtime::spawn_detached(crate::persist::run_writer(file.clone(), move || {
-                let table = weak.upgrade()?;
-                let json = serde_json::json!({ "configTable": table.borrow().kv_all() });
-                serde_json::to_vec_pretty(&json).ok()
+                let json = serde_json::json!({ "configTable": weak.upgrade()?.borrow().kv_all() });
+                Some(Box::new(move || {
+                    serde_json::to_vec_pretty(&json).unwrap_or_default()
+                }))
             }));
             file
         });

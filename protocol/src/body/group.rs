@@ -106,6 +106,11 @@ impl SubscriptionGroupConfig {
         SubscriptionGroupConfig::from_fields(Fields::new("SubscriptionGroupConfig", &map), None)
     }
 
+    /// Lenient read of Java's JSON object (as [`SubscriptionGroupConfig::parse`]).
+    pub fn from_value(value: &Value) -> Result<SubscriptionGroupConfig, BodyError> {
+        SubscriptionGroupConfig::from_fields(Fields::of("SubscriptionGroupConfig", value)?, None)
+    }
+
     fn from_fields(
         fields: Fields<'_>,
         name: Option<&str>,

@@ -542,6 +542,11 @@ fn check_config(root: &Path, report: &mut VerifyReport) {
             }
             continue;
         };
+        if name.ends_with(".json.journal") {
+            report.config_files += 1;
+            check_journal(&path, &text, report);
+            continue;
+        }
         if !name.ends_with(".json") && name != "checkpoint" {
             continue;
         }
@@ -560,5 +565,33 @@ fn check_config(root: &Path, report: &mut VerifyReport) {
             }
             Err(error) => report.damaged(format!("{}: not JSON: {error}", path.display())),
         }
+    }
+}
+
+/// A config table's journal (`<file>.json.journal`, one JSON change per line): a line that
+/// does not parse is damage, unless it is the last one (an append torn by a crash, whose
+/// change was never acknowledged; the broker ignores it).
+fn check_journal(path: &Path, text: &[u8], report: &mut VerifyReport) {
+    let lines: Vec<&[u8]> = text
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .collect();
+    for (i, line) in lines.iter().enumerate() {
+        if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
+            continue;
+        }
+        if i + 1 == lines.len() && !text.ends_with(b"\n") {
+            report.notes.push(format!(
+                "{}: its last line is torn (a crash during an append); it is ignored",
+                path.display()
+            ));
+        } else {
+            report.damaged(format!(
+                "{}: line {} does not parse; the changes after it are lost",
+                path.display(),
+                i + 1
+            ));
+        }
+        return;
     }
 }

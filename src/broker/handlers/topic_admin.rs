@@ -97,7 +97,7 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let topic = request.ext_fields.required("topic")?.to_string();
         if self.remove_topic_locally(&topic) {
-            self.register_now.notify();
+            self.registration.everything();
         }
         (self.broadcast_topic)(&crate::broker::TopicChange::Delete(topic));
         let file = self.topics.borrow().persisted().clone();

@@ -64,8 +64,8 @@ impl GroupTable {
             return None;
         }
         let config = SubscriptionGroupConfig::new(group);
+        self.file.set(&config);
         self.groups.insert(group.to_string(), config.clone());
-        self.bump_and_persist();
         Some(config)
     }
 
@@ -79,8 +79,8 @@ impl GroupTable {
             )));
         }
         if self.groups.get(&config.group_name) != Some(&config) {
+            self.file.set(&config);
             self.groups.insert(config.group_name.clone(), config);
-            self.bump_and_persist();
         }
         Ok(())
     }
@@ -88,7 +88,7 @@ impl GroupTable {
     pub fn remove(&mut self, group: &str) -> bool {
         let removed = self.groups.remove(group).is_some();
         if removed {
-            self.bump_and_persist();
+            self.file.remove(group);
         }
         removed
     }
@@ -98,11 +98,6 @@ impl GroupTable {
             data_version: self.file.data_version.clone(),
             groups: self.groups.clone(),
         }
-    }
-
-    pub(crate) fn bump_and_persist(&mut self) {
-        self.file.bump();
-        self.persist();
     }
 
     pub(crate) fn persist(&self) {

@@ -81,11 +81,10 @@ impl OffsetTable {
         }
     }
 
-    /// The table as written to disk.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The table as written to disk (`encode_pretty`).
+    pub fn snapshot(&self) -> ConsumerOffsetTable {
         ConsumerOffsetTable {
             offsets: self.offsets.clone(),
         }
-        .encode_pretty()
     }
 }

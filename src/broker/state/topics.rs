@@ -125,10 +125,10 @@ impl TopicTable {
         if self.topics.get(&config.topic_name) == Some(&config) {
             return false;
         }
+        let version = self.file.set(&config);
         let name = config.topic_name.clone();
         self.topics.insert(name.clone(), config);
-        self.bump_and_persist();
-        self.not_durable.insert(name, self.file.persisted.latest());
+        self.not_durable.insert(name, version);
         true
     }
 
@@ -146,7 +146,7 @@ impl TopicTable {
     pub fn remove(&mut self, topic: &str) -> bool {
         let removed = self.topics.remove(topic).is_some();
         if removed {
-            self.bump_and_persist();
+            self.file.remove(topic);
         }
         removed
     }
@@ -178,9 +178,16 @@ impl TopicTable {
         }
     }
 
-    pub(crate) fn bump_and_persist(&mut self) {
-        self.file.bump();
-        self.persist();
+    /// The table with only the topics in `names` (those still here).
+    pub fn snapshot_of(&self, names: &std::collections::BTreeSet<String>) -> TopicConfigTable {
+        let topics = names
+            .iter()
+            .filter_map(|name| Some((name.clone(), self.topics.get(name)?.clone())))
+            .collect();
+        TopicConfigTable {
+            data_version: self.file.data_version.clone(),
+            topics,
+        }
     }
 
     pub(crate) fn persist(&self) {

@@ -1,11 +1,14 @@
 //! Registration of one shard's broker with every namesrv: REGISTER_BROKER at start, 10 s
-//! later, then every 30 s and whenever a topic changes; UNREGISTER_BROKER at shutdown.
+//! later, then every 30 s with every topic, and with just the changed ones whenever topics
+//! change; UNREGISTER_BROKER at shutdown.
 //! One long-lived connection per namesrv (a Java namesrv drops a broker whose connection
 //! closes), re-opened when it breaks.
 
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpStream};
@@ -125,17 +128,63 @@ pub async fn run(
         .map(NamesrvConnection::new)
         .collect();
     let mut retry_delay_ms = REGISTER_RETRY_DELAY_MS;
-    while !broker.register_with_all(&mut namesrvs).await {
+    while !broker.register_with_all(&mut namesrvs, None).await {
         runtime::sleep(Duration::from_millis(retry_delay_ms)).await;
         retry_delay_ms = (retry_delay_ms * 2).min(REGISTER_RETRY_DELAY_MAX_MS);
     }
     on_first_success();
-    let mut period = Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
+    let mut next_full = Instant::now() + Duration::from_millis(FIRST_REREGISTER_DELAY_MS);
     loop {
-        let signal = broker.register_now.clone();
-        futures_lite::future::or(runtime::sleep(period), signal.wait()).await;
-        period = Duration::from_millis(REGISTER_PERIOD_MS);
-        broker.register_with_all(&mut namesrvs).await;
+        let left = next_full.saturating_duration_since(Instant::now());
+        let signalled = futures_lite::future::or(
+            async {
+                runtime::sleep(left).await;
+                false
+            },
+            async {
+                broker.registration.wake.wait().await;
+                true
+            },
+        )
+        .await;
+        let changed = std::mem::take(&mut *broker.registration.changed_topics.borrow_mut());
+        let full = !signalled || changed.is_empty() || broker.registration.full_due.take();
+        let accepted = broker
+            .register_with_all(&mut namesrvs, (!full).then_some(&changed))
+            .await;
+        if !accepted {
+            // What a refused increment carried goes with the next registration, in full.
+            broker.registration.full_due.set(true);
+        }
+        if full {
+            next_full = Instant::now() + Duration::from_millis(REGISTER_PERIOD_MS);
+        }
+    }
+}
+
+/// What the registration task is asked to register between its periodic full registrations.
+#[derive(Default)]
+pub struct RegistrationRequests {
+    wake: shards::sync::Signal,
+    /// Topics created or changed since the last registration: an increment carries only
+    /// these (RocketMQ's registerIncrementBrokerData), so creating thousands of topics does
+    /// not send the whole table each time; the namesrv merges them into the routes.
+    changed_topics: RefCell<BTreeSet<String>>,
+    /// The next registration is a full one (a topic went, or an increment was refused).
+    full_due: Cell<bool>,
+}
+
+impl RegistrationRequests {
+    /// Asks for a registration carrying `topic` soon.
+    pub fn topic_changed(&self, topic: &str) {
+        self.changed_topics.borrow_mut().insert(topic.to_string());
+        self.wake.notify();
+    }
+
+    /// Asks for a full registration soon.
+    pub fn everything(&self) {
+        self.full_due.set(true);
+        self.wake.notify();
     }
 }
 
@@ -167,11 +216,20 @@ impl Broker {
         frame.finish(&[]);
     }
 
-    /// Registers with every namesrv; true when all of them accepted.
-    pub(crate) async fn register_with_all(&self, namesrvs: &mut [NamesrvConnection]) -> bool {
+    /// Registers with every namesrv, with every topic or `only` those; true when all of
+    /// them accepted.
+    pub(crate) async fn register_with_all(
+        &self,
+        namesrvs: &mut [NamesrvConnection],
+        only: Option<&BTreeSet<String>>,
+    ) -> bool {
         let mut all_accepted = true;
+        let topic_config_table = match only {
+            None => self.topics.borrow().snapshot(),
+            Some(names) => self.topics.borrow().snapshot_of(names),
+        };
         let body = RegisterBrokerBody {
-            topic_config_table: self.topics.borrow().snapshot(),
+            topic_config_table,
             filter_server_list: Vec::new(),
         }
         .encode();
