@@ -54,8 +54,19 @@ const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 pub struct PullConnectionPlan {
     pub broker_addr: String,
     pub stream: TcpStream,
-    /// (queue id, first offset to pull).
-    pub queues: Vec<(u32, u64)>,
+    pub queues: Vec<PullQueue>,
+}
+
+/// One queue a connection pulls, for one group.
+#[derive(Debug, Clone, Copy)]
+pub struct PullQueue {
+    /// Index into [`ConsumerPlan::topics`].
+    pub topic: usize,
+    /// Index into [`ConsumerPlan::groups`].
+    pub group: usize,
+    pub queue_id: u32,
+    /// First offset to pull.
+    pub offset: u64,
 }
 
 /// The producers' outcome, set once they have all stopped (end-to-end mode).
@@ -82,8 +93,9 @@ pub struct StopWhen {
 pub struct ConsumerPlan {
     pub source: usize,
     pub connections: Vec<PullConnectionPlan>,
-    pub topic: String,
-    pub consumer_group: String,
+    pub topics: Vec<String>,
+    /// Consumer groups; each reads every message of every topic.
+    pub groups: Vec<String>,
     /// TAG expression ("*" for everything).
     pub subscription: String,
     /// maxMsgNums of every pull.
@@ -98,6 +110,8 @@ pub struct ConsumerPlan {
 }
 
 struct QueueState {
+    topic: usize,
+    group: usize,
     queue_id: u32,
     offset: u64,
     pending: bool,
@@ -110,6 +124,8 @@ struct PullContext<'a> {
     clock: &'a RunClock,
     catch_up: bool,
     tally: &'a mut ConsumeTally,
+    /// Messages received per group, over the whole run.
+    per_group: &'a mut [u64],
 }
 
 struct PullConnection {
@@ -131,9 +147,11 @@ impl PullConnection {
         let queues = plan
             .queues
             .into_iter()
-            .map(|(queue_id, offset)| QueueState {
-                queue_id,
-                offset,
+            .map(|queue| QueueState {
+                topic: queue.topic,
+                group: queue.group,
+                queue_id: queue.queue_id,
+                offset: queue.offset,
                 pending: false,
                 drained: false,
                 retry_at: None,
@@ -169,8 +187,8 @@ impl PullConnection {
             let mut encoder =
                 FrameEncoder::request(&mut self.out, request_code::PULL_MESSAGE, opaque, false);
             encoder
-                .ext("consumerGroup", &plan.consumer_group)
-                .ext("topic", &plan.topic)
+                .ext("consumerGroup", &plan.groups[queue.group])
+                .ext("topic", &plan.topics[queue.topic])
                 .ext_i64("queueId", i64::from(queue.queue_id))
                 .ext_i64("queueOffset", queue.offset as i64)
                 .ext_i64("maxMsgNums", i64::from(plan.pull_batch))
@@ -303,7 +321,7 @@ fn handle_answer(
             context
                 .tally
                 .record_pull_latency(now.saturating_duration_since(sent_at));
-            count_records(command.body, now, context);
+            context.per_group[queue.group] += count_records(command.body, now, context);
             if let Some(next) = next_offset {
                 queue.offset = next;
             }
@@ -328,9 +346,11 @@ fn handle_answer(
     }
 }
 
-fn count_records(body: &[u8], now: Instant, context: &mut PullContext<'_>) {
+/// Counts the records of a pull answer; returns how many.
+fn count_records(body: &[u8], now: Instant, context: &mut PullContext<'_>) -> u64 {
     let now_ms = (context.clock.unix_micros(now) / 1000) as i64;
     let tally = &mut *context.tally;
+    let before = tally.messages;
     for message in record::iter(body) {
         let Ok(message) = message else {
             tally.malformed_bodies += 1;
@@ -351,6 +371,7 @@ fn count_records(body: &[u8], now: Instant, context: &mut PullContext<'_>) {
             tally.record_end_to_end(context.clock.since_unix_micros(sent_micros, now));
         }
     }
+    tally.messages - before
 }
 
 fn should_stop(plan: &ConsumerPlan, now: Instant, consumed: u64, drained: bool) -> bool {
@@ -366,7 +387,8 @@ fn should_stop(plan: &ConsumerPlan, now: Instant, consumed: u64, drained: bool) 
     }
     if let Some((producers, drain)) = &stop.follow {
         if let Some(&(produced, finished_at)) = producers.outcome.get() {
-            return consumed >= produced || now >= finished_at + *drain;
+            let expected = produced * plan.groups.len() as u64;
+            return consumed >= expected || now >= finished_at + *drain;
         }
     }
     false
@@ -380,6 +402,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
         .map(PullConnection::new)
         .collect();
     let mut tally = ConsumeTally::new();
+    let mut per_group = vec![0u64; plan.groups.len()];
     let mut consumed = 0;
     let mut tick = 0;
     let start = plan.clock.start;
@@ -440,6 +463,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
             clock: &plan.clock,
             catch_up: plan.suspend_ms == 0,
             tally: &mut tally,
+            per_group: &mut per_group,
         };
         let open = connections.iter_mut().filter(|c| c.open);
         for (poll_fd, connection) in poll_fds.iter().zip(open) {
@@ -453,6 +477,15 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
         consumed += tally.messages - before;
     }
     let connections_lost = connections.iter().filter(|c| !c.open).count();
+    if per_group.len() > 1 {
+        let (min, max) = (per_group.iter().min(), per_group.iter().max());
+        println!(
+            "Consumer groups: {}, messages received per group: min {} max {}",
+            per_group.len(),
+            min.unwrap_or(&0),
+            max.unwrap_or(&0)
+        );
+    }
     let _ = plan.reports.send(Report::Done {
         source: plan.source,
         figures: Figures::Consume(tally),
@@ -469,8 +502,8 @@ mod tests {
         ConsumerPlan {
             source: 0,
             connections: Vec::new(),
-            topic: "T".into(),
-            consumer_group: "G".into(),
+            topics: vec!["T".into()],
+            groups: vec!["G".into()],
             subscription: "*".into(),
             pull_batch: 32,
             suspend_ms: 0,

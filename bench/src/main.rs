@@ -93,8 +93,9 @@ struct CommonArgs {
     /// master broker of the cluster.
     #[arg(long)]
     queues: Option<u32>,
-    /// Producer: spread the sends over this many topics, `<topic>-00000` and on, each created
-    /// first with --queues queues per broker (many topics × queues, as a real deployment).
+    /// Spread the sends (and the pulls) over this many topics, `<topic>-00000` and on, each
+    /// created first with --queues queues per broker (many topics × queues, as a real
+    /// deployment).
     #[arg(long)]
     topics: Option<u32>,
     /// Run for this long (default 10 s unless --messages is given; a catch-up runs until
@@ -162,6 +163,10 @@ struct ConsumerArgs {
     /// Consumer group named in every pull (offsets are never committed).
     #[arg(long, default_value = "shardmq_bench_consumer")]
     consumer_group: String,
+    /// Pull as this many groups, `<consumer-group>-000` and on, each reading every message
+    /// (one connection per group and broker).
+    #[arg(long, default_value_t = 1)]
+    groups: u32,
     /// TAG expression the pulls filter on.
     #[arg(long, default_value = "*")]
     subscription: String,
@@ -225,6 +230,7 @@ impl ConsumerArgs {
     fn into_options(self) -> ConsumerOptions {
         ConsumerOptions {
             consumer_group: self.consumer_group,
+            groups: self.groups,
             subscription: self.subscription,
             pull_batch: self.pull_batch,
             suspend_ms: self.suspend_ms,

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use crate::clock::RunClock;
 use crate::collect::{Collected, Collector, Headline, IntervalPoint};
 use crate::consume_stats::ConsumeSummary;
-use crate::consumer::{self, ConsumerPlan, ProducersDone, PullConnectionPlan, StopWhen};
+use crate::consumer::{self, ConsumerPlan, ProducersDone, PullConnectionPlan, PullQueue, StopWhen};
 use crate::plot;
 use crate::route::{self, PublishTarget, SubscribeTarget, QUEUES_MAX};
 use crate::send_frame::{
@@ -103,6 +103,8 @@ pub enum StartAt {
 #[derive(Debug, Clone)]
 pub struct ConsumerOptions {
     pub consumer_group: String,
+    /// Groups reading every message: `consumer_group`, or `<consumer_group>-000…` when > 1.
+    pub groups: u32,
     pub subscription: String,
     pub pull_batch: u32,
     pub suspend_ms: u64,
@@ -244,9 +246,28 @@ impl ProducerOptions {
     }
 }
 
+/// Most consumer groups one run pulls with.
+pub const GROUPS_MAX: u32 = 1_000;
+
 impl ConsumerOptions {
+    /// The groups the consumer pulls as.
+    pub fn group_names(&self) -> Vec<String> {
+        match self.groups {
+            0 | 1 => vec![self.consumer_group.clone()],
+            count => (0..count)
+                .map(|i| format!("{}-{i:03}", self.consumer_group))
+                .collect(),
+        }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
-        check_resource_name("consumer group", &self.consumer_group, GROUP_NAME_MAX_CHARS)?;
+        ensure!(
+            (1..=GROUPS_MAX).contains(&self.groups),
+            "--groups must be 1..={GROUPS_MAX}"
+        );
+        for group in self.group_names() {
+            check_resource_name("consumer group", &group, GROUP_NAME_MAX_CHARS)?;
+        }
         ensure!(
             !self.subscription.is_empty() && !self.subscription.chars().any(char::is_control),
             "--subscription must be a TAG expression such as * or TagA||TagB"
@@ -280,6 +301,7 @@ impl ConsumerOptions {
             .collect();
         json!({
             "consumer_group": self.consumer_group,
+            "groups": self.groups,
             "subscription": self.subscription,
             "pull_batch": self.pull_batch,
             "suspend_ms": if self.catch_up { 0 } else { self.suspend_ms },
@@ -372,28 +394,26 @@ pub fn run_producer(common: &CommonOptions, producer: &ProducerOptions) -> anyho
 pub fn run_consumer(common: &CommonOptions, consumer: &ConsumerOptions) -> anyhow::Result<()> {
     common.validate()?;
     consumer.validate()?;
-    let route = match common.queues {
-        Some(queues) => route::create_topic(
-            &common.namesrv,
-            &common.topic,
-            queues,
-            common.request_timeout,
-        )?,
-        None => route::fetch_route(&common.namesrv, &common.topic, common.request_timeout)?
-            .with_context(|| {
-                format!(
-                    "topic {} has no route: produce to it first, or give --queues",
-                    common.topic
-                )
-            })?,
-    };
-    let targets = route::subscribe_targets(&route)?;
+    let mut topics = Vec::new();
+    for name in common.topic_names() {
+        let route = match common.queues {
+            Some(queues) => {
+                route::create_topic(&common.namesrv, &name, queues, common.request_timeout)?
+            }
+            None => route::fetch_route(&common.namesrv, &name, common.request_timeout)?
+                .with_context(|| {
+                    format!("topic {name} has no route: produce to it first, or give --queues")
+                })?,
+        };
+        topics.push((name, route::subscribe_targets(&route)?));
+    }
+    let targets = topics[0].1.clone();
     let start_at = if consumer.catch_up {
         StartAt::First
     } else {
         consumer.start_at
     };
-    let connections = connect_consumer(common, &targets, start_at)?;
+    let connections = connect_consumer(common, consumer, &topics, start_at)?;
     let clock = RunClock::start_now();
     let stop = StopWhen {
         deadline: match common.run_length {
@@ -408,7 +428,14 @@ pub fn run_consumer(common: &CommonOptions, consumer: &ConsumerOptions) -> anyho
         follow: None,
     };
     let (sender, receiver) = mpsc::channel();
-    let handle = start_consumer(common, consumer, connections, clock, stop, 0, &sender)?;
+    let topic_names = topics.into_iter().map(|(name, _)| name).collect();
+    let plan = PullPlan {
+        connections,
+        topics: topic_names,
+        clock,
+        stop,
+    };
+    let handle = start_consumer(common, consumer, plan, 0, &sender)?;
     drop(sender);
     let collected = Collector {
         producers: 0,
@@ -451,28 +478,32 @@ pub fn run_end_to_end(
         "e2e runs for a duration or a message count, without --catch-up"
     );
     let timeout = common.request_timeout;
-    let route = match common.queues {
-        Some(queues) => route::create_topic(&common.namesrv, &common.topic, queues, timeout)?,
-        None => match route::fetch_route(&common.namesrv, &common.topic, timeout)? {
-            Some(route) => route,
-            None => {
-                println!(
-                    "Topic {} has no route; creating it with {E2E_DEFAULT_QUEUES} queues per broker",
-                    common.topic
-                );
-                route::create_topic(&common.namesrv, &common.topic, E2E_DEFAULT_QUEUES, timeout)?
-            }
-        },
-    };
-    let publish = route::publish_targets(&route, None)?;
-    let subscribe = route::subscribe_targets(&route)?;
-    let pull_connections = connect_consumer(common, &subscribe, StartAt::Last)?;
-    let connections = connect_producers(
-        common,
-        producer,
-        &[(common.topic.clone(), publish.clone())],
-        true,
-    )?;
+    let mut routes = Vec::new();
+    for name in common.topic_names() {
+        let route = match common.queues {
+            Some(queues) => route::create_topic(&common.namesrv, &name, queues, timeout)?,
+            None => match route::fetch_route(&common.namesrv, &name, timeout)? {
+                Some(route) => route,
+                None => {
+                    println!(
+                        "Topic {name} has no route; creating it with {E2E_DEFAULT_QUEUES} queues per broker"
+                    );
+                    route::create_topic(&common.namesrv, &name, E2E_DEFAULT_QUEUES, timeout)?
+                }
+            },
+        };
+        routes.push((name, route));
+    }
+    let mut publish_topics = Vec::with_capacity(routes.len());
+    let mut subscribe_topics = Vec::with_capacity(routes.len());
+    for (name, route) in &routes {
+        publish_topics.push((name.clone(), route::publish_targets(route, None)?));
+        subscribe_topics.push((name.clone(), route::subscribe_targets(route)?));
+    }
+    let publish = publish_topics[0].1.clone();
+    let subscribe = subscribe_topics[0].1.clone();
+    let pull_connections = connect_consumer(common, consumer, &subscribe_topics, StartAt::Last)?;
+    let connections = connect_producers(common, producer, &publish_topics, true)?;
     let clock = RunClock::start_now();
     let producers_done = Arc::new(ProducersDone::default());
     let safety_deadline = match common.run_length {
@@ -490,12 +521,16 @@ pub fn run_end_to_end(
     let (sender, receiver) = mpsc::channel();
     let mut handles = start_producers(common, producer, connections, clock, &sender)?;
     let producer_count = handles.len();
+    let plan = PullPlan {
+        connections: pull_connections,
+        topics: routes.into_iter().map(|(name, _)| name).collect(),
+        clock,
+        stop,
+    };
     handles.push(start_consumer(
         common,
         consumer,
-        pull_connections,
-        clock,
-        stop,
+        plan,
         producer_count,
         &sender,
     )?);
@@ -515,14 +550,14 @@ pub fn run_end_to_end(
     join(handles);
     let producer_json = print_producer_summary(&collected, clock, producer);
     let consumer_json = print_consumer_summary(&collected, clock);
-    let missing = collected
-        .send
-        .succeeded
-        .saturating_sub(collected.consume.messages);
+    let expected = collected.send.succeeded * u64::from(consumer.groups.max(1));
+    let missing = expected.saturating_sub(collected.consume.messages);
     println!(
-        "End to end: {} sent, {} received, {missing} not received within {} s of the last send",
+        "End to end: {} sent, {} received ({} group(s)), {missing} not received within {} s of \
+         the last send",
         collected.send.succeeded,
         collected.consume.messages,
+        consumer.groups.max(1),
         consumer.drain.as_secs()
     );
     let config = merged(
@@ -809,61 +844,91 @@ fn start_producers(
     Ok(handles)
 }
 
-/// Connects to every subscribe target and finds each queue's start offset.
+/// Connects to every broker of the topics once per group and finds each queue's start
+/// offset.
 fn connect_consumer(
     common: &CommonOptions,
-    targets: &[SubscribeTarget],
+    consumer: &ConsumerOptions,
+    topics: &[(String, Vec<SubscribeTarget>)],
     start_at: StartAt,
 ) -> anyhow::Result<Vec<PullConnectionPlan>> {
-    let mut plans = Vec::with_capacity(targets.len());
-    for target in targets {
-        let offsets = match start_at {
-            StartAt::First => vec![0; target.read_queue_nums as usize],
-            StartAt::Last => route::max_offsets(
-                &target.broker_addr,
-                &common.topic,
-                target.read_queue_nums,
-                common.request_timeout,
-            )?,
-        };
-        let context = || format!("broker {} ({})", target.broker_name, target.broker_addr);
-        let stream =
-            route::connect(&target.broker_addr, common.request_timeout).with_context(context)?;
-        stream.set_nodelay(true).with_context(context)?;
-        stream.set_nonblocking(true).with_context(context)?;
+    // Broker address → (broker name, queues to pull there, for one group).
+    let mut brokers: std::collections::BTreeMap<String, (String, Vec<PullQueue>)> =
+        Default::default();
+    for (topic_index, (topic, targets)) in topics.iter().enumerate() {
+        for target in targets {
+            let offsets = match start_at {
+                StartAt::First => vec![0; target.read_queue_nums as usize],
+                StartAt::Last => route::max_offsets(
+                    &target.broker_addr,
+                    topic,
+                    target.read_queue_nums,
+                    common.request_timeout,
+                )?,
+            };
+            let (_, queues) = brokers
+                .entry(target.broker_addr.clone())
+                .or_insert_with(|| (target.broker_name.clone(), Vec::new()));
+            for (queue_id, offset) in (0..target.read_queue_nums).zip(offsets) {
+                queues.push(PullQueue {
+                    topic: topic_index,
+                    group: 0,
+                    queue_id,
+                    offset,
+                });
+            }
+        }
+    }
+    let groups = consumer.groups.max(1) as usize;
+    let mut plans = Vec::with_capacity(brokers.len() * groups);
+    for (broker_addr, (broker_name, queues)) in &brokers {
         println!(
-            "Pulling from broker {} at {}: {} read queue(s), starting at the {} offset",
-            target.broker_name,
-            target.broker_addr,
-            target.read_queue_nums,
+            "Pulling from broker {broker_name} at {broker_addr}: {} read queue(s) over {} \
+             topic(s), {groups} group(s), starting at the {} offset",
+            queues.len(),
+            topics.len(),
             match start_at {
                 StartAt::First => "first",
                 StartAt::Last => "last",
             }
         );
-        plans.push(PullConnectionPlan {
-            broker_addr: target.broker_addr.clone(),
-            stream,
-            queues: (0..target.read_queue_nums).zip(offsets).collect(),
-        });
+        for group in 0..groups {
+            let context = || format!("broker {broker_name} ({broker_addr})");
+            let stream =
+                route::connect(broker_addr, common.request_timeout).with_context(context)?;
+            stream.set_nodelay(true).with_context(context)?;
+            stream.set_nonblocking(true).with_context(context)?;
+            let queues = queues.iter().map(|q| PullQueue { group, ..*q }).collect();
+            plans.push(PullConnectionPlan {
+                broker_addr: broker_addr.clone(),
+                stream,
+                queues,
+            });
+        }
     }
     Ok(plans)
+}
+
+/// What one consumer thread pulls, and until when.
+struct PullPlan {
+    connections: Vec<PullConnectionPlan>,
+    topics: Vec<String>,
+    clock: RunClock,
+    stop: StopWhen,
 }
 
 fn start_consumer(
     common: &CommonOptions,
     consumer: &ConsumerOptions,
-    connections: Vec<PullConnectionPlan>,
-    clock: RunClock,
-    stop: StopWhen,
+    pull: PullPlan,
     source: usize,
     reports: &mpsc::Sender<crate::collect::Report>,
 ) -> anyhow::Result<thread::JoinHandle<()>> {
     let plan = ConsumerPlan {
         source,
-        connections,
-        topic: common.topic.clone(),
-        consumer_group: consumer.consumer_group.clone(),
+        connections: pull.connections,
+        topics: pull.topics,
+        groups: consumer.group_names(),
         subscription: consumer.subscription.clone(),
         pull_batch: consumer.pull_batch,
         suspend_ms: if consumer.catch_up {
@@ -871,8 +936,8 @@ fn start_consumer(
         } else {
             consumer.suspend_ms
         },
-        clock,
-        stop,
+        clock: pull.clock,
+        stop: pull.stop,
         request_timeout: common.request_timeout,
         reports: reports.clone(),
     };
