@@ -23,6 +23,9 @@
 #      batches of 64, 16 in flight (the fill itself is not a figure)
 # Every topic is created with 4 queues per broker (shardmq: per shard). Busy broker cores are
 # read from /proc/<pid>/stat (utime + stime) around each run, for brokers started here.
+# W1 and W4 also run against `shardmq-bench limit` (as many shards as shardmq ran, its data
+# beside shardmq's): the bare-core ceiling of this machine (O_DIRECT append, ack after write +
+# fdatasync, no broker logic), printed as a second table with shardmq / limit.
 # Reports (JSON + SVG) of every run stay in --out. Compare figures taken in one run only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +48,7 @@ while [ $# -gt 0 ]; do
         --e2e-rate) e2e_rate=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --skip-build) build=0; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -109,6 +112,19 @@ start_shardmq() {
     "$shardmq" serve --profile "$profile" --flush "$flush" --segment-size-mib 256 \
         --data-dir "$work/data/shardmq-$flush" --namesrv-port "$base" \
         --broker-port $((base + 35)) > "$out/shardmq-$flush.log" 2>&1 &
+    broker_pids=($!)
+    pids_to_stop+=($!)
+    namesrv="127.0.0.1:$base"
+    wait_ready "$namesrv"
+}
+
+start_limit() {
+    local flush=$1 base shards
+    base=$(free_base)
+    shards=$(grep -oE '[0-9]+ shard\(s\), profile' "$out/shardmq-async.log" | head -1 | cut -d' ' -f1)
+    mkdir -p "$work/data/limit-$flush"
+    "$bench" limit --shards "${shards:-1}" --flush "$flush" --data-dir "$work/data/limit-$flush" \
+        --namesrv-port "$base" --broker-port $((base + 35)) > "$out/limit-$flush.log" 2>&1 &
     broker_pids=($!)
     pids_to_stop+=($!)
     namesrv="127.0.0.1:$base"
@@ -209,6 +225,15 @@ run_async_workloads shardmq
 stop_pids "${broker_pids[@]}"
 start_shardmq sync
 run_sync_workload shardmq
+stop_pids "${broker_pids[@]}"
+
+echo "==> shardmq-bench limit (the bare-core ceiling)"
+start_limit async
+run limit W1 producer --topic "W1_$RANDOM" --queues 4 --duration-secs "$seconds" \
+    --message-size 1024 --in-flight 64
+stop_pids "${broker_pids[@]}"
+start_limit sync
+run_sync_workload limit
 stop_pids "${broker_pids[@]}"
 
 peer_name=""
@@ -314,6 +339,26 @@ with open(os.path.join(out, "compare.md"), "w") as md:
     md.write(f"shardmq (profile {profile}) vs {peer_name}; {seconds} s per timed workload\n\n")
     md.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
     for r in lines:
+        md.write("| " + " | ".join(r) + " |\n")
+limit_rows = []
+for workload, title in (("W1", "W1 1 KiB sends, 64 in flight"), ("W4", "W4 1 KiB sends, SYNC flush")):
+    for figure, better, get in (
+            ("msgs/s", "higher", lambda t, w=workload: pick(load(t, w), "producer", "messages_per_sec")),
+            ("p99 send latency (us)", "lower", lambda t, w=workload: pick(load(t, w), "producer", "latency_us", "p99")),
+            ("busy broker cores", "lower", lambda t, w=workload: busy(t, w))):
+        mine, limit = get("shardmq"), get("limit")
+        ratio = f"{mine / limit:.2f}" if mine is not None and limit else "-"
+        limit_rows.append((title, figure, better, fmt(mine), fmt(limit), ratio))
+header = ("workload", "figure", "better", "shardmq", "limit", "shardmq/limit")
+widths = [max(len(str(r[i])) for r in [header] + limit_rows) for i in range(len(header))]
+print()
+print("shardmq vs shardmq-bench limit (bare core: O_DIRECT append, ack after write + fdatasync)")
+for r in [header] + limit_rows:
+    print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+with open(os.path.join(out, "compare.md"), "a") as md:
+    md.write("\nshardmq vs shardmq-bench limit (the bare-core ceiling of this machine)\n\n")
+    md.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+    for r in limit_rows:
         md.write("| " + " | ".join(r) + " |\n")
 print(f"\nMarkdown table: {os.path.join(out, 'compare.md')}")
 PY

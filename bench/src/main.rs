@@ -22,6 +22,7 @@ mod clock;
 mod collect;
 mod consume_stats;
 mod consumer;
+mod limit;
 mod plot;
 mod route;
 mod run;
@@ -69,6 +70,10 @@ enum Command {
         #[command(flatten)]
         consumer: ConsumerArgs,
     },
+    /// The ceiling of this machine: a minimal server (namesrv + one broker endpoint per
+    /// core) that appends sends with O_DIRECT and acknowledges after write + fdatasync
+    /// (group commit), to run `producer` against beside a broker. Runs until stopped.
+    Limit(LimitArgs),
     /// Produce and consume at once; report latency from each message's intended send time
     /// to its receipt.
     E2e {
@@ -150,6 +155,59 @@ struct ProducerArgs {
     /// Producer group (header field a).
     #[arg(long, default_value = "shardmq_bench_producer")]
     producer_group: String,
+}
+
+#[derive(Args)]
+struct LimitArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    listen_ip: std::net::IpAddr,
+    #[arg(long, default_value_t = 9876)]
+    namesrv_port: u16,
+    /// Port of shard 0; shard i listens on broker_port + port_stride · i.
+    #[arg(long, default_value_t = 10911)]
+    broker_port: u16,
+    #[arg(long, default_value_t = 10)]
+    port_stride: u16,
+    /// Number of shards, pinned to CPUs 0, 1, … (see --cpus).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+    /// Comma-separated CPU ids to pin the shards to (overrides --shards).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
+    /// Where each shard's log file (`limit-<i>.log`) goes; put it on the disk to measure.
+    #[arg(long, default_value = "shardmq-limit-data")]
+    data_dir: std::path::PathBuf,
+    /// sync: acknowledge after the write and fdatasync that cover a send; async: on arrival.
+    #[arg(long, value_enum, default_value = "sync")]
+    flush: LimitFlush,
+    /// Size of each shard's file, zeroed at start and written round and round, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    ring_mib: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LimitFlush {
+    Sync,
+    Async,
+}
+
+impl LimitArgs {
+    fn into_options(self) -> limit::LimitOptions {
+        limit::LimitOptions {
+            listen_ip: self.listen_ip,
+            namesrv_port: self.namesrv_port,
+            broker_port: self.broker_port,
+            port_stride: self.port_stride,
+            cpus: self.cpus.unwrap_or_else(|| (0..self.shards).collect()),
+            data_dir: self.data_dir,
+            flush: match self.flush {
+                LimitFlush::Sync => limit::Flush::Sync,
+                LimitFlush::Async => limit::Flush::Async,
+            },
+            ring_bytes: self.ring_mib.clamp(64, 1 << 20) << 20,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -254,6 +312,7 @@ fn main() -> ExitCode {
             let catch_up = consumer.catch_up;
             run::run_consumer(&common.into_options(catch_up), &consumer.into_options())
         }
+        Command::Limit(limit) => limit::run_limit(limit.into_options()),
         Command::E2e {
             common,
             producer,

@@ -57,9 +57,12 @@ impl Drop for Node {
 
 /// A namesrv port whose block (namesrv, 2 shards × 3 ports) is free right now.
 fn free_ports() -> (u16, u16) {
+    // Tests run in parallel: each call starts from a block of its own.
+    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let first = CALLS.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
     let process_slot = (std::process::id() % 100) as u16;
-    for block in 0..8u16 {
-        let base = 40_000 + process_slot * 25 + block * 2_500;
+    for block in first..first + 8 {
+        let base = 40_000 + process_slot * 25 + (block % 10) * 2_500;
         let ports = [base, base + 8, base + 10, base + 18, base + 20];
         if ports
             .iter()
@@ -71,8 +74,9 @@ fn free_ports() -> (u16, u16) {
     panic!("no free port block");
 }
 
-fn start_node() -> Node {
-    let dir = std::env::temp_dir().join(format!("shardmq-bench-smoke-{}", std::process::id()));
+fn start_node(name: &str) -> Node {
+    let dir =
+        std::env::temp_dir().join(format!("shardmq-bench-smoke-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (namesrv_port, broker_port) = free_ports();
@@ -149,7 +153,7 @@ fn count(report: &Value, path: &[&str]) -> u64 {
 
 #[test]
 fn every_mode_reports_real_counts() {
-    let node = start_node();
+    let node = start_node("modes");
     let size = MESSAGE_SIZE_BYTES.to_string();
 
     // Producer, closed loop, for two seconds.
@@ -231,6 +235,92 @@ fn every_mode_reports_real_counts() {
         count(&report, &["consumer", "end_to_end_latency_us", "count"]),
         sent
     );
+}
+
+#[test]
+fn groups_and_topics_each_get_every_message() {
+    let node = start_node("groups");
+    let report = bench(
+        &node,
+        "e2e-groups",
+        &[
+            "e2e",
+            "--topic",
+            "SmokeG",
+            "--topics",
+            "2",
+            "--queues",
+            "2",
+            "--groups",
+            "3",
+            "--rate",
+            "1000",
+            "--duration-secs",
+            "2",
+        ],
+    );
+    let sent = count(&report, &["producer", "sent"]);
+    assert!(sent > 0);
+    assert_eq!(
+        count(&report, &["consumer", "consumed"]),
+        3 * sent,
+        "each of 3 groups receives every message of both topics"
+    );
+}
+
+/// `shardmq-bench limit` (the bare-core server) serves the producer: every send of a counted
+/// run, single and batched, is acknowledged.
+#[test]
+fn limit_server_acknowledges_every_send() {
+    let dir = std::env::temp_dir().join(format!("shardmq-bench-limit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (namesrv_port, broker_port) = free_ports();
+    let mut child = command(Path::new(env!("CARGO_BIN_EXE_shardmq-bench")))
+        .args(["limit", "--cpus", "0", "--ring-mib", "64"])
+        .args(["--namesrv-port", &namesrv_port.to_string()])
+        .args(["--broker-port", &broker_port.to_string()])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start shardmq-bench limit");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        assert!(Instant::now() < deadline, "limit never got ready");
+        let line = lines.next().expect("limit exited early").unwrap();
+        if line.contains("shard 0 ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let node = Node {
+        child,
+        dir,
+        namesrv: format!("127.0.0.1:{namesrv_port}"),
+    };
+    for (name, batch) in [("limit-single", "1"), ("limit-batch", "8")] {
+        let report = bench(
+            &node,
+            name,
+            &[
+                "producer",
+                "--topic",
+                "SmokeL",
+                "--queues",
+                "2",
+                "--messages",
+                "4000",
+                "--batch",
+                batch,
+            ],
+        );
+        assert_eq!(count(&report, &["producer", "sent"]), 4000, "{name}");
+        assert_eq!(count(&report, &["producer", "send_failed"]), 0, "{name}");
+    }
+    let log = node.dir.join("data").join("limit-0.log");
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), 64 << 20, "the ring");
 }
 
 #[test]
