@@ -199,7 +199,9 @@ impl Broker {
     }
 
     pub(crate) async fn serve_pull(self: Rc<Self>, pull: PullRequest, connection: Rc<Connection>) {
-        let mut result = self.read_queue(&pull, &connection).await;
+        let Some(mut result) = self.read_queue(&pull, &connection).await else {
+            return; // its connection closed while it waited for room
+        };
         let found_nothing = matches!(&result, Ok(r) if pull_code(r, pull.queue_offset) == response_code::PULL_NOT_FOUND);
         if found_nothing && pull.may_suspend && pull.suspend_timeout_ms > 0 {
             match self.park_pull(&pull, &connection).await {
@@ -207,7 +209,10 @@ impl Broker {
                 Ok(ParkOutcome::Arrived | ParkOutcome::Expired) => {}
                 Err(error) => return respond_error(&connection, &pull, error),
             }
-            result = self.read_queue(&pull, &connection).await;
+            let Some(again) = self.read_queue(&pull, &connection).await else {
+                return;
+            };
+            result = again;
         }
         if pull.oneway {
             return;
@@ -254,15 +259,27 @@ impl Broker {
         Ok(self.pull_waiters.wait(id).await)
     }
 
+    /// Reads what the pull asks for once its answer has room in the connection's output;
+    /// None when the connection closed meanwhile (nothing is read: the thousands of pulls a
+    /// slow consumer had waiting end at its close without reading the store, which once
+    /// made a burst of reads and answers nobody would get — a second of the shard and
+    /// hundreds of MB).
     pub(crate) async fn read_queue(
         &self,
         pull: &PullRequest,
         connection: &Rc<Connection>,
-    ) -> Result<GetMessageResult, RequestError> {
+    ) -> Option<Result<GetMessageResult, RequestError>> {
         // Held until this pull's answer is in the output buffer (or dropped unanswered).
         let _room = connection
             .reserve_output(pull.max_bytes as usize + PULL_ANSWER_HEADER_MAX_BYTES)
             .await;
+        if connection.is_closed() {
+            return None;
+        }
+        Some(self.read_reserved(pull).await)
+    }
+
+    async fn read_reserved(&self, pull: &PullRequest) -> Result<GetMessageResult, RequestError> {
         let (group, topic, queue_id) = (&pull.group, &pull.topic, pull.queue_id);
         if let Some(moved) = self.pending_reset_answer(group, topic, queue_id, pull.queue_offset) {
             return Ok(moved);
