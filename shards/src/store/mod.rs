@@ -41,6 +41,7 @@ mod flusher;
 mod index;
 mod index_query;
 mod pull;
+mod read_cache;
 pub use shardmq_protocol::record;
 mod recovery;
 mod retention;
@@ -293,6 +294,10 @@ pub struct StoreStats {
     pub segments_deleted: u64,
     /// Damaged records a pull met and did not serve (`pull::record_fault`).
     pub corrupt_records: u64,
+    /// Pulls' lookups of cold commitlog windows found in the read cache, and those that read
+    /// one from disk themselves (read_cache.rs; read-ahead reads count in neither).
+    pub read_cache_hits: u64,
+    pub read_cache_misses: u64,
 }
 
 impl StoreStats {
@@ -339,6 +344,8 @@ pub(crate) struct Inner {
     pub(crate) segment_listener: RefCell<Option<Rc<dyn Fn()>>>,
     /// Whether the ring's reaper task waits idle (flusher.rs).
     pub(crate) reaper: Rc<flusher::ReaperState>,
+    /// Windows of durable commitlog read for pulls of cold data (read_cache.rs).
+    pub(crate) read_cache: RefCell<read_cache::ReadCache>,
 }
 
 /// Called with (topic, queue id, queue offset) of every message the store appends, once it
@@ -434,6 +441,7 @@ impl Store {
                 arrival_listener: RefCell::new(None),
                 segment_listener: RefCell::new(None),
                 reaper: Rc::default(),
+                read_cache: RefCell::default(),
             }
         });
         crate::runtime::register_poll_hook(&inner.reap_hook);
@@ -914,9 +922,12 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         let log = self.inner.log.borrow();
+        let cache = self.inner.read_cache.borrow();
         StoreStats {
             durable_offset: log.flush.durable_end,
             write_offset: log.tail.end(),
+            read_cache_hits: cache.hits,
+            read_cache_misses: cache.misses,
             ..log.stats
         }
     }

@@ -202,7 +202,7 @@ fn plan(
 }
 
 pub(crate) async fn get_messages(
-    inner: &Inner,
+    inner: &Rc<Inner>,
     request: &PullRequest<'_>,
     filter: &PullFilter<'_>,
 ) -> Result<GetMessageResult, StoreError> {
@@ -226,8 +226,7 @@ pub(crate) async fn get_messages(
         let first = units[run_start].physical_offset;
         let last = &units[run_end - 1];
         let len = (last.physical_offset + u64::from(last.size_bytes) - first) as usize;
-        let bytes = read_range(inner, first, len).await?;
-        result.body.extend_from_slice(&bytes);
+        read_range_windowed(inner, first, len, &mut result.body).await?;
         run_start = run_end;
     }
     let faults = vet_records(inner, request, &units, &indexes, &result.body);
@@ -448,6 +447,88 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
             .await?;
     }
     Ok(out)
+}
+
+/// Appends commitlog bytes `[pos, pos + len)` to `out` as [`read_range`] reads them, but the
+/// durable part through the store's window cache (read_cache.rs): for pull bodies, which
+/// walk the log.
+async fn read_range_windowed(
+    inner: &Rc<Inner>,
+    pos: u64,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    let end = pos + len as u64;
+    let mut at = pos;
+    while at < end {
+        let window = match cacheable_window(inner, at) {
+            Some(window) => window,
+            // In (or next to) the tail: read as it is.
+            None => {
+                out.extend_from_slice(&read_range(inner, at, (end - at) as usize).await?);
+                return Ok(());
+            }
+        };
+        read_ahead(inner, window.1);
+        let bytes = window_bytes(inner, window).await?;
+        let from = (at - window.0) as usize;
+        let to = (end.min(window.1) - window.0) as usize;
+        out.extend_from_slice(&bytes[from..to]);
+        at = window.1.min(end);
+    }
+    Ok(())
+}
+
+/// The window `[start, end)` holding `at`, when it lies wholly in one segment and below the
+/// tail (its bytes are durable and never change); None otherwise.
+fn cacheable_window(inner: &Inner, at: u64) -> Option<(u64, u64)> {
+    use super::read_cache::WINDOW_BYTES;
+    let log = inner.log.borrow();
+    let size = inner.config.segment_size_bytes;
+    let segment = at / size * size;
+    let start = (at / WINDOW_BYTES * WINDOW_BYTES).max(segment);
+    let end = (start / WINDOW_BYTES * WINDOW_BYTES + WINDOW_BYTES).min(segment + size);
+    (start >= log.min_physical_offset && end <= log.tail.base()).then_some((start, end))
+}
+
+/// The bytes of a window: from the cache, after the read under way, or read now.
+async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, StoreError> {
+    use super::read_cache::Lookup;
+    loop {
+        let lookup = inner.read_cache.borrow_mut().lookup(window.0);
+        match lookup {
+            Lookup::Cached(bytes) => return Ok(bytes),
+            Lookup::Reading(event) => event.wait().await,
+            Lookup::Missing => {
+                let read = read_range(inner, window.0, (window.1 - window.0) as usize).await;
+                let bytes = read.map(Rc::new);
+                let kept = bytes.as_ref().ok().cloned();
+                inner.read_cache.borrow_mut().finish(window.0, kept);
+                return bytes;
+            }
+        }
+    }
+}
+
+/// Starts reading the `READ_AHEAD_WINDOWS` windows from `start` in the background, those that
+/// are durable and neither cached nor being read (a consumer walking the log finds them ready,
+/// and the disk has that many reads to work on).
+fn read_ahead(inner: &Rc<Inner>, mut start: u64) {
+    for _ in 0..super::read_cache::READ_AHEAD_WINDOWS {
+        let Some(window) = cacheable_window(inner, start) else {
+            return;
+        };
+        start = window.1;
+        if !inner.read_cache.borrow_mut().start_read_ahead(window.0) {
+            continue;
+        }
+        let inner = inner.clone();
+        crate::runtime::spawn_detached(async move {
+            let read = read_range(&inner, window.0, (window.1 - window.0) as usize).await;
+            let bytes = read.ok().map(Rc::new);
+            inner.read_cache.borrow_mut().finish(window.0, bytes);
+        });
+    }
 }
 
 pub(crate) async fn read_record(

@@ -270,6 +270,7 @@ pub(crate) async fn delete_oldest(
             .first_start()
             .expect("the last segment is never deleted");
         log.min_physical_offset = next;
+        inner.read_cache.borrow_mut().forget_below(next);
         log.flush.checkpoint_wanted = true;
         log.stats.segments_deleted += 1;
         (file, path, keep)
