@@ -75,20 +75,27 @@ fn free_ports() -> (u16, u16) {
 }
 
 fn start_node(name: &str) -> Node {
+    let serve = [
+        "serve",
+        "--shards",
+        "2",
+        "--no-pin",
+        "--segment-size-mib",
+        "16",
+    ];
+    start_server(&shardmq_binary(), name, &serve, "shardmq: ready")
+}
+
+/// Starts `program args` with free namesrv and broker ports and a data dir of its own; waits
+/// for a line containing `ready`.
+fn start_server(program: &Path, name: &str, args: &[&str], ready: &str) -> Node {
     let dir =
         std::env::temp_dir().join(format!("shardmq-bench-smoke-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (namesrv_port, broker_port) = free_ports();
-    let mut child = command(&shardmq_binary())
-        .args([
-            "serve",
-            "--shards",
-            "2",
-            "--no-pin",
-            "--segment-size-mib",
-            "16",
-        ])
+    let mut child = command(program)
+        .args(args)
         .args(["--namesrv-port", &namesrv_port.to_string()])
         .args(["--broker-port", &broker_port.to_string()])
         .arg("--data-dir")
@@ -96,13 +103,13 @@ fn start_node(name: &str) -> Node {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start shardmq");
+        .unwrap_or_else(|error| panic!("start {}: {error}", program.display()));
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        assert!(Instant::now() < deadline, "shardmq never got ready");
-        let line = lines.next().expect("shardmq exited early").unwrap();
-        if line.contains("shardmq: ready") {
+        assert!(Instant::now() < deadline, "{name} never got ready");
+        let line = lines.next().expect("exited before it was ready").unwrap();
+        if line.contains(ready) {
             break;
         }
     }
@@ -272,34 +279,9 @@ fn groups_and_topics_each_get_every_message() {
 /// run, single and batched, is acknowledged.
 #[test]
 fn limit_server_acknowledges_every_send() {
-    let dir = std::env::temp_dir().join(format!("shardmq-bench-limit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (namesrv_port, broker_port) = free_ports();
-    let mut child = command(Path::new(env!("CARGO_BIN_EXE_shardmq-bench")))
-        .args(["limit", "--cpus", "0", "--ring-mib", "64"])
-        .args(["--namesrv-port", &namesrv_port.to_string()])
-        .args(["--broker-port", &broker_port.to_string()])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shardmq-bench limit");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        assert!(Instant::now() < deadline, "limit never got ready");
-        let line = lines.next().expect("limit exited early").unwrap();
-        if line.contains("shard 0 ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    let node = Node {
-        child,
-        dir,
-        namesrv: format!("127.0.0.1:{namesrv_port}"),
-    };
+    let limit = ["limit", "--cpus", "0", "--ring-mib", "64"];
+    let program = Path::new(env!("CARGO_BIN_EXE_shardmq-bench"));
+    let node = start_server(program, "limit", &limit, "shard 0 ready");
     for (name, batch) in [("limit-single", "1"), ("limit-batch", "8")] {
         let report = bench(
             &node,
