@@ -24,7 +24,7 @@
 //! | Action | When |
 //! |---|---|
 //! | exit (final flush + clean checkpoint) | `close` was called |
-//! | checkpoint (flush, sync queues, write) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
+//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
 //! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
 //! | wait | for an append, a chain's end, a `wait_durable`, `close` or the next deadline |
@@ -100,6 +100,9 @@ pub(crate) struct FlushState {
     /// When the oldest unflushed append happened (Async deadline).
     dirty_since: Option<Instant>,
     pub(crate) checkpoint_wanted: bool,
+    /// A checkpoint task is under way (it runs beside the flusher's loop: its sync of
+    /// thousands of consume-queue files must not hold up allocation and flushes).
+    pub(crate) checkpoint_running: bool,
     last_checkpoint_at: Instant,
     last_checkpoint_offset: u64,
     /// When the last flush of data finished (Async zero-fill waits for a quiet spell).
@@ -140,6 +143,7 @@ impl FlushState {
             close_waiters: Vec::new(),
             dirty_since: None,
             checkpoint_wanted: false,
+            checkpoint_running: false,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
             // As if the last flush were long past: a fresh store zero-fills at once.
@@ -332,7 +336,23 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
                 flush(&inner).await;
             }
             Action::Checkpoint => {
-                checkpoint(&inner, false).await;
+                // The flush and the taking of the dirty files here; their sync (a syncfs of
+                // thousands of queue files can take a second) and the write in a task of their
+                // own, so that allocation and flushes go on meanwhile. The task holds the store
+                // only weakly: a store dropped meanwhile (a crash, in tests) is not kept.
+                let Some(plan) = plan_checkpoint(&inner, false).await else {
+                    continue;
+                };
+                inner.log.borrow_mut().flush.checkpoint_running = true;
+                let (root, weak) = (inner.config.root_dir.clone(), Rc::downgrade(&inner));
+                crate::runtime::spawn_detached(async move {
+                    let outcome = write_checkpoint(root, plan).await;
+                    if let Some(inner) = weak.upgrade() {
+                        checkpoint_done(&inner, outcome);
+                        inner.log.borrow_mut().flush.checkpoint_running = false;
+                        inner.notify.signal();
+                    }
+                });
             }
             Action::ZeroFill => zero_fill_step(&inner).await,
             Action::Wait(_) => {}
@@ -359,10 +379,13 @@ fn next_action(inner: &Inner) -> Action {
     }
     deadlines.extend(log.space.allocation_retry_at.filter(|at| *at > now));
     // Checkpoints come before flushes (a checkpoint flushes first): under constant Sync load
-    // the log is always dirty, and recovery work must stay bounded all the same.
+    // the log is always dirty, and recovery work must stay bounded all the same. A checkpoint
+    // runs as a task of its own, so the loop goes on allocating and flushing meanwhile (its
+    // syncfs of thousands of queue files took a second, and sends met "space is being
+    // prepared" while it ran).
     let checkpoint_every = Duration::from_millis(CHECKPOINT_INTERVAL_MS);
     let changed = end != flush.last_checkpoint_offset || flush.checkpoint_wanted;
-    if changed {
+    if changed && !flush.checkpoint_running {
         let due = flush.last_checkpoint_at + checkpoint_every;
         if now >= due || flush.checkpoint_wanted {
             return Action::Checkpoint;
@@ -971,13 +994,30 @@ async fn zero_fill_step(inner: &Inner) {
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
 pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
+    let Some(plan) = plan_checkpoint(inner, clean).await else {
+        return false;
+    };
+    let outcome = write_checkpoint(inner.config.root_dir.clone(), plan).await;
+    checkpoint_done(inner, outcome)
+}
+
+/// What a checkpoint records, and the files written through maps that must be durable first.
+pub(crate) struct CheckpointPlan {
+    record: Checkpoint,
+    paths: Vec<std::path::PathBuf>,
+    dir: Option<std::path::PathBuf>,
+}
+
+/// A checkpoint's first step, on the store: flushes what is appended and takes the files
+/// written since the last one. None when the flush failed.
+async fn plan_checkpoint(inner: &Inner, clean: bool) -> Option<CheckpointPlan> {
     let (offset, queues, index) = {
         let log = inner.log.borrow();
         let index = inner.index.borrow().mark();
         (log.tail.end(), inner.queues.borrow().max_offsets(), index)
     };
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
-        return false;
+        return None;
     }
     // Files a failed checkpoint left unsynced come first.
     let (mut paths, dir) = {
@@ -990,25 +1030,58 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
     paths.extend(inner.queues.borrow_mut().take_dirty_paths());
     let (index_paths, index_dir) = inner.index.borrow_mut().take_dirty_paths();
     paths.extend(index_paths);
-    if !sync_paths(inner, paths, dir.or(index_dir)).await {
-        return false;
-    }
     let record = Checkpoint {
         commitlog_offset: offset,
         clean,
         queues,
         index: Some(index),
     };
-    if let Err(error) = checkpoint::write(&inner.config.root_dir, &record).await {
-        checkpoint_failed(inner, "checkpoint write", &error);
-        return false;
+    Some(CheckpointPlan {
+        record,
+        paths,
+        dir: dir.or(index_dir),
+    })
+}
+
+/// A checkpoint's second step, which needs only the store's directory (so it can go on
+/// while the store does other work, or after it is gone): syncs the files, then writes the
+/// record. Ok: the commitlog offset recorded.
+async fn write_checkpoint(
+    root: std::path::PathBuf,
+    plan: CheckpointPlan,
+) -> Result<u64, SyncFailure> {
+    sync_written(&root, plan.paths, plan.dir).await?;
+    checkpoint::write(&root, &plan.record)
+        .await
+        .map_err(|error| SyncFailure {
+            context: "checkpoint write",
+            error,
+            paths: Vec::new(),
+            dir: None,
+        })?;
+    Ok(plan.record.commitlog_offset)
+}
+
+/// Applies a checkpoint's outcome to the store; true when it was written.
+fn checkpoint_done(inner: &Inner, outcome: Result<u64, SyncFailure>) -> bool {
+    match outcome {
+        Ok(offset) => {
+            let mut log = inner.log.borrow_mut();
+            log.flush.last_checkpoint_at = Instant::now();
+            log.flush.last_checkpoint_offset = offset;
+            log.flush.checkpoint_wanted = false;
+            log.stats.checkpoints += 1;
+            true
+        }
+        Err(failure) => {
+            let mut log = inner.log.borrow_mut();
+            log.flush.unsynced_paths = failure.paths;
+            log.flush.unsynced_dir = failure.dir;
+            drop(log);
+            checkpoint_failed(inner, failure.context, &failure.error);
+            false
+        }
     }
-    let mut log = inner.log.borrow_mut();
-    log.flush.last_checkpoint_at = Instant::now();
-    log.flush.last_checkpoint_offset = offset;
-    log.flush.checkpoint_wanted = false;
-    log.stats.checkpoints += 1;
-    true
 }
 
 /// A checkpoint step failed: short of resources, the checkpoint is tried again after
@@ -1078,30 +1151,14 @@ pub(crate) async fn sync_written(
     Ok(())
 }
 
-/// The checkpoint's `sync_written`; on a failure what is left stays for the next checkpoint,
-/// and false.
-async fn sync_paths(
-    inner: &Inner,
-    paths: Vec<std::path::PathBuf>,
-    dir: Option<std::path::PathBuf>,
-) -> bool {
-    match sync_written(&inner.config.root_dir, paths, dir).await {
-        Ok(()) => true,
-        Err(failure) => {
-            let mut log = inner.log.borrow_mut();
-            log.flush.unsynced_paths = failure.paths;
-            log.flush.unsynced_dir = failure.dir;
-            drop(log);
-            checkpoint_failed(inner, failure.context, &failure.error);
-            false
-        }
-    }
-}
-
 /// fdatasync of a file by path (consume-queue files are written through memory maps).
 pub(crate) use crate::runtime::fs::fdatasync_path as sync_file;
 
 async fn exit(inner: &Inner) {
+    // A periodic checkpoint under way ends first (one checkpoint writer at a time).
+    while inner.log.borrow().flush.checkpoint_running {
+        inner.notify.wait().await;
+    }
     // Every acknowledged message is written (`ok`) even when the clean checkpoint cannot be
     // (a full disk has no block for its new file): recovery then scans from the last one.
     let ok = flush(inner).await;
