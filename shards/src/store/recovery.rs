@@ -92,6 +92,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let mut rebuilt = Rebuilt {
         queues: &mut queues,
         index: &mut index,
+        unindexed: 0,
     };
     config
         .progress
@@ -269,6 +270,9 @@ fn classify(window: &[u8], at_offset: u64, segment_end: u64) -> Found {
 struct Rebuilt<'a> {
     queues: &'a mut QueueTable,
     index: &'a mut Index,
+    /// Records left out of the index because the disk had no room for it: a full disk must
+    /// not stop the store from opening for an index of keys (queries by key miss them).
+    unindexed: u64,
 }
 
 /// Damage in the middle of the log the scan stepped over.
@@ -533,20 +537,45 @@ fn dispatch(
         size_bytes: message.total_size,
         tags_code: (config.tags_code_of)(&message),
     };
+    let context = |step: &str, error: std::io::Error| {
+        let what = format!(
+            "re-dispatching {}/{} queue offset {} (commitlog offset {offset}): {step}",
+            message.topic, message.queue_id, message.queue_offset
+        );
+        match crate::runtime::fs::raw_os_error_of(&error) {
+            Some(code) => crate::runtime::fs::os_error_with_context(code, what),
+            None => std::io::Error::new(error.kind(), what),
+        }
+    };
     let queue = rebuilt
         .queues
-        .get_or_create(message.topic, message.queue_id)?;
-    queue.write_unit(message.queue_offset, unit)?;
+        .get_or_create(message.topic, message.queue_id)
+        .map_err(|e| context("opening the queue", e))?;
+    queue
+        .write_unit(message.queue_offset, unit)
+        .map_err(|e| context("writing the unit", e))?;
     let index = &mut *rebuilt.index;
     if offset >= index.indexed_end() && index::indexes_sys_flag(message.sys_flag) {
         let keys = MessageKeys::of(message.properties);
-        index.prepare(keys.as_slice().len(), offset)?;
-        index.add(
-            message.topic,
-            keys.as_slice(),
-            offset,
-            message.store_timestamp_ms,
-        );
+        match index.prepare(keys.as_slice().len(), offset) {
+            Ok(()) => index.add(
+                message.topic,
+                keys.as_slice(),
+                offset,
+                message.store_timestamp_ms,
+            ),
+            Err(error) if super::error::is_space_error(&error) => {
+                if rebuilt.unindexed == 0 {
+                    log::warn!(
+                        "store {}: {}; the records from here on are left out of the message                          index (their queues are rebuilt; queries by key miss them)",
+                        config.root_dir.display(),
+                        context("preparing the index", error)
+                    );
+                }
+                rebuilt.unindexed += 1;
+            }
+            Err(error) => return Err(context("preparing the index", error).into()),
+        }
     }
     index.note_indexed(offset + u64::from(message.total_size));
     Ok(true)
