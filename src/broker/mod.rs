@@ -355,7 +355,6 @@ impl Broker {
             TopicChange::Upsert(config) => {
                 if self.topics.borrow_mut().upsert(config.clone()) {
                     self.registration.topic_changed(&config.topic_name);
-                    self.prepare_queues(config);
                 }
             }
             TopicChange::Delete(topic) => {
@@ -370,15 +369,8 @@ impl Broker {
     pub fn upsert_topic_everywhere(&self, config: TopicConfig) {
         if self.topics.borrow_mut().upsert(config.clone()) {
             self.registration.topic_changed(&config.topic_name);
-            self.prepare_queues(&config);
             (self.broadcast_topic)(&TopicChange::Upsert(config));
         }
-    }
-
-    /// Has the store create the topic's queue files ahead of their first messages.
-    fn prepare_queues(&self, config: &TopicConfig) {
-        let queues = config.write_queue_nums.max(config.read_queue_nums);
-        self.store.prepare_queues(&config.topic_name, queues);
     }
 
     fn remove_topic_locally(&self, topic: &str) -> bool {

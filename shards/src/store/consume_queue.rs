@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use memmap2::MmapMut;
 
@@ -91,34 +91,6 @@ pub(crate) struct ConsumeQueue {
 
 fn file_name(start_unit: u64) -> String {
     format!("{:020}", start_unit * CQ_UNIT_BYTES)
-}
-
-/// Creates the directory and the (sparse) first file of each queue `topic_dir/<id>` that has
-/// no directory yet; blocking, for the helper thread. A queue then opened on the shard finds
-/// them and allocates no inode there (right after many files were deleted, ext4 took
-/// milliseconds per inode, on the shard, at each queue's first message). Its blocks are
-/// reserved as units are written, as for any existing file.
-pub(crate) fn prepare_files(
-    topic_dir: &Path,
-    units_per_file: u64,
-    queue_ids: &[u32],
-) -> io::Result<()> {
-    for id in queue_ids {
-        let dir = topic_dir.join(id.to_string());
-        if dir.exists() {
-            continue;
-        }
-        fs::create_dir_all(&dir)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(file_name(0)))?;
-        if file.metadata()?.len() == 0 {
-            file.set_len(units_per_file * CQ_UNIT_BYTES)?;
-        }
-    }
-    Ok(())
 }
 
 /// Blocks reserved ahead of the units written, per step: a queue file is sized for
@@ -480,16 +452,6 @@ impl QueueTable {
 
     pub(crate) fn get(&self, topic: &str, queue_id: u32) -> Option<&ConsumeQueue> {
         self.topics.get(topic)?.get(&queue_id)
-    }
-
-    /// What `prepare_files` needs to create `topic`'s queues among `queue_ids` that are not
-    /// open here yet: (root, units per file, the ids).
-    pub(crate) fn preparation(&self, topic: &str, queue_ids: u32) -> (PathBuf, u64, Vec<u32>) {
-        let open = self.topics.get(topic);
-        let ids = (0..queue_ids)
-            .filter(|id| open.is_none_or(|queues| !queues.contains_key(id)))
-            .collect();
-        (self.root.join(topic), self.units_per_file, ids)
     }
 
     /// The queue, created (directory and all) on first use.

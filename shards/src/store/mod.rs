@@ -846,28 +846,6 @@ impl Store {
         self.inner.notify.signal();
     }
 
-    /// Creates the directories and first files of `topic`'s queues `0..queues` that do not
-    /// exist yet, on the shard's helper thread, so that each queue's first message finds them
-    /// (queue creation off the request path; `consume_queue::prepare_files`). Best effort: a
-    /// queue not prepared in time is created at its first message, as before.
-    pub fn prepare_queues(&self, topic: &str, queues: u32) {
-        let (topic_dir, units_per_file, ids) =
-            self.inner.queues.borrow().preparation(topic, queues);
-        if ids.is_empty() {
-            return;
-        }
-        crate::runtime::spawn_detached(async move {
-            let shown = topic_dir.clone();
-            let prepared = crate::runtime::blocking(move || {
-                consume_queue::prepare_files(&topic_dir, units_per_file, &ids)
-            })
-            .await;
-            if let Err(error) = prepared {
-                log::debug!("store: preparing queues in {}: {error}", shown.display());
-            }
-        });
-    }
-
     /// Queue ids of the topic that hold (or held) messages in this store.
     pub fn queue_ids(&self, topic: &str) -> Vec<QueueId> {
         self.inner
