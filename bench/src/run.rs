@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
+use shardmq_protocol::body::TopicRouteData;
 
 use crate::clock::RunClock;
 use crate::collect::{Collected, Collector, Headline, IntervalPoint};
@@ -390,21 +391,36 @@ pub fn run_producer(common: &CommonOptions, producer: &ProducerOptions) -> anyho
     Ok(())
 }
 
+/// The route of each topic of the run: created (or resized) with `--queues`, else looked up,
+/// else what `missing` makes of a topic without one.
+fn topic_routes(
+    common: &CommonOptions,
+    missing: impl Fn(&str) -> anyhow::Result<TopicRouteData>,
+) -> anyhow::Result<Vec<(String, TopicRouteData)>> {
+    let timeout = common.request_timeout;
+    let mut routes = Vec::new();
+    for name in common.topic_names() {
+        let route = match common.queues {
+            Some(queues) => route::create_topic(&common.namesrv, &name, queues, timeout)?,
+            None => match route::fetch_route(&common.namesrv, &name, timeout)? {
+                Some(route) => route,
+                None => missing(&name)?,
+            },
+        };
+        routes.push((name, route));
+    }
+    Ok(routes)
+}
+
 /// `consumer` mode.
 pub fn run_consumer(common: &CommonOptions, consumer: &ConsumerOptions) -> anyhow::Result<()> {
     common.validate()?;
     consumer.validate()?;
-    let mut topics = Vec::new();
-    for name in common.topic_names() {
-        let route = match common.queues {
-            Some(queues) => {
-                route::create_topic(&common.namesrv, &name, queues, common.request_timeout)?
-            }
-            None => route::fetch_route(&common.namesrv, &name, common.request_timeout)?
-                .with_context(|| {
-                    format!("topic {name} has no route: produce to it first, or give --queues")
-                })?,
-        };
+    let routes = topic_routes(common, |name| {
+        bail!("topic {name} has no route: produce to it first, or give --queues")
+    })?;
+    let mut topics = Vec::with_capacity(routes.len());
+    for (name, route) in routes {
         topics.push((name, route::subscribe_targets(&route)?));
     }
     let targets = topics[0].1.clone();
@@ -478,22 +494,12 @@ pub fn run_end_to_end(
         "e2e runs for a duration or a message count, without --catch-up"
     );
     let timeout = common.request_timeout;
-    let mut routes = Vec::new();
-    for name in common.topic_names() {
-        let route = match common.queues {
-            Some(queues) => route::create_topic(&common.namesrv, &name, queues, timeout)?,
-            None => match route::fetch_route(&common.namesrv, &name, timeout)? {
-                Some(route) => route,
-                None => {
-                    println!(
-                        "Topic {name} has no route; creating it with {E2E_DEFAULT_QUEUES} queues per broker"
-                    );
-                    route::create_topic(&common.namesrv, &name, E2E_DEFAULT_QUEUES, timeout)?
-                }
-            },
-        };
-        routes.push((name, route));
-    }
+    let routes = topic_routes(common, |name| {
+        println!(
+            "Topic {name} has no route; creating it with {E2E_DEFAULT_QUEUES} queues per broker"
+        );
+        route::create_topic(&common.namesrv, name, E2E_DEFAULT_QUEUES, timeout)
+    })?;
     let mut publish_topics = Vec::with_capacity(routes.len());
     let mut subscribe_topics = Vec::with_capacity(routes.len());
     for (name, route) in &routes {

@@ -499,15 +499,19 @@ async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, 
         match lookup {
             Lookup::Cached(bytes) => return Ok(bytes),
             Lookup::Reading(event) => event.wait().await,
-            Lookup::Missing => {
-                let read = read_range(inner, window.0, (window.1 - window.0) as usize).await;
-                let bytes = read.map(Rc::new);
-                let kept = bytes.as_ref().ok().cloned();
-                inner.read_cache.borrow_mut().finish(window.0, kept);
-                return bytes;
-            }
+            Lookup::Missing => return read_window(inner, window).await,
         }
     }
+}
+
+/// Reads a window its caller registered as its reader (`ReadCache::lookup`,
+/// `start_read_ahead`) and hands it to the cache, which wakes whoever waits for it.
+async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, StoreError> {
+    let read = read_range(inner, window.0, (window.1 - window.0) as usize).await;
+    let bytes = read.map(Rc::new);
+    let kept = bytes.as_ref().ok().cloned();
+    inner.read_cache.borrow_mut().finish(window.0, kept);
+    bytes
 }
 
 /// Starts reading the `READ_AHEAD_WINDOWS` windows from `start` in the background, those that
@@ -524,9 +528,8 @@ fn read_ahead(inner: &Rc<Inner>, mut start: u64) {
         }
         let inner = inner.clone();
         crate::runtime::spawn_detached(async move {
-            let read = read_range(&inner, window.0, (window.1 - window.0) as usize).await;
-            let bytes = read.ok().map(Rc::new);
-            inner.read_cache.borrow_mut().finish(window.0, bytes);
+            // A failed read-ahead is left to the pull that needs the window.
+            let _ = read_window(&inner, window).await;
         });
     }
 }

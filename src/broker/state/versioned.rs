@@ -104,21 +104,17 @@ impl VersionedFile {
 
     /// Counts and journals `entry` as set; returns the version to wait for.
     pub fn set<E: VersionedEntry>(&mut self, entry: &E) -> u64 {
-        self.bump();
-        let line = persist::journal_line(
-            self.data_version.counter,
-            &JournalEntry::Set(entry.to_value()),
-        );
-        self.persisted.note_journaled_change(&line)
+        self.journal(JournalEntry::Set(entry.to_value()))
     }
 
     /// Counts and journals the removal of `name`; returns the version to wait for.
     pub fn remove(&mut self, name: &str) -> u64 {
+        self.journal(JournalEntry::Remove(name.to_string()))
+    }
+
+    fn journal(&mut self, change: JournalEntry) -> u64 {
         self.bump();
-        let line = persist::journal_line(
-            self.data_version.counter,
-            &JournalEntry::Remove(name.to_string()),
-        );
+        let line = persist::journal_line(self.data_version.counter, &change);
         self.persisted.note_journaled_change(&line)
     }
 

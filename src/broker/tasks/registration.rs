@@ -148,7 +148,8 @@ pub async fn run(
         )
         .await;
         let changed = std::mem::take(&mut *broker.registration.changed_topics.borrow_mut());
-        let full = !signalled || changed.is_empty() || broker.registration.full_due.take();
+        let full_due = broker.registration.full_due.take();
+        let full = !signalled || changed.is_empty() || full_due;
         let accepted = broker
             .register_with_all(&mut namesrvs, (!full).then_some(&changed))
             .await;
