@@ -23,6 +23,7 @@ mod command;
 mod encode;
 mod frame;
 pub mod json_header;
+pub mod signature;
 
 #[cfg(test)]
 mod tests;
