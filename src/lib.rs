@@ -5,6 +5,7 @@
 //! are the `shardmq-protocol` crate (re-exported here as `remoting`, `body` and `record`);
 //! everything that owns data on one core lives in the `shards` crate.
 
+pub mod acl;
 pub mod admin;
 pub mod broker;
 pub mod error;

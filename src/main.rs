@@ -79,6 +79,11 @@ struct ShardArgs {
     /// standard output.
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Turn ACL on (RocketMQ's aclEnable) with this plain_acl.yml: every request to the
+    /// broker must be signed by an account it lists and have the permission it needs;
+    /// namesrv writes need an admin account. Re-read within a second when it changes.
+    #[arg(long)]
+    acl_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -159,6 +164,14 @@ struct BrokerOptions {
     /// (deleteCommitLogFilesInterval).
     #[arg(long = "deleteCommitLogFilesInterval", default_value_t = 100)]
     delete_commit_log_files_interval: u64,
+    /// AccessKey the brokers sign their namesrv requests with (RocketMQ 5's
+    /// innerClientAuthenticationCredentials); with --acl-file and no key given, the first
+    /// admin account of that file (by accessKey) is used.
+    #[arg(long, requires = "inner_secret_key")]
+    inner_access_key: Option<String>,
+    /// SecretKey of --inner-access-key.
+    #[arg(long, requires = "inner_access_key")]
+    inner_secret_key: Option<String>,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden, and only in builds with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -273,6 +286,13 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         test_flush_delay_ms: None,
         transaction: Default::default(),
         retention: Default::default(),
+        acl: shard
+            .acl_file
+            .as_deref()
+            .map(shardmq::acl::AclSource::open)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        inner_credentials: None,
     })
 }
 
@@ -331,6 +351,23 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         .retention
         .validate()
         .map_err(|e| anyhow::anyhow!("retention: {e}"))?;
+    config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
+        (Some(access_key), Some(secret_key)) => Some(
+            shardmq::remoting::signature::Credentials::new(access_key, secret_key),
+        ),
+        _ => config.acl.as_ref().and_then(|acl| {
+            let rules = acl.rules();
+            let admin = rules.first_admin()?;
+            log::info!(
+                "brokers sign their namesrv requests as admin account {} of the ACL file",
+                admin.access_key
+            );
+            Some(shardmq::remoting::signature::Credentials::new(
+                &admin.access_key,
+                &admin.secret_key,
+            ))
+        }),
+    };
     Ok(())
 }
 
@@ -424,6 +461,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 config.listen_ip
             };
             config.namesrv_addrs = vec![SocketAddr::from((local, args.namesrv_port))];
+            if config.acl.is_some() && config.inner_credentials.is_none() {
+                bail!(
+                    "with --acl-file this node's namesrv takes registrations only from an admin \
+                     account: list one in the file (admin: true) or give --inner-access-key \
+                     and --inner-secret-key"
+                );
+            }
             config
         }
         Command::Namesrv(args) => {

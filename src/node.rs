@@ -71,6 +71,11 @@ pub struct NodeConfig {
     pub transaction: crate::broker::transaction::TransactionConfig,
     /// Retention and the disk ratios (RocketMQ's fileReservedTime, deleteWhen, …).
     pub retention: shards::store::RetentionConfig,
+    /// `--acl-file`: ACL on every port of this node (RocketMQ's aclEnable + plain_acl.yml).
+    pub acl: Option<Arc<crate::acl::AclSource>>,
+    /// What this node's brokers sign their namesrv requests with (RocketMQ 5's
+    /// innerClientAuthenticationCredentials); none: unsigned.
+    pub inner_credentials: Option<crate::remoting::signature::Credentials>,
 }
 
 impl NodeConfig {
@@ -121,6 +126,9 @@ pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         );
     }
     check_ports_free(&config)?;
+    if let Some(acl) = &config.acl {
+        acl.watch();
+    }
     fit_connections_to_descriptors(&mut config, shard_count);
     let mut shutdown_wakers = Vec::with_capacity(shard_count);
     let mut shutdown_receivers = Vec::with_capacity(shard_count);
@@ -210,6 +218,7 @@ fn check_ports_free(config: &NodeConfig) -> anyhow::Result<()> {
 struct ShardHandler {
     namesrv: Option<Rc<NamesrvHandler>>,
     broker: Option<Rc<Broker>>,
+    acl: Option<crate::acl::AclView>,
 }
 
 /// Serves one listener's role: the namesrv port or a broker port.
@@ -220,6 +229,25 @@ struct RoleHandler {
 
 impl RequestHandler for RoleHandler {
     fn handle(&self, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
+        if let Some(acl) = &self.shard.acl {
+            let role = match self.namesrv_port {
+                true => crate::acl::Role::Namesrv,
+                false => crate::acl::Role::Broker,
+            };
+            if let Err(remark) = acl.check(role, request, connection.peer.ip()) {
+                log::debug!(
+                    "refused by ACL: {} from {}: {remark}",
+                    request.code,
+                    connection.peer
+                );
+                connection.respond(
+                    request,
+                    crate::remoting::response_code::NO_PERMISSION,
+                    Some(&remark),
+                );
+                return;
+            }
+        }
         match (&self.shard.namesrv, &self.shard.broker, self.namesrv_port) {
             (Some(namesrv), _, true) => namesrv.handle(request, connection),
             (_, Some(broker), false) => broker.handle(request, connection),
@@ -309,6 +337,7 @@ async fn run_shard(
     let shard = Rc::new(ShardHandler {
         namesrv: namesrv.clone(),
         broker: broker.clone(),
+        acl: config.acl.clone().map(crate::acl::AclView::new),
     });
     if let Err(error) = start_listeners(&config, shard_id.0, &shard) {
         log::warn!("shard {shard_id}: {error}");
@@ -504,6 +533,7 @@ async fn open_broker(
     let options = broker::BrokerOptions {
         delay_levels: config.delay_levels.clone(),
         retention: config.retention.clone(),
+        namesrv_credentials: config.inner_credentials.clone(),
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ClientError, ClientResult};
 use crate::remoting::{decode_frame, response_code, FrameEncoder};
+use crate::SessionCredentials;
 
 pub use crate::limits::SERVER_REQUESTS_QUEUED_MAX;
 pub use crate::limits::WRITE_QUEUE_FRAMES_MAX;
@@ -60,9 +61,26 @@ impl Request {
         self
     }
 
-    fn encode(&self, out: &mut Vec<u8>, opaque: i32, oneway: bool) {
+    /// The frame of this request; signed (AccessKey, Signature) when `credentials` are given.
+    fn encode(
+        &self,
+        out: &mut Vec<u8>,
+        opaque: i32,
+        oneway: bool,
+        credentials: Option<&SessionCredentials>,
+    ) {
+        let signed;
+        let fields = match credentials {
+            Some(credentials) => {
+                let mut fields = self.ext.clone();
+                credentials.sign_request(&mut fields, &self.body);
+                signed = fields;
+                &signed
+            }
+            None => &self.ext,
+        };
         let mut frame = FrameEncoder::request(out, self.code, opaque, oneway);
-        for (key, value) in &self.ext {
+        for (key, value) in fields {
             frame.ext(key, value);
         }
         frame.finish(&self.body);
@@ -128,6 +146,8 @@ pub struct RemotingClient {
     connections: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     next_opaque: AtomicI32,
     server_requests: mpsc::Sender<ServerRequest>,
+    /// Every request is signed with these when set (brokers with ACL on need it).
+    credentials: Option<SessionCredentials>,
 }
 
 impl RemotingClient {
@@ -137,7 +157,15 @@ impl RemotingClient {
             connections: tokio::sync::Mutex::new(HashMap::new()),
             next_opaque: AtomicI32::new(1),
             server_requests,
+            credentials: None,
         }
+    }
+
+    /// This client signs every request it sends with `credentials` (RocketMQ's
+    /// AclClientRPCHook).
+    pub fn with_credentials(mut self, credentials: Option<SessionCredentials>) -> RemotingClient {
+        self.credentials = credentials;
+        self
     }
 
     fn opaque(&self) -> i32 {
@@ -224,7 +252,7 @@ impl RemotingClient {
         let (answer_tx, answer_rx) = oneshot::channel();
         lock(&connection.pending).insert(opaque, answer_tx);
         let mut frame = Vec::with_capacity(request.body.len() + 256);
-        request.encode(&mut frame, opaque, false);
+        request.encode(&mut frame, opaque, false, self.credentials.as_ref());
         let outcome = tokio::time::timeout(timeout, async {
             if connection.frames.send(frame).await.is_err() {
                 return Err(closed_error(&connection.addr, "writer stopped"));
@@ -252,7 +280,7 @@ impl RemotingClient {
         check_body(request)?;
         let connection = self.connection(addr).await?;
         let mut frame = Vec::with_capacity(request.body.len() + 256);
-        request.encode(&mut frame, self.opaque(), true);
+        request.encode(&mut frame, self.opaque(), true, self.credentials.as_ref());
         connection
             .frames
             .send(frame)

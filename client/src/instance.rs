@@ -45,6 +45,8 @@ pub struct ClientConfig {
     pub poll_name_server_interval: Duration,
     /// Heartbeat period (Java `heartbeatBrokerInterval`, 30 s).
     pub heartbeat_interval: Duration,
+    /// AccessKey/SecretKey every request is signed with (brokers with ACL on need them).
+    pub credentials: Option<crate::SessionCredentials>,
 }
 
 impl ClientConfig {
@@ -61,6 +63,7 @@ impl ClientConfig {
             request_timeout: Duration::from_millis(3_000),
             poll_name_server_interval: Duration::from_millis(30_000),
             heartbeat_interval: Duration::from_millis(30_000),
+            credentials: None,
         }
     }
 }
@@ -168,7 +171,7 @@ impl ClientInstance {
         let instance = Arc::new(ClientInstance {
             client_id: format!("{client_ip}@{instance_name}"),
             client_ip,
-            remoting: RemotingClient::new(server_tx),
+            remoting: RemotingClient::new(server_tx).with_credentials(config.credentials.clone()),
             unique_ids: UniqueIdGenerator::new(client_ip),
             routes: RwLock::default(),
             brokers: RwLock::default(),

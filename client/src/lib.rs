@@ -94,6 +94,9 @@ pub use producer::{
     SendStatus,
 };
 pub use push_consumer::PushConsumer;
+/// AccessKey, SecretKey (and STS token) a client signs every request with (RocketMQ's
+/// `SessionCredentials`; the signature is CAPABILITIES.md §4.2's).
+pub use shardmq_protocol::remoting::signature::Credentials as SessionCredentials;
 pub use transaction::{
     LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
 };

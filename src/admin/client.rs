@@ -47,14 +47,19 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(timeout: Duration) -> Client {
+    pub fn new(
+        timeout: Duration,
+        credentials: Option<crate::remoting::signature::Credentials>,
+    ) -> Client {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a current-thread tokio runtime");
         // Requests the servers send us (none for admin) are dropped with the channel.
         let (server_requests, _) = tokio::sync::mpsc::channel(1);
-        let remoting = runtime.block_on(async { RemotingClient::new(server_requests) });
+        let remoting = runtime
+            .block_on(async { RemotingClient::new(server_requests) })
+            .with_credentials(credentials);
         Client {
             timeout,
             runtime,

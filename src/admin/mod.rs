@@ -64,6 +64,12 @@ pub struct AdminArgs {
     /// Longest wait for a connection or an answer, in milliseconds.
     #[arg(long, global = true, default_value_t = TIMEOUT_DEFAULT_MS)]
     pub timeout_ms: u64,
+    /// AccessKey to sign every request with (brokers with ACL on; mqadmin's -ak).
+    #[arg(long, global = true, requires = "secret_key")]
+    pub access_key: Option<String>,
+    /// SecretKey of --access-key (mqadmin's -sk).
+    #[arg(long, global = true, requires = "access_key")]
+    pub secret_key: Option<String>,
     #[command(subcommand)]
     pub command: AdminCommand,
 }
@@ -212,7 +218,13 @@ pub struct Outcome {
 /// Runs one admin command; returns the process exit status.
 pub fn run(args: AdminArgs) -> i32 {
     let timeout = Duration::from_millis(args.timeout_ms.clamp(1, TIMEOUT_MAX_MS));
-    let mut admin = Admin::new(&args.namesrv, timeout);
+    let credentials = match (&args.access_key, &args.secret_key) {
+        (Some(access_key), Some(secret_key)) => Some(crate::remoting::signature::Credentials::new(
+            access_key, secret_key,
+        )),
+        _ => None,
+    };
+    let mut admin = Admin::new(&args.namesrv, timeout, credentials);
     let result = execute(&mut admin, &args.command);
     for warning in &admin.warnings {
         eprintln!("shardmq admin: warning: {warning}");
@@ -307,7 +319,11 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    fn new(namesrv: &str, timeout: Duration) -> Admin {
+    fn new(
+        namesrv: &str,
+        timeout: Duration,
+        credentials: Option<crate::remoting::signature::Credentials>,
+    ) -> Admin {
         Admin {
             namesrv: namesrv
                 .split(';')
@@ -315,7 +331,7 @@ impl Admin {
                 .filter(|a| !a.is_empty())
                 .map(String::from)
                 .collect(),
-            client: Client::new(timeout),
+            client: Client::new(timeout, credentials),
             warnings: Vec::new(),
         }
     }

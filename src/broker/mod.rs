@@ -113,6 +113,8 @@ pub struct Broker {
     /// brokers (shards) of this node: a topic change is answered once the route shows it
     /// on every shard, as a Java broker answers after registering it with the namesrv.
     pub local_routes: Option<LocalRoutes>,
+    /// Signs this broker's namesrv requests (BrokerOptions::namesrv_credentials).
+    pub namesrv_credentials: Option<crate::remoting::signature::Credentials>,
     /// Language and version of each client connection (GET_CONSUMER_CONNECTION_LIST).
     client_languages: RefCell<clients::ClientLanguages>,
     next_unique_id: Cell<u32>,
@@ -129,6 +131,8 @@ pub struct BrokerOptions {
     pub delay_levels: schedule::DelayLevels,
     /// fileReservedTime, deleteWhen, the disk ratios (tasks/retention.rs).
     pub retention: shards::store::RetentionConfig,
+    /// Signs REGISTER_BROKER / UNREGISTER_BROKER for a namesrv with ACL on.
+    pub namesrv_credentials: Option<crate::remoting::signature::Credentials>,
 }
 
 impl Broker {
@@ -192,6 +196,7 @@ impl Broker {
             stats,
             durable_replies: Rc::default(),
             local_routes: None,
+            namesrv_credentials: options.namesrv_credentials,
             client_languages: RefCell::new(clients::ClientLanguages::default()),
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),

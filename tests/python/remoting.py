@@ -14,6 +14,9 @@ Responses have flag bit 0 set and echo the request's opaque. The server may also
 requests of its own on a connection; `call` skips anything that is not the matching response.
 """
 
+import base64
+import hashlib
+import hmac
 import itertools
 import json
 import socket
@@ -114,6 +117,18 @@ def encode_request(code, opaque, ext=None, body=b"", flag=0, remark=None,
         header["extFields"] = {k: str(v) for k, v in ext.items()}
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     return encode_frame(header_bytes, body)
+
+
+def signed(ext, body, access_key, secret_key):
+    """ext with AccessKey and the Signature RocketMQ's ACL checks (CAPABILITIES.md §4.2): the
+    values of every field, in sorted key order, then the body, HmacSHA1 with the secret key,
+    in Base64. Values are signed as encode_request sends them (str())."""
+    fields = {k: str(v) for k, v in (ext or {}).items()}
+    fields["AccessKey"] = access_key
+    content = "".join(fields[k] for k in sorted(fields)).encode("utf-8") + body
+    digest = hmac.new(secret_key.encode("utf-8"), content, hashlib.sha1).digest()
+    fields["Signature"] = base64.b64encode(digest).decode("ascii")
+    return fields
 
 
 def decode_frame(frame):

@@ -193,28 +193,51 @@ impl Broker {
     pub(crate) fn encode_registration(&self, out: &mut Vec<u8>, opaque: i32, body: &[u8]) {
         let identity = &self.identity;
         let crc = crc32fast::hash(body) & 0x7FFF_FFFF;
-        let mut frame = FrameEncoder::request(out, request_code::REGISTER_BROKER, opaque, false);
-        frame
-            .ext("brokerName", &identity.broker_name)
-            .ext("brokerAddr", &identity.address.to_string())
-            .ext("clusterName", &identity.cluster_name)
-            .ext("haServerAddr", &ha_addr(identity))
-            .ext_i64("brokerId", 0)
-            .ext_i64("heartbeatTimeoutMillis", HEARTBEAT_TIMEOUT_MS)
-            .ext_bool("compressed", false)
-            .ext_i64("bodyCrc32", i64::from(crc));
-        frame.finish(body);
+        let fields = vec![
+            ("brokerName", identity.broker_name.clone()),
+            ("brokerAddr", identity.address.to_string()),
+            ("clusterName", identity.cluster_name.clone()),
+            ("haServerAddr", ha_addr(identity)),
+            ("brokerId", "0".to_string()),
+            ("heartbeatTimeoutMillis", HEARTBEAT_TIMEOUT_MS.to_string()),
+            ("compressed", "false".to_string()),
+            ("bodyCrc32", crc.to_string()),
+        ];
+        self.encode_namesrv_request(out, request_code::REGISTER_BROKER, opaque, fields, body);
     }
 
     pub(crate) fn encode_unregistration(&self, out: &mut Vec<u8>, opaque: i32) {
         let identity = &self.identity;
-        let mut frame = FrameEncoder::request(out, request_code::UNREGISTER_BROKER, opaque, false);
-        frame
-            .ext("brokerName", &identity.broker_name)
-            .ext("brokerAddr", &identity.address.to_string())
-            .ext("clusterName", &identity.cluster_name)
-            .ext_i64("brokerId", 0);
-        frame.finish(&[]);
+        let fields = vec![
+            ("brokerName", identity.broker_name.clone()),
+            ("brokerAddr", identity.address.to_string()),
+            ("clusterName", identity.cluster_name.clone()),
+            ("brokerId", "0".to_string()),
+        ];
+        self.encode_namesrv_request(out, request_code::UNREGISTER_BROKER, opaque, fields, &[]);
+    }
+
+    /// One request to a namesrv, signed when this broker has namesrv credentials.
+    fn encode_namesrv_request(
+        &self,
+        out: &mut Vec<u8>,
+        code: i32,
+        opaque: i32,
+        fields: Vec<(&str, String)>,
+        body: &[u8],
+    ) {
+        let mut fields: Vec<(String, String)> = fields
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value))
+            .collect();
+        if let Some(credentials) = &self.namesrv_credentials {
+            credentials.sign_request(&mut fields, body);
+        }
+        let mut frame = FrameEncoder::request(out, code, opaque, false);
+        for (key, value) in &fields {
+            frame.ext(key, value);
+        }
+        frame.finish(body);
     }
 
     /// Registers with every namesrv, with every topic or `only` those; true when all of
