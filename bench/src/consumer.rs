@@ -184,20 +184,30 @@ impl PullConnection {
             }
             let opaque = self.next_opaque;
             self.next_opaque = self.next_opaque.wrapping_add(1).max(1);
+            let mut fields: Vec<(String, String)> = [
+                ("consumerGroup", plan.groups[queue.group].clone()),
+                ("topic", plan.topics[queue.topic].clone()),
+                ("queueId", queue.queue_id.to_string()),
+                ("queueOffset", queue.offset.to_string()),
+                ("maxMsgNums", plan.pull_batch.to_string()),
+                ("sysFlag", sys_flag.to_string()),
+                ("commitOffset", "0".to_string()),
+                ("suspendTimeoutMillis", plan.suspend_ms.to_string()),
+                ("subscription", plan.subscription.clone()),
+                ("subVersion", "0".to_string()),
+                ("expressionType", "TAG".to_string()),
+            ]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value))
+            .collect();
+            if let Some(credentials) = crate::route::credentials() {
+                credentials.sign_request(&mut fields, &[]);
+            }
             let mut encoder =
                 FrameEncoder::request(&mut self.out, request_code::PULL_MESSAGE, opaque, false);
-            encoder
-                .ext("consumerGroup", &plan.groups[queue.group])
-                .ext("topic", &plan.topics[queue.topic])
-                .ext_i64("queueId", i64::from(queue.queue_id))
-                .ext_i64("queueOffset", queue.offset as i64)
-                .ext_i64("maxMsgNums", i64::from(plan.pull_batch))
-                .ext_i64("sysFlag", i64::from(sys_flag))
-                .ext_i64("commitOffset", 0)
-                .ext_i64("suspendTimeoutMillis", plan.suspend_ms as i64)
-                .ext("subscription", &plan.subscription)
-                .ext_i64("subVersion", 0)
-                .ext("expressionType", "TAG");
+            for (key, value) in &fields {
+                encoder.ext(key, value);
+            }
             encoder.finish(&[]);
             queue.pending = true;
             queue.retry_at = None;

@@ -123,6 +123,12 @@ struct CommonArgs {
     /// No progress line on stderr (it is drawn only when stderr is a terminal).
     #[arg(long)]
     no_progress: bool,
+    /// AccessKey to sign every request with (brokers with ACL on).
+    #[arg(long, requires = "secret_key")]
+    access_key: Option<String>,
+    /// SecretKey of --access-key.
+    #[arg(long, requires = "access_key")]
+    secret_key: Option<String>,
 }
 
 #[derive(Args)]
@@ -248,6 +254,11 @@ struct ConsumerArgs {
 
 impl CommonArgs {
     fn into_options(self, catch_up: bool) -> CommonOptions {
+        if let (Some(access_key), Some(secret_key)) = (&self.access_key, &self.secret_key) {
+            route::set_credentials(shardmq_protocol::remoting::signature::Credentials::new(
+                access_key, secret_key,
+            ));
+        }
         let run_length = match (self.messages, self.duration_secs) {
             (Some(count), _) => RunLength::Messages(count),
             (None, Some(secs)) => RunLength::Duration(Duration::from_secs(secs)),

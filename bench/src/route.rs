@@ -83,6 +83,19 @@ pub fn connect(addr: &str, timeout: Duration) -> anyhow::Result<TcpStream> {
     }
 }
 
+/// What every request of this run is signed with (`--access-key/--secret-key`).
+static CREDENTIALS: std::sync::OnceLock<shardmq_protocol::remoting::signature::Credentials> =
+    std::sync::OnceLock::new();
+
+/// Signs every request of the run with `credentials` (set once, before any request).
+pub fn set_credentials(credentials: shardmq_protocol::remoting::signature::Credentials) {
+    let _ = CREDENTIALS.set(credentials);
+}
+
+pub fn credentials() -> Option<&'static shardmq_protocol::remoting::signature::Credentials> {
+    CREDENTIALS.get()
+}
+
 thread_local! {
     /// The Rust client's remoting transport (one connection per address, kept for the run)
     /// on a current-thread runtime this thread blocks on: the requests before and after the
@@ -110,7 +123,9 @@ pub fn call(
                 .build()
                 .context("starting a tokio runtime for requests")?;
             let (server_requests, _) = tokio::sync::mpsc::channel(1);
-            let remoting = runtime.block_on(async { RemotingClient::new(server_requests) });
+            let remoting = runtime
+                .block_on(async { RemotingClient::new(server_requests) })
+                .with_credentials(credentials().cloned());
             *requests = Some((runtime, remoting));
         }
         let (runtime, remoting) = requests.as_ref().expect("just made");

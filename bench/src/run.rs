@@ -722,6 +722,7 @@ fn connect_producers(
         keys: producer.keys,
         stamp_sent_time,
         batch: producer.batch,
+        credentials: crate::route::credentials(),
     };
     let total_requests = match common.run_length {
         RunLength::Messages(count) => Some(count / producer.batch as u64),

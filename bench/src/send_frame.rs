@@ -31,7 +31,8 @@
 
 use anyhow::{bail, ensure};
 use shardmq_protocol::body::PROPERTIES_SIZE_MAX_BYTES;
-use shardmq_protocol::remoting::{request_code, FrameEncoder};
+use shardmq_protocol::remoting::signature::{self, Credentials};
+use shardmq_protocol::remoting::{decode_frame, request_code, FrameEncoder};
 
 /// Topic whose route and config a broker copies when it auto-creates a topic (§6.1).
 pub const DEFAULT_TOPIC: &str = "TBW102";
@@ -85,6 +86,18 @@ pub struct SendFields<'a> {
     pub stamp_sent_time: bool,
     /// Messages per request: 1 sends SEND_MESSAGE_V2, more SEND_BATCH_MESSAGE.
     pub batch: usize,
+    /// Sign every request (brokers with ACL on).
+    pub credentials: Option<&'a Credentials>,
+}
+
+/// Base64 of a 20-byte HmacSHA1: always 28 characters.
+const SIGNATURE_CHARS: usize = 28;
+
+/// Where a signed template's `Signature` value is, and the key that makes it.
+#[derive(Debug, Clone)]
+struct Signing {
+    secret_key: String,
+    signature_at: usize,
 }
 
 /// Where one message's per-message slots are in the frame.
@@ -102,6 +115,7 @@ pub struct SendTemplate {
     opaque_at: usize,
     born_timestamp_at: usize,
     messages: Vec<MessageSlots>,
+    signing: Option<Signing>,
 }
 
 /// The per-request values patched into a template.
@@ -176,6 +190,7 @@ impl SendTemplate {
         Ok(SendTemplate {
             opaque_at: find_slot(header, b"\"opaque\":", OPAQUE_DIGITS)?,
             born_timestamp_at: find_slot(header, b"\"g\":\"", BORN_TIMESTAMP_DIGITS)?,
+            signing: signing(fields, header)?,
             frame,
             messages: vec![slots],
         })
@@ -250,6 +265,7 @@ impl SendTemplate {
         Ok(SendTemplate {
             opaque_at: find_slot(header, b"\"opaque\":", OPAQUE_DIGITS)?,
             born_timestamp_at: find_slot(header, b"\"g\":\"", BORN_TIMESTAMP_DIGITS)?,
+            signing: signing(fields, header)?,
             frame,
             messages,
         })
@@ -295,6 +311,18 @@ impl SendTemplate {
                 write_fixed_decimal(&mut frame[at..at + SENT_MICROS_DIGITS], stamp.sent_micros);
             }
         }
+        if let Some(signing) = &self.signing {
+            // The signature covers the patched values: decode them as the broker will.
+            let value = {
+                let (command, _) = decode_frame(frame)
+                    .ok()
+                    .flatten()
+                    .expect("a template decodes");
+                signature::sign(&signing.secret_key, command.ext_fields.iter(), command.body)
+            };
+            let at = signing.signature_at;
+            frame[at..at + SIGNATURE_CHARS].copy_from_slice(value.as_bytes());
+        }
     }
 }
 
@@ -336,7 +364,29 @@ fn encode_header(
         .ext("j", "0")
         .ext("k", "false")
         .ext("m", if fields.batch > 1 { "true" } else { "false" });
+    if let Some(credentials) = fields.credentials {
+        encoder
+            .ext(signature::ACCESS_KEY, &credentials.access_key)
+            .ext(signature::SIGNATURE, &"A".repeat(SIGNATURE_CHARS));
+    }
     encoder.finish(body);
+}
+
+/// Where the placeholder `Signature` of a signed template is (`None` unsigned).
+fn signing(fields: &SendFields<'_>, header: &[u8]) -> anyhow::Result<Option<Signing>> {
+    let Some(credentials) = fields.credentials else {
+        return Ok(None);
+    };
+    let marker = format!("\"{}\":\"", signature::SIGNATURE);
+    let at = header
+        .windows(marker.len())
+        .position(|window| window == marker.as_bytes())
+        .map(|at| at + marker.len())
+        .ok_or_else(|| anyhow::anyhow!("send template: no Signature slot"))?;
+    Ok(Some(Signing {
+        secret_key: credentials.secret_key.clone(),
+        signature_at: at,
+    }))
 }
 
 /// The offset just after the only occurrence of `marker` in `haystack`, checked to be

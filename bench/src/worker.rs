@@ -593,6 +593,7 @@ mod tests {
             keys: false,
             stamp_sent_time: true,
             batch: 2,
+            credentials: None,
         };
         let template = SendTemplate::new(&fields, 0, b"body").unwrap();
         let plan = ConnectionPlan {

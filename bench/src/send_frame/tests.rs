@@ -12,6 +12,7 @@ fn fields() -> SendFields<'static> {
         keys: false,
         stamp_sent_time: false,
         batch: 1,
+        credentials: None,
     }
 }
 
@@ -206,4 +207,33 @@ fn fixed_width_writers() {
 #[should_panic(expected = "wider than")]
 fn fixed_decimal_overflow_is_a_bug() {
     write_fixed_decimal(&mut [0u8; 2], 100);
+}
+
+#[test]
+fn signed_templates_carry_a_signature_of_what_is_patched_in() {
+    let credentials = Credentials::new("bench-key", "bench-secret");
+    for batch in [1, 3] {
+        let fields = SendFields {
+            credentials: Some(&credentials),
+            keys: true,
+            batch,
+            ..fields()
+        };
+        let template = SendTemplate::new(&fields, 2, b"payload").unwrap();
+        let mut keys = UniqKeyGenerator::new(7, 1);
+        for opaque in [OPAQUE_FIRST, OPAQUE_FIRST + 1] {
+            let mut out = Vec::new();
+            template.append(&mut out, stamp(opaque), &mut keys);
+            let (command, _) = decode_frame(&out).unwrap().unwrap();
+            assert_eq!(command.ext_fields.get("AccessKey"), Some("bench-key"));
+            let received = command.ext_fields.get("Signature").unwrap();
+            assert!(signature::verify(
+                "bench-secret",
+                command.ext_fields.iter(),
+                command.body,
+                479,
+                received
+            ));
+        }
+    }
 }
