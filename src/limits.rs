@@ -38,6 +38,13 @@ pub const PENDING_RESETS_MAX_QUEUES: usize = 65_536;
 /// Distinct groups one shard tracks; beyond this heartbeats are refused (SYSTEM_BUSY).
 pub const CONSUMER_GROUPS_CONNECTED_MAX: usize = 100_000;
 
+/// Distinct producer groups one shard tracks; a heartbeat that would add one more is refused.
+pub const PRODUCER_GROUPS_CONNECTED_MAX: usize = 100_000;
+
+/// Clients (client ids) one group holds on a shard; a heartbeat that would add one more is
+/// refused: one connection cannot grow a group's table without bound by inventing ids.
+pub const CLIENTS_PER_GROUP_MAX: usize = 10_000;
+
 /// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
 pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
 
@@ -80,6 +87,14 @@ pub const IN_FLIGHT_REQUESTS_MAX: usize = 8192;
 
 /// Default client connections one shard serves at once.
 pub const CONNECTIONS_PER_SHARD_MAX: usize = 16_384;
+
+/// Default client connections one shard serves from one remote address: one host cannot take
+/// every place of a shard (a Java or C++ client opens one connection per broker).
+pub const CONNECTIONS_PER_ADDRESS_MAX: usize = 2_048;
+
+/// Default time a frame may take to arrive whole from its first byte; past it the connection
+/// is closed (a client that sends part of a frame and stalls holds its buffer until then).
+pub const PARTIAL_FRAME_TIMEOUT_MS: u64 = 30_000;
 
 /// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
 /// RocketMQ sets no bound, this one is far above any selector a person writes.

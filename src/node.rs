@@ -546,7 +546,10 @@ fn start_listeners(
     let ip = config.listen_ip;
     let mut listening = Vec::new();
     // One cap for all of this shard's listeners.
-    let gate = server::ConnectionGate::new(config.connection_limits.connections_per_shard_max);
+    let gate = server::ConnectionGate::new(
+        config.connection_limits.connections_per_shard_max,
+        config.connection_limits.connections_per_address_max,
+    );
     if shard.namesrv.is_some() {
         let addr = SocketAddr::from((ip, config.namesrv_port));
         let listener = bind(addr, "namesrv")?;

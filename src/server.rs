@@ -32,7 +32,9 @@ pub use crate::limits::IN_FLIGHT_REQUESTS_MAX;
 pub use crate::limits::OUTPUT_PAUSE_BYTES;
 pub use crate::limits::READ_CHUNK_BYTES;
 
-pub use crate::limits::CONNECTIONS_PER_SHARD_MAX;
+pub use crate::limits::{
+    CONNECTIONS_PER_ADDRESS_MAX, CONNECTIONS_PER_SHARD_MAX, PARTIAL_FRAME_TIMEOUT_MS,
+};
 
 /// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +47,10 @@ pub struct ConnectionLimits {
     pub in_flight_requests_max: usize,
     /// Connections one shard serves at once, all its listeners together.
     pub connections_per_shard_max: usize,
+    /// Connections one shard serves from one remote address.
+    pub connections_per_address_max: usize,
+    /// A frame must arrive whole this soon after its first byte (0: no limit).
+    pub partial_frame_timeout_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -54,6 +60,8 @@ impl Default for ConnectionLimits {
             output_pause_bytes: OUTPUT_PAUSE_BYTES,
             in_flight_requests_max: IN_FLIGHT_REQUESTS_MAX,
             connections_per_shard_max: CONNECTIONS_PER_SHARD_MAX,
+            connections_per_address_max: CONNECTIONS_PER_ADDRESS_MAX,
+            partial_frame_timeout_ms: PARTIAL_FRAME_TIMEOUT_MS,
         }
     }
 }
@@ -76,6 +84,10 @@ pub struct Connection {
     reserved_bytes: Cell<usize>,
     /// Tasks waiting for output room.
     room_waiters: Rc<WaiterSet<()>>,
+    /// Since when (monotonic ms) the start of a frame waits for the rest of it.
+    partial_since_ms: Cell<Option<u64>>,
+    /// Whether the task that closes a connection whose frame takes too long runs.
+    partial_watch_running: Cell<bool>,
     /// What the read loop waits for before its next read (`hold_reads_until`).
     read_hold: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
 }
@@ -126,6 +138,8 @@ impl Connection {
             writing_bytes: Cell::new(0),
             reserved_bytes: Cell::new(0),
             room_waiters: Rc::new(WaiterSet::default()),
+            partial_since_ms: Cell::new(None),
+            partial_watch_running: Cell::new(false),
             read_hold: RefCell::new(None),
         })
     }
@@ -278,18 +292,25 @@ thread_local! {
 pub struct ConnectionGate {
     open: Cell<usize>,
     max: usize,
+    /// Connections open per remote address, and the most one address may hold.
+    per_address: RefCell<std::collections::HashMap<std::net::IpAddr, usize>>,
+    max_per_address: usize,
     refused: Cell<u64>,
     refusal_log: RefCell<shards::throttle::LogThrottle>,
+    address_refusal_log: RefCell<shards::throttle::LogThrottle>,
     accept_error_log: RefCell<shards::throttle::LogThrottle>,
 }
 
 impl ConnectionGate {
-    pub fn new(max: usize) -> Rc<ConnectionGate> {
+    pub fn new(max: usize, max_per_address: usize) -> Rc<ConnectionGate> {
         Rc::new(ConnectionGate {
             open: Cell::new(0),
             max,
+            per_address: RefCell::default(),
+            max_per_address,
             refused: Cell::new(0),
             refusal_log: RefCell::default(),
+            address_refusal_log: RefCell::default(),
             accept_error_log: RefCell::default(),
         })
     }
@@ -322,17 +343,49 @@ impl ConnectionGate {
             }
             return None;
         }
+        let ip = peer.map(|peer| peer.ip());
+        if let Some(ip) = ip {
+            let mut per_address = self.per_address.borrow_mut();
+            let open = per_address.entry(ip).or_insert(0);
+            if *open >= self.max_per_address {
+                self.refused.set(self.refused.get() + 1);
+                let allowed = self
+                    .address_refusal_log
+                    .borrow_mut()
+                    .allow(std::time::Instant::now());
+                if let Some(left_out) = allowed {
+                    log::warn!(
+                        "refusing a connection from {ip}: it has {} open on this shard \
+                         (network.connections_per_address_max){}",
+                        self.max_per_address,
+                        shards::throttle::LogThrottle::repeats(left_out)
+                    );
+                }
+                return None;
+            }
+            *open += 1;
+        }
         self.open.set(self.open.get() + 1);
-        Some(GateTicket(self.clone()))
+        Some(GateTicket(self.clone(), ip))
     }
 }
 
 /// One admitted connection; gives its place back when dropped.
-struct GateTicket(Rc<ConnectionGate>);
+struct GateTicket(Rc<ConnectionGate>, Option<std::net::IpAddr>);
 
 impl Drop for GateTicket {
     fn drop(&mut self) {
-        self.0.open.set(self.0.open.get() - 1);
+        let gate = &self.0;
+        gate.open.set(gate.open.get() - 1);
+        if let Some(ip) = self.1 {
+            let mut per_address = gate.per_address.borrow_mut();
+            if let Some(open) = per_address.get_mut(&ip) {
+                *open -= 1;
+                if *open == 0 {
+                    per_address.remove(&ip);
+                }
+            }
+        }
     }
 }
 
@@ -392,9 +445,10 @@ async fn serve_connection(
         id
     });
     let connection = Connection::new(id, peer, local, limits);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (reader, writer) = futures_lite::io::split(stream);
     let writer_task = runtime::spawn(write_loop(writer, connection.clone()));
-    if let Err(reason) = read_loop(reader, &connection, handler.as_ref()).await {
+    if let Err(reason) = read_loop(reader, &connection, handler.as_ref(), fd).await {
         log::debug!("closing connection from {peer}: {reason}");
     }
     connection.closed.set(true);
@@ -414,6 +468,7 @@ async fn read_loop(
     mut reader: futures_lite::io::ReadHalf<TcpStream>,
     connection: &Rc<Connection>,
     handler: &dyn RequestHandler,
+    fd: std::os::fd::RawFd,
 ) -> Result<(), String> {
     // An idle connection holds a small buffer; the first read that fills it grows it to the
     // read chunk for good (a 64 KiB buffer for every idle connection was 74 KiB of RSS each).
@@ -451,6 +506,7 @@ async fn read_loop(
         let consumed = decode_and_dispatch(&buffer[..filled], connection, handler)?;
         buffer.copy_within(consumed..filled, 0);
         filled -= consumed;
+        note_partial_frame(connection, filled, consumed, fd);
         // A buffer grown for large frames (batches) stays while they keep coming: shrinking
         // after each one made every batch grow it again (allocation, page faults, zeroing).
         // It goes back to its usual size after READS_BEFORE_SHRINK reads that needed less,
@@ -472,6 +528,68 @@ async fn read_loop(
         // flight: 455,338 vs 371,977 msgs/s per busy core at the same msgs/s).
         runtime::run_poll_hooks();
     }
+}
+
+/// Keeps the start time of a frame that is not whole yet (`filled` bytes of it wait) and
+/// starts the watch that closes the connection if it is not whole in time.
+fn note_partial_frame(
+    connection: &Rc<Connection>,
+    filled: usize,
+    consumed: usize,
+    fd: std::os::fd::RawFd,
+) {
+    let timeout_ms = connection.limits.partial_frame_timeout_ms;
+    if filled == 0 {
+        connection.partial_since_ms.set(None);
+        return;
+    }
+    if timeout_ms == 0 {
+        return;
+    }
+    if consumed > 0 || connection.partial_since_ms.get().is_none() {
+        connection
+            .partial_since_ms
+            .set(Some(runtime::monotonic_ms()));
+    }
+    if connection.partial_watch_running.replace(true) {
+        return;
+    }
+    let connection = connection.clone();
+    runtime::spawn_detached(async move {
+        while let Some(since) = connection.partial_since_ms.get() {
+            if connection.is_closed() {
+                break;
+            }
+            let now = runtime::monotonic_ms();
+            let deadline = since + timeout_ms;
+            if now >= deadline {
+                PARTIAL_FRAME_LOG.with(|log| {
+                    if let Some(left_out) = log.borrow_mut().allow(std::time::Instant::now()) {
+                        log::warn!(
+                            "closing the connection from {}: a frame begun {} ms ago is still \
+                             not whole (network.partial_frame_timeout_ms){}",
+                            connection.peer,
+                            now - since,
+                            shards::throttle::LogThrottle::repeats(left_out)
+                        );
+                    }
+                });
+                // The read waiting on the socket ends; the connection closes as on EOF. The
+                // socket is still open: it is closed only after the read loop returns, on
+                // this same thread.
+                // SAFETY: shutdown(2) on a descriptor this connection owns and has not closed.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                break;
+            }
+            runtime::sleep(std::time::Duration::from_millis(deadline - now)).await;
+        }
+        connection.partial_watch_running.set(false);
+    });
+}
+
+thread_local! {
+    /// Closings for an incomplete frame, logged at most a few times a second per shard.
+    static PARTIAL_FRAME_LOG: RefCell<shards::throttle::LogThrottle> = RefCell::default();
 }
 
 /// Decodes and dispatches every whole frame in `input`; returns the bytes consumed.

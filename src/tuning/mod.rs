@@ -203,6 +203,24 @@ pub const CONNECTIONS_PER_SHARD_MAX: NumericKnob = NumericKnob {
     default: crate::server::CONNECTIONS_PER_SHARD_MAX as i64,
 };
 
+pub const CONNECTIONS_PER_ADDRESS_MAX: NumericKnob = NumericKnob {
+    key: "network.connections_per_address_max",
+    unit: "connections",
+    min: 1,
+    max: 1 << 20,
+    power_of_two: false,
+    default: crate::server::CONNECTIONS_PER_ADDRESS_MAX as i64,
+};
+
+pub const PARTIAL_FRAME_TIMEOUT_MS: NumericKnob = NumericKnob {
+    key: "network.partial_frame_timeout_ms",
+    unit: "ms",
+    min: 0,
+    max: 3_600_000,
+    power_of_two: false,
+    default: crate::server::PARTIAL_FRAME_TIMEOUT_MS as i64,
+};
+
 /// Every numeric knob.
 pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     FLUSH_INTERVAL_MS,
@@ -219,6 +237,8 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     OUTPUT_PAUSE_KIB,
     IN_FLIGHT_REQUESTS_MAX,
     CONNECTIONS_PER_SHARD_MAX,
+    CONNECTIONS_PER_ADDRESS_MAX,
+    PARTIAL_FRAME_TIMEOUT_MS,
 ];
 
 /// The knobs that are not plain integers, with the values they take.
@@ -317,6 +337,8 @@ struct RawNetwork {
     output_pause_kib: Option<i64>,
     in_flight_requests_max: Option<i64>,
     connections_per_shard_max: Option<i64>,
+    connections_per_address_max: Option<i64>,
+    partial_frame_timeout_ms: Option<i64>,
 }
 
 /// A parsed, not yet checked profile.
@@ -529,6 +551,14 @@ impl Profile {
                 CONNECTIONS_PER_SHARD_MAX,
                 raw.network.connections_per_shard_max,
             )? as usize,
+            connections_per_address_max: number(
+                CONNECTIONS_PER_ADDRESS_MAX,
+                raw.network.connections_per_address_max,
+            )? as usize,
+            partial_frame_timeout_ms: number(
+                PARTIAL_FRAME_TIMEOUT_MS,
+                raw.network.partial_frame_timeout_ms,
+            )?,
         };
         Ok(Tuning {
             source: self.source.clone(),

@@ -21,10 +21,8 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let data = HeartbeatData::parse(request.body)?;
-        if self.clients.borrow().consumers.len() >= crate::broker::state::clients::GROUPS_MAX {
-            return Err(RequestError::SystemBusy(
-                "too many consumer groups on this broker".into(),
-            ));
+        if let Some(why) = self.clients.borrow().refuses(&data) {
+            return Err(RequestError::SystemBusy(why));
         }
         for consumer in &data.consumers {
             // RocketMQ creates the group on first use and its retry topic with the group's

@@ -19,6 +19,7 @@ pub const CLIENT_EXPIRY_MS: i64 = 120_000;
 pub const CLIENT_SCAN_INTERVAL_MS: u64 = 10_000;
 
 pub use crate::limits::CONSUMER_GROUPS_CONNECTED_MAX as GROUPS_MAX;
+pub use crate::limits::{CLIENTS_PER_GROUP_MAX, PRODUCER_GROUPS_CONNECTED_MAX};
 
 pub struct ClientChannel {
     pub connection: Rc<Connection>,
@@ -42,6 +43,61 @@ pub struct ClientTable {
 }
 
 impl ClientTable {
+    /// Why `data` may not be registered: it would take a table past its bound (new consumer
+    /// or producer groups, or new clients in a full group). `None`: it fits.
+    pub fn refuses(&self, data: &HeartbeatData) -> Option<String> {
+        let client = &data.client_id;
+        let new_consumer_groups = data
+            .consumers
+            .iter()
+            .filter(|c| !self.consumers.contains_key(&c.group_name))
+            .count();
+        if new_consumer_groups > 0 && self.consumers.len() + new_consumer_groups > GROUPS_MAX {
+            return Some(format!(
+                "too many consumer groups on this broker (at most {GROUPS_MAX})"
+            ));
+        }
+        let new_producer_groups = data
+            .producer_groups
+            .iter()
+            .filter(|g| !self.producers.contains_key(*g))
+            .count();
+        if new_producer_groups > 0
+            && self.producers.len() + new_producer_groups > PRODUCER_GROUPS_CONNECTED_MAX
+        {
+            return Some(format!(
+                "too many producer groups on this broker (at most {PRODUCER_GROUPS_CONNECTED_MAX})"
+            ));
+        }
+        let full = |clients: Option<usize>, has_client: bool| {
+            clients.is_some_and(|n| n >= CLIENTS_PER_GROUP_MAX) && !has_client
+        };
+        for consumer in &data.consumers {
+            let group = self.consumers.get(&consumer.group_name);
+            if full(
+                group.map(|g| g.clients.len()),
+                group.is_some_and(|g| g.clients.contains_key(client)),
+            ) {
+                return Some(format!(
+                    "consumer group {} already has {CLIENTS_PER_GROUP_MAX} clients on this broker",
+                    consumer.group_name
+                ));
+            }
+        }
+        for name in &data.producer_groups {
+            let group = self.producers.get(name);
+            if full(
+                group.map(|g| g.len()),
+                group.is_some_and(|g| g.contains_key(client)),
+            ) {
+                return Some(format!(
+                    "producer group {name} already has {CLIENTS_PER_GROUP_MAX} clients on this broker"
+                ));
+            }
+        }
+        None
+    }
+
     /// Registers a heartbeat; returns the groups whose membership or subscriptions changed.
     pub fn heartbeat(
         &mut self,
@@ -221,5 +277,42 @@ impl ClientLanguages {
             .get(&connection_id)
             .copied()
             .unwrap_or((LanguageCode::Other, 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remoting::LanguageCode;
+
+    fn producer_heartbeat(client: &str, groups: &[&str]) -> HeartbeatData {
+        HeartbeatData {
+            client_id: client.to_string(),
+            producer_groups: groups.iter().map(|g| g.to_string()).collect(),
+            consumers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_group_takes_clients_up_to_its_bound_and_known_clients_stay_welcome() {
+        let mut table = ClientTable::default();
+        let connection = Connection::detached(1, "127.0.0.1:1".parse().unwrap());
+        for index in 0..CLIENTS_PER_GROUP_MAX {
+            let beat = producer_heartbeat(&format!("c{index}"), &["pg"]);
+            assert_eq!(table.refuses(&beat), None);
+            table.heartbeat(&beat, &connection, LanguageCode::Java, 0);
+        }
+        let newcomer = producer_heartbeat("one-too-many", &["pg"]);
+        let why = table.refuses(&newcomer).expect("refused");
+        assert!(
+            why.contains("producer group pg already has 10000 clients"),
+            "{why}"
+        );
+        // A client already in the group keeps its place; another group still has room.
+        assert_eq!(table.refuses(&producer_heartbeat("c7", &["pg"])), None);
+        assert_eq!(
+            table.refuses(&producer_heartbeat("one-too-many", &["pg2"])),
+            None
+        );
     }
 }

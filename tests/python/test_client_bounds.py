@@ -1,0 +1,151 @@
+"""Bounds per client on the real binary (issue 16): a profile sets
+network.connections_per_address_max and network.partial_frame_timeout_ms low; 10,000
+connection attempts from one address get the cap's refusal (closed at once, a log line) while
+the shard's RSS stays within budget and a client from another address is served throughout;
+a connection that sends part of a frame and stalls, or trickles it, is closed once the frame
+is late, and the log says why.
+"""
+
+import resource
+import socket
+import struct
+import time
+
+import remoting
+from mq import create_topic
+
+PER_ADDRESS_MAX = 64
+PARTIAL_FRAME_TIMEOUT_MS = 1500
+ATTEMPTS = 10000
+OTHER_ADDRESS = "127.0.0.2"
+# What 10,000 refused attempts may add to the broker's RSS (they are closed at once).
+RSS_BUDGET_BYTES = 32 * 1024 * 1024
+
+PROFILE = """\
+[network]
+connections_per_address_max = {}
+partial_frame_timeout_ms = {}
+""".format(PER_ADDRESS_MAX, PARTIAL_FRAME_TIMEOUT_MS)
+
+
+def start(shardmq_factory, tmp_path):
+    profile = tmp_path / "bounds.toml"
+    profile.write_text(PROFILE)
+    return shardmq_factory(extra_args=["--profile", str(profile)])
+
+
+def rss_bytes(pid):
+    with open("/proc/{}/status".format(pid)) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def closed_by_server(sock, timeout_s):
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def send_one(client, topic, index):
+    response = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
+                           body="bounds {}".format(index).encode())
+    assert response.code == remoting.SUCCESS, response
+
+
+def test_one_address_cannot_take_every_connection(shardmq_factory, tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, PER_ADDRESS_MAX + 4096), hard))
+    node = start(shardmq_factory, tmp_path)
+    topic = create_topic(node, "Tbounds", queue_nums=1)
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    well_behaved = remoting.RemotingClient(host, int(port), source_ip=OTHER_ADDRESS)
+    send_one(well_behaved, topic, 0)
+    before = rss_bytes(node.process.pid)
+
+    held = [socket.create_connection((host, int(port))) for _ in range(PER_ADDRESS_MAX)]
+    refused = 0
+    started = time.monotonic()
+    for attempt in range(ATTEMPTS):
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=5)
+        except OSError:
+            refused += 1
+            continue
+        if closed_by_server(sock, 5):
+            refused += 1
+        sock.close()
+        if attempt % 1000 == 0:
+            send_one(well_behaved, topic, attempt + 1)
+    elapsed = time.monotonic() - started
+    after = rss_bytes(node.process.pid)
+    print("{} attempts past the cap in {:.1f} s: {} refused; RSS {:.1f} -> {:.1f} MiB".format(
+        ATTEMPTS, elapsed, refused, before / 2**20, after / 2**20))
+    assert refused == ATTEMPTS
+    assert after - before < RSS_BUDGET_BYTES
+    # The connections within the cap are served.
+    with remoting.RemotingClient.connect(node.broker_addr(1)) as other_shard:
+        send_one(other_shard, topic, -1)
+    probe = held[0]
+    probe.sendall(remoting.encode_request(remoting.GET_MAX_OFFSET, 7,
+                                          {"topic": topic, "queueId": 0}))
+    probe.settimeout(5)
+    assert len(probe.recv(4)) == 4
+    for sock in held:
+        sock.close()
+    # Places come back once connections close.
+    came_back = None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        sock = socket.create_connection((host, int(port)))
+        if not closed_by_server(sock, 0.3):
+            came_back = sock
+            break
+        sock.close()
+    assert came_back is not None, "no place came back after the held connections closed"
+    came_back.close()
+    send_one(well_behaved, topic, ATTEMPTS + 1)
+    well_behaved.close()
+    assert "network.connections_per_address_max" in node.log_tail(), node.log_tail()
+
+
+def test_a_stalled_or_trickled_frame_closes_its_connection(shardmq_factory, tmp_path):
+    node = start(shardmq_factory, tmp_path)
+    topic = create_topic(node, "Tpartial", queue_nums=1)
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    # A header that announces a 15 MiB frame, then a little of it.
+    claimed = 15 * 1024 * 1024
+    start_of_frame = struct.pack(">i", claimed) + struct.pack(">I", 100) + b"{" * 60
+
+    stalled = socket.create_connection((host, int(port)))
+    stalled.sendall(start_of_frame)
+    trickled = socket.create_connection((host, int(port)))
+    trickled.sendall(start_of_frame)
+    began = time.monotonic()
+    trickled_closed_at = None
+    while time.monotonic() - began < PARTIAL_FRAME_TIMEOUT_MS / 1000 * 3:
+        try:
+            trickled.sendall(b"x" * 1024)
+        except OSError:
+            trickled_closed_at = time.monotonic() - began
+            break
+        if closed_by_server(trickled, 0.1):
+            trickled_closed_at = time.monotonic() - began
+            break
+    assert closed_by_server(stalled, 5)
+    stalled_closed_at = time.monotonic() - began
+    print("stalled frame closed after {:.2f} s, trickled after {}".format(
+        stalled_closed_at, trickled_closed_at))
+    assert trickled_closed_at is not None, "the trickling connection stayed open"
+    assert PARTIAL_FRAME_TIMEOUT_MS / 1000 * 0.9 <= trickled_closed_at
+    # A client that sends whole frames, however slowly, is not affected.
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        for index in range(3):
+            send_one(client, topic, index)
+            time.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 * 0.6)
+    assert "network.partial_frame_timeout_ms" in node.log_tail()
