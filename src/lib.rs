@@ -16,6 +16,7 @@ pub mod namesrv;
 pub mod node;
 pub mod persist;
 pub mod server;
+pub mod tls;
 pub mod tuning;
 pub mod verify;
 

@@ -84,6 +84,39 @@ struct ShardArgs {
     /// namesrv writes need an admin account. Re-read within a second when it changes.
     #[arg(long)]
     acl_file: Option<PathBuf>,
+    /// TLS on every port (RocketMQ's tls.server.mode): permissive serves TLS and plaintext
+    /// on the same port (told apart by the first byte), enforcing refuses plaintext.
+    #[arg(long, value_enum, default_value = "permissive")]
+    tls_server_mode: shardmq::tls::TlsMode,
+    /// PEM certificate chain of the server (tls.server.certPath).
+    #[arg(long)]
+    tls_server_cert_path: Option<PathBuf>,
+    /// PEM private key of that certificate (tls.server.keyPath).
+    #[arg(long)]
+    tls_server_key_path: Option<PathBuf>,
+    /// Ask clients for a certificate (tls.server.need.client.auth): none, optional, require.
+    #[arg(long, value_enum, default_value = "none")]
+    tls_server_need_client_auth: shardmq::tls::ClientAuth,
+    /// PEM CA certificates client certificates must chain to (tls.server.trustCertPath).
+    #[arg(long)]
+    tls_server_trust_cert_path: Option<PathBuf>,
+    /// With no certificate given, make a self-signed one at start (tls.test.mode.enable),
+    /// written to <data-dir>/tls/test-cert.pem.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    tls_test_mode_enable: bool,
+}
+
+impl ShardArgs {
+    fn tls_options(&self) -> shardmq::tls::TlsOptions {
+        shardmq::tls::TlsOptions {
+            mode: self.tls_server_mode,
+            cert_path: self.tls_server_cert_path.clone(),
+            key_path: self.tls_server_key_path.clone(),
+            need_client_auth: self.tls_server_need_client_auth,
+            trust_cert_path: self.tls_server_trust_cert_path.clone(),
+            test_mode: self.tls_test_mode_enable,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -172,6 +205,20 @@ struct BrokerOptions {
     /// SecretKey of --inner-access-key.
     #[arg(long, requires = "inner_access_key")]
     inner_secret_key: Option<String>,
+    /// The brokers speak TLS to the namesrv (RocketMQ's tls.enable); on by itself for
+    /// `serve --tls-server-mode enforcing`.
+    #[arg(long)]
+    tls_enable: bool,
+    /// Verify the namesrv's certificate against these PEM CA certificates
+    /// (tls.client.trustCertPath; without it any certificate is taken, as RocketMQ does).
+    #[arg(long)]
+    tls_client_trust_cert_path: Option<PathBuf>,
+    /// Certificate the brokers present to a namesrv that asks for one (tls.client.certPath).
+    #[arg(long, requires = "tls_client_key_path")]
+    tls_client_cert_path: Option<PathBuf>,
+    /// Key of --tls-client-cert-path (tls.client.keyPath).
+    #[arg(long, requires = "tls_client_cert_path")]
+    tls_client_key_path: Option<PathBuf>,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden, and only in builds with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -293,6 +340,8 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
             .transpose()
             .map_err(anyhow::Error::msg)?,
         inner_credentials: None,
+        tls: None,
+        namesrv_tls: None,
     })
 }
 
@@ -351,6 +400,9 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         .retention
         .validate()
         .map_err(|e| anyhow::anyhow!("retention: {e}"))?;
+    if options.tls_enable {
+        config.namesrv_tls = Some(namesrv_tls(options)?);
+    }
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),
@@ -369,6 +421,20 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         }),
     };
     Ok(())
+}
+
+/// The brokers' TLS towards the namesrv.
+fn namesrv_tls(options: &BrokerOptions) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    let client = shardmq_client::TlsOptions {
+        trust_cert_path: options.tls_client_trust_cert_path.clone(),
+        client_cert: options
+            .tls_client_cert_path
+            .clone()
+            .zip(options.tls_client_key_path.clone()),
+    };
+    client
+        .client_config()
+        .map_err(|e| anyhow::anyhow!("TLS towards the namesrv: {e}"))
 }
 
 /// `shardmq tune`: print the findings; with --apply make the safe changes and report each.
@@ -447,7 +513,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(shard) = shard_args {
         shardmq::logging::init(&shard.log_level, shard.log_dir.as_deref())?;
     }
-    let config = match cli.command {
+    let tls_options = shard_args.map(ShardArgs::tls_options);
+    let mut config = match cli.command {
         Command::Admin(args) => std::process::exit(shardmq::admin::run(args)),
         Command::Verify(args) => std::process::exit(shardmq::verify::run(&args)),
         Command::Serve(args) => {
@@ -461,6 +528,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 config.listen_ip
             };
             config.namesrv_addrs = vec![SocketAddr::from((local, args.namesrv_port))];
+            // The node's own brokers reach its namesrv over TLS when plaintext is refused.
+            if args.shard.tls_server_mode == shardmq::tls::TlsMode::Enforcing
+                && config.namesrv_tls.is_none()
+            {
+                config.namesrv_tls = Some(namesrv_tls(&args.broker)?);
+            }
             if config.acl.is_some() && config.inner_credentials.is_none() {
                 bail!(
                     "with --acl-file this node's namesrv takes registrations only from an admin \
@@ -484,6 +557,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tune(args) => return tune(&args),
     };
+    if let Some(options) = &tls_options {
+        let names = [config.broker_ip.to_string(), config.listen_ip.to_string()];
+        config.tls =
+            shardmq::tls::server(options, &names, &config.data_dir).map_err(anyhow::Error::msg)?;
+    }
     log::info!(
         "shardmq {}: {} shard(s), profile {}, data in {}",
         env!("CARGO_PKG_VERSION"),

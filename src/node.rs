@@ -71,6 +71,10 @@ pub struct NodeConfig {
     pub transaction: crate::broker::transaction::TransactionConfig,
     /// Retention and the disk ratios (RocketMQ's fileReservedTime, deleteWhen, …).
     pub retention: shards::store::RetentionConfig,
+    /// TLS on every port (`--tls-server-mode`; none when disabled).
+    pub tls: Option<Arc<crate::tls::TlsServer>>,
+    /// TLS for the brokers' namesrv connections (`--tls-enable`; none: plaintext).
+    pub namesrv_tls: Option<Arc<rustls::ClientConfig>>,
     /// `--acl-file`: ACL on every port of this node (RocketMQ's aclEnable + plain_acl.yml).
     pub acl: Option<Arc<crate::acl::AclSource>>,
     /// What this node's brokers sign their namesrv requests with (RocketMQ 5's
@@ -534,6 +538,7 @@ async fn open_broker(
         delay_levels: config.delay_levels.clone(),
         retention: config.retention.clone(),
         namesrv_credentials: config.inner_credentials.clone(),
+        namesrv_tls: config.namesrv_tls.clone(),
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }
@@ -562,6 +567,7 @@ fn start_listeners(
             handler,
             config.connection_limits,
             gate.clone(),
+            config.tls.clone(),
         ));
         listening.push(format!("namesrv {addr}"));
     }
@@ -580,6 +586,7 @@ fn start_listeners(
                 handler,
                 config.connection_limits,
                 gate.clone(),
+                config.tls.clone(),
             ));
             listening.push(format!("{what} {addr}"));
         }
@@ -661,7 +668,7 @@ async fn shut_down_broker(config: &NodeConfig, broker: &Rc<Broker>) {
     let mut namesrvs: Vec<_> = config
         .namesrv_addrs
         .iter()
-        .map(|a| registration::NamesrvConnection::new(*a))
+        .map(|a| registration::NamesrvConnection::new(*a, broker.namesrv_tls.clone()))
         .collect();
     broker.unregister_from_all(&mut namesrvs).await;
     broker.persist_tables().await;

@@ -392,12 +392,14 @@ impl Drop for GateTicket {
 /// Wait after a failed accept (descriptors or memory short) before the next.
 const ACCEPT_RETRY_MS: u64 = 50;
 
-/// Accepts connections forever, serving each with `handler` under `limits`, as `gate` admits.
+/// Accepts connections forever, serving each with `handler` under `limits`, as `gate` admits,
+/// over TLS where `tls` says so.
 pub async fn serve_listener(
     listener: TcpListener,
     handler: Rc<dyn RequestHandler>,
     limits: ConnectionLimits,
     gate: Rc<ConnectionGate>,
+    tls: Option<std::sync::Arc<crate::tls::TlsServer>>,
 ) {
     loop {
         match listener.accept().await {
@@ -406,10 +408,10 @@ pub async fn serve_listener(
                     drop(stream);
                     continue;
                 };
-                let handler = handler.clone();
+                let (handler, tls) = (handler.clone(), tls.clone());
                 runtime::spawn_detached(async move {
                     let _ticket = ticket;
-                    serve_connection(stream, handler, limits).await
+                    serve_connection(stream, handler, limits, tls).await
                 });
             }
             Err(error) => {
@@ -430,10 +432,109 @@ pub async fn serve_listener(
     }
 }
 
+/// A connection's TLS session (rustls, sans-I/O), shared by its read and write tasks.
+struct TlsSession {
+    conn: RefCell<rustls::ServerConnection>,
+    /// Received TLS bytes rustls has not taken in yet.
+    raw: RefCell<Vec<u8>>,
+}
+
+/// Peeks at a new connection's first bytes when TLS is on: a handshake starts a TLS session
+/// (fed those bytes), a plaintext frame is served as before in permissive mode (the bytes
+/// returned are its start) and refused in enforcing mode (`None`: close).
+async fn sniff(
+    reader: &mut futures_lite::io::ReadHalf<TcpStream>,
+    tls: &crate::tls::TlsServer,
+    peer: SocketAddr,
+) -> Option<(Vec<u8>, Option<Rc<TlsSession>>)> {
+    let mut first = vec![0u8; IDLE_READ_BYTES];
+    let read = match reader.read(&mut first).await {
+        Ok(0) | Err(_) => return None,
+        Ok(read) => read,
+    };
+    first.truncate(read);
+    if first[0] == crate::tls::TLS_HANDSHAKE_BYTE {
+        let mut conn = match rustls::ServerConnection::new(tls.config.clone()) {
+            Ok(conn) => conn,
+            Err(error) => {
+                log::warn!("TLS session for {peer} not started: {error}");
+                return None;
+            }
+        };
+        // Output is bounded by the connection's own limits; rustls need not bound it again.
+        conn.set_buffer_limit(None);
+        let session = TlsSession {
+            conn: RefCell::new(conn),
+            raw: RefCell::new(first),
+        };
+        return Some((Vec::new(), Some(Rc::new(session))));
+    }
+    if tls.mode == crate::tls::TlsMode::Enforcing {
+        PLAINTEXT_REFUSAL_LOG.with(|log| {
+            if let Some(left_out) = log.borrow_mut().allow(std::time::Instant::now()) {
+                log::warn!(
+                    "refusing a plaintext connection from {peer}: TLS is enforced \
+                     (tls.server.mode){}",
+                    shards::throttle::LogThrottle::repeats(left_out)
+                );
+            }
+        });
+        return None;
+    }
+    Some((first, None))
+}
+
+thread_local! {
+    /// Plaintext connections refused by enforcing mode, logged at most a few times a second.
+    static PLAINTEXT_REFUSAL_LOG: RefCell<shards::throttle::LogThrottle> = RefCell::default();
+}
+
+/// Reads plaintext of a TLS session into `into`: what rustls holds first, else more bytes
+/// from the socket (through `scratch`). 0 at the end of the stream.
+async fn tls_read(
+    reader: &mut futures_lite::io::ReadHalf<TcpStream>,
+    session: &TlsSession,
+    into: &mut [u8],
+    scratch: &mut [u8],
+    connection: &Connection,
+) -> Result<usize, String> {
+    use std::io::Read;
+    loop {
+        {
+            let mut conn = session.conn.borrow_mut();
+            match conn.reader().read(into) {
+                Ok(read) => return Ok(read),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(format!("TLS: {error}")),
+            }
+            let mut raw = session.raw.borrow_mut();
+            if !raw.is_empty() {
+                let taken = conn
+                    .read_tls(&mut &raw[..])
+                    .map_err(|e| format!("TLS: {e}"))?;
+                raw.drain(..taken);
+                let processed = conn.process_new_packets();
+                if conn.wants_write() {
+                    // Handshake messages or an alert: the write task sends them.
+                    connection.output_ready.notify();
+                }
+                processed.map_err(|e| format!("TLS: {e}"))?;
+                continue;
+            }
+        }
+        let read = reader.read(scratch).await.map_err(|e| e.to_string())?;
+        if read == 0 {
+            return Ok(0);
+        }
+        session.raw.borrow_mut().extend_from_slice(&scratch[..read]);
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     handler: Rc<dyn RequestHandler>,
     limits: ConnectionLimits,
+    tls: Option<std::sync::Arc<crate::tls::TlsServer>>,
 ) {
     let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
         return;
@@ -444,11 +545,24 @@ async fn serve_connection(
         next.set(id + 1);
         id
     });
-    let connection = Connection::new(id, peer, local, limits);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let (reader, writer) = futures_lite::io::split(stream);
-    let writer_task = runtime::spawn(write_loop(writer, connection.clone()));
-    if let Err(reason) = read_loop(reader, &connection, handler.as_ref(), fd).await {
+    let (mut reader, writer) = futures_lite::io::split(stream);
+    let (initial, session) = match &tls {
+        None => (Vec::new(), None),
+        Some(tls) => match sniff(&mut reader, tls, peer).await {
+            Some(sniffed) => sniffed,
+            None => return,
+        },
+    };
+    let connection = Connection::new(id, peer, local, limits);
+    let writer_task = runtime::spawn(write_loop(writer, connection.clone(), session.clone()));
+    let transport = Transport {
+        reader,
+        session,
+        initial,
+        fd,
+    };
+    if let Err(reason) = read_loop(transport, &connection, handler.as_ref()).await {
         log::debug!("closing connection from {peer}: {reason}");
     }
     connection.closed.set(true);
@@ -464,12 +578,25 @@ pub const IDLE_READ_BYTES: usize = 4 * 1024;
 /// Reads between two checks whether a connection's grown read buffer can shrink back.
 const READS_BEFORE_SHRINK: u32 = 256;
 
+/// Where a connection's requests come from: the socket, through TLS or not, after the
+/// bytes the first read (TLS sniffing) already took.
+struct Transport {
+    reader: futures_lite::io::ReadHalf<TcpStream>,
+    session: Option<Rc<TlsSession>>,
+    initial: Vec<u8>,
+    fd: std::os::fd::RawFd,
+}
+
 async fn read_loop(
-    mut reader: futures_lite::io::ReadHalf<TcpStream>,
+    mut transport: Transport,
     connection: &Rc<Connection>,
     handler: &dyn RequestHandler,
-    fd: std::os::fd::RawFd,
 ) -> Result<(), String> {
+    let fd = transport.fd;
+    let mut scratch = match transport.session {
+        Some(_) => vec![0u8; connection.limits.read_chunk_bytes],
+        None => Vec::new(),
+    };
     // An idle connection holds a small buffer; the first read that fills it grows it to the
     // read chunk for good (a 64 KiB buffer for every idle connection was 74 KiB of RSS each).
     let mut chunk_bytes = IDLE_READ_BYTES.min(connection.limits.read_chunk_bytes);
@@ -492,10 +619,31 @@ async fn read_loop(
         if buffer.len() < filled + chunk_bytes {
             buffer.resize(filled + chunk_bytes, 0);
         }
-        let read = reader
-            .read(&mut buffer[filled..])
-            .await
-            .map_err(|e| e.to_string())?;
+        let into = &mut buffer[filled..];
+        let read = if !transport.initial.is_empty() {
+            let read = transport.initial.len().min(into.len());
+            into[..read].copy_from_slice(&transport.initial[..read]);
+            transport.initial.drain(..read);
+            read
+        } else {
+            match &transport.session {
+                None => transport
+                    .reader
+                    .read(into)
+                    .await
+                    .map_err(|e| e.to_string())?,
+                Some(session) => {
+                    tls_read(
+                        &mut transport.reader,
+                        session,
+                        into,
+                        &mut scratch,
+                        connection,
+                    )
+                    .await?
+                }
+            }
+        };
         if read == 0 {
             return Ok(());
         }
@@ -619,11 +767,15 @@ fn decode_and_dispatch(
 async fn write_loop(
     mut writer: futures_lite::io::WriteHalf<TcpStream>,
     connection: Rc<Connection>,
+    session: Option<Rc<TlsSession>>,
 ) {
     let limits = connection.limits;
     let mut spare: Vec<u8> = Vec::new();
     loop {
-        if connection.output_len() == 0 {
+        let tls_pending = session
+            .as_ref()
+            .is_some_and(|session| session.conn.borrow().wants_write());
+        if connection.output_len() == 0 && !tls_pending {
             if connection.is_closed() {
                 return;
             }
@@ -631,6 +783,15 @@ async fn write_loop(
             continue;
         }
         std::mem::swap(&mut spare, &mut connection.output.borrow_mut());
+        if let Some(session) = &session {
+            // The answers become TLS records (and handshake messages or alerts go too).
+            use std::io::Write;
+            let mut conn = session.conn.borrow_mut();
+            // Neither can fail: rustls buffers without a limit here and writes into a Vec.
+            let _ = conn.writer().write_all(&spare);
+            spare.clear();
+            while conn.wants_write() && conn.write_tls(&mut spare).is_ok() {}
+        }
         connection.writing_bytes.set(spare.len());
         let result = writer.write_all(&spare).await;
         connection.writing_bytes.set(0);

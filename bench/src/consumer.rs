@@ -19,7 +19,7 @@
 //! bounded as in the producer worker.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
@@ -35,7 +35,7 @@ use crate::collect::{Figures, Report};
 use crate::consume_stats::ConsumeTally;
 use crate::send_frame::{SENT_MICROS_MIN, SENT_MICROS_PROPERTY};
 use crate::stats::SendFailure;
-use crate::worker::{poll_with_timeout, read_some, READS_PER_WAKEUP_MAX, TICK};
+use crate::worker::{poll_with_timeout, Wire, READS_PER_WAKEUP_MAX, TICK};
 use shardmq_protocol::record;
 
 /// Pause before pulling a queue again after a failed pull.
@@ -54,6 +54,8 @@ const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 pub struct PullConnectionPlan {
     pub broker_addr: String,
     pub stream: TcpStream,
+    /// The TLS session over `stream` (`--tls`).
+    pub tls: Option<rustls::ClientConnection>,
     pub queues: Vec<PullQueue>,
 }
 
@@ -130,7 +132,7 @@ struct PullContext<'a> {
 
 struct PullConnection {
     broker_addr: String,
-    stream: TcpStream,
+    wire: Wire,
     queues: Vec<QueueState>,
     next_opaque: i32,
     /// Opaque → (queue index, when the pull was queued).
@@ -159,7 +161,10 @@ impl PullConnection {
             .collect();
         PullConnection {
             broker_addr: plan.broker_addr,
-            stream: plan.stream,
+            wire: Wire {
+                stream: plan.stream,
+                tls: plan.tls,
+            },
             queues,
             next_opaque: 1,
             in_flight: HashMap::new(),
@@ -220,15 +225,7 @@ impl PullConnection {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        while self.out_written < self.out.len() {
-            match (&self.stream).write(&self.out[self.out_written..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(written) => self.out_written += written,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        }
+        self.wire.write(&self.out, &mut self.out_written)?;
         if self.out_written == self.out.len() {
             self.out.clear();
             self.out_written = 0;
@@ -238,7 +235,10 @@ impl PullConnection {
 
     fn receive(&mut self, context: &mut PullContext<'_>) -> io::Result<()> {
         for _ in 0..READS_PER_WAKEUP_MAX {
-            if !read_some(&self.stream, &mut self.input, &mut self.input_filled)? {
+            if !self
+                .wire
+                .read_some(&mut self.input, &mut self.input_filled)?
+            {
                 break;
             }
             self.complete(Instant::now(), context)?;
@@ -296,7 +296,7 @@ impl PullConnection {
         tally.record_send_failures(SendFailure::ConnectionLost, self.in_flight.len() as u64);
         self.in_flight.clear();
         self.open = false;
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.wire.stream.shutdown(std::net::Shutdown::Both);
     }
 
     fn all_drained(&self) -> bool {
@@ -458,11 +458,11 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
         poll_fds.clear();
         for connection in connections.iter().filter(|c| c.open) {
             let mut events = libc::POLLIN;
-            if connection.out_written < connection.out.len() {
+            if connection.out_written < connection.out.len() || connection.wire.tls_output_waits() {
                 events |= libc::POLLOUT;
             }
             poll_fds.push(libc::pollfd {
-                fd: connection.stream.as_raw_fd(),
+                fd: connection.wire.stream.as_raw_fd(),
                 events,
                 revents: 0,
             });

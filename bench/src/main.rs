@@ -129,6 +129,13 @@ struct CommonArgs {
     /// SecretKey of --access-key.
     #[arg(long, requires = "access_key")]
     secret_key: Option<String>,
+    /// Speak TLS to every server (the producer's load too).
+    #[arg(long)]
+    tls: bool,
+    /// Verify the servers' certificates against these PEM CA certificates (without it, any
+    /// certificate is taken, as RocketMQ's clients do without tls.client.trustCertPath).
+    #[arg(long, requires = "tls")]
+    tls_trust_cert_path: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -254,6 +261,19 @@ struct ConsumerArgs {
 
 impl CommonArgs {
     fn into_options(self, catch_up: bool) -> CommonOptions {
+        if self.tls {
+            let options = shardmq_client::TlsOptions {
+                trust_cert_path: self.tls_trust_cert_path.clone(),
+                client_cert: None,
+            };
+            match options.client_config() {
+                Ok(config) => route::set_tls(config),
+                Err(error) => {
+                    eprintln!("shardmq-bench: --tls: {error}");
+                    std::process::exit(2);
+                }
+            }
+        }
         if let (Some(access_key), Some(secret_key)) = (&self.access_key, &self.secret_key) {
             route::set_credentials(shardmq_protocol::remoting::signature::Credentials::new(
                 access_key, secret_key,

@@ -96,6 +96,26 @@ pub fn credentials() -> Option<&'static shardmq_protocol::remoting::signature::C
     CREDENTIALS.get()
 }
 
+/// The TLS configuration of every connection of this run (`--tls`).
+static TLS: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+
+/// Every connection of the run speaks TLS with `config` (set once, before any request).
+pub fn set_tls(config: std::sync::Arc<rustls::ClientConfig>) {
+    let _ = TLS.set(config);
+}
+
+/// A TLS session for a connection to `addr`, when the run speaks TLS.
+pub fn tls_session(addr: &str) -> anyhow::Result<Option<rustls::ClientConnection>> {
+    let Some(config) = TLS.get() else {
+        return Ok(None);
+    };
+    let name = shardmq_client::tls::server_name(addr).map_err(anyhow::Error::msg)?;
+    let mut session = rustls::ClientConnection::new(config.clone(), name)?;
+    // The worker bounds what it queues (its in-flight window); rustls need not.
+    session.set_buffer_limit(None);
+    Ok(Some(session))
+}
+
 thread_local! {
     /// The Rust client's remoting transport (one connection per address, kept for the run)
     /// on a current-thread runtime this thread blocks on: the requests before and after the
@@ -125,7 +145,8 @@ pub fn call(
             let (server_requests, _) = tokio::sync::mpsc::channel(1);
             let remoting = runtime
                 .block_on(async { RemotingClient::new(server_requests) })
-                .with_credentials(credentials().cloned());
+                .with_credentials(credentials().cloned())
+                .with_tls(TLS.get().cloned());
             *requests = Some((runtime, remoting));
         }
         let (runtime, remoting) = requests.as_ref().expect("just made");

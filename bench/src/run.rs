@@ -774,6 +774,7 @@ fn connect_producers(
             plans.push(ConnectionPlan {
                 index,
                 broker_addr: target.broker_addr.clone(),
+                tls: route::tls_session(&target.broker_addr).with_context(context)?,
                 stream,
                 templates: Arc::clone(&templates),
                 quota_requests: total_requests.map(|total| share(total, index, connection_count)),
@@ -908,6 +909,7 @@ fn connect_consumer(
             let queues = queues.iter().map(|q| PullQueue { group, ..*q }).collect();
             plans.push(PullConnectionPlan {
                 broker_addr: broker_addr.clone(),
+                tls: route::tls_session(broker_addr).with_context(context)?,
                 stream,
                 queues,
             });

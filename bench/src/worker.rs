@@ -70,6 +70,8 @@ pub struct ConnectionPlan {
     pub index: usize,
     pub broker_addr: String,
     pub stream: TcpStream,
+    /// The TLS session over `stream` (`--tls`).
+    pub tls: Option<rustls::ClientConnection>,
     /// One frame per write queue of the broker, by queue id.
     pub templates: Arc<Vec<SendTemplate>>,
     /// Requests to send on this connection; `None`: until the deadline.
@@ -103,7 +105,7 @@ pub struct WorkerPlan {
 
 struct Connection {
     broker_addr: String,
-    stream: TcpStream,
+    wire: Wire,
     templates: Arc<Vec<SendTemplate>>,
     next_queue_id: usize,
     opaques: OpaqueSequence,
@@ -131,7 +133,10 @@ impl Connection {
         assert!((1..=IN_FLIGHT_MAX_REQUESTS).contains(&in_flight_max));
         Connection {
             broker_addr: plan.broker_addr,
-            stream: plan.stream,
+            wire: Wire {
+                stream: plan.stream,
+                tls: plan.tls,
+            },
             templates: plan.templates,
             next_queue_id: 0,
             opaques: OpaqueSequence::new(),
@@ -150,7 +155,7 @@ impl Connection {
     }
 
     fn unsent_bytes(&self) -> usize {
-        self.out.len() - self.out_written
+        self.out.len() - self.out_written + usize::from(self.wire.tls_output_waits())
     }
 
     fn quota_left(&self) -> bool {
@@ -213,15 +218,7 @@ impl Connection {
 
     /// Writes what the socket takes now.
     fn flush(&mut self) -> io::Result<()> {
-        while self.unsent_bytes() > 0 {
-            match (&self.stream).write(&self.out[self.out_written..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(written) => self.out_written += written,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        }
+        self.wire.write(&self.out, &mut self.out_written)?;
         if self.out_written == self.out.len() {
             self.out.clear();
             self.out_written = 0;
@@ -235,7 +232,10 @@ impl Connection {
     /// Reads and completes every response that has arrived.
     fn receive(&mut self, tally: &mut Tally) -> io::Result<()> {
         for _ in 0..READS_PER_WAKEUP_MAX {
-            if !read_some(&self.stream, &mut self.input, &mut self.input_filled)? {
+            if !self
+                .wire
+                .read_some(&mut self.input, &mut self.input_filled)?
+            {
                 break;
             }
             self.complete_responses(Instant::now(), tally)?;
@@ -289,7 +289,7 @@ impl Connection {
         self.out.clear();
         self.out_written = 0;
         self.open = false;
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.wire.stream.shutdown(std::net::Shutdown::Both);
     }
 
     /// Nothing left to send or wait for.
@@ -456,7 +456,7 @@ impl Readiness {
         };
         // SAFETY: `event` is a live epoll_event; both fds are open.
         let result =
-            unsafe { libc::epoll_ctl(epoll, op, connection.stream.as_raw_fd(), &mut event) };
+            unsafe { libc::epoll_ctl(epoll, op, connection.wire.stream.as_raw_fd(), &mut event) };
         assert!(
             result == 0,
             "epoll_ctl failed: {}",
@@ -538,6 +538,115 @@ pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
     }
 }
 
+/// A load connection's socket, and its TLS session when the run speaks TLS (`--tls`).
+pub(crate) struct Wire {
+    pub stream: TcpStream,
+    pub tls: Option<rustls::ClientConnection>,
+}
+
+impl Wire {
+    /// TLS records (or handshake messages) wait to be written.
+    pub fn tls_output_waits(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.wants_write())
+    }
+
+    /// Writes what the socket takes now of `out[*written..]`, advancing `written`. Over TLS
+    /// every frame goes into the session at once (the caller's window bounds them) and its
+    /// records go out as the socket takes them.
+    pub fn write(&mut self, out: &[u8], written: &mut usize) -> io::Result<()> {
+        let Some(tls) = &mut self.tls else {
+            while *written < out.len() {
+                match (&self.stream).write(&out[*written..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(count) => *written += count,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            return Ok(());
+        };
+        tls.writer().write_all(&out[*written..])?;
+        *written = out.len();
+        while tls.wants_write() {
+            match tls.write_tls(&mut &self.stream) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// One read into `input[*filled..]` (`read_some`), through TLS when there is a session.
+    pub fn read_some(&mut self, input: &mut Vec<u8>, filled: &mut usize) -> io::Result<bool> {
+        match &mut self.tls {
+            None => read_some(&self.stream, input, filled),
+            Some(tls) => tls_read_some(tls, &self.stream, input, filled),
+        }
+    }
+}
+
+/// `read_some` through a TLS session: records from the socket in, plaintext out.
+fn tls_read_some(
+    tls: &mut rustls::ClientConnection,
+    stream: &TcpStream,
+    input: &mut Vec<u8>,
+    filled: &mut usize,
+) -> io::Result<bool> {
+    let mut came = false;
+    loop {
+        if *filled == input.len() {
+            grow_for_frame(input, *filled)?;
+        }
+        match tls.reader().read(&mut input[*filled..]) {
+            Ok(0) => {
+                let message = "the broker closed the TLS session";
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+            }
+            Ok(read) => {
+                *filled += read;
+                return Ok(true);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+        if came {
+            // What came was handshake or a partial record: no plaintext yet.
+            return Ok(false);
+        }
+        match tls.read_tls(&mut &*stream) {
+            Ok(0) => {
+                let message = "the broker closed the connection";
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+            }
+            Ok(_) => {
+                came = true;
+                tls.process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Grows a full read buffer to the size of the frame it holds the start of.
+fn grow_for_frame(input: &mut Vec<u8>, filled: usize) -> io::Result<()> {
+    let frame_size_bytes = peek_frame_size_bytes(&input[..filled])
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
+        .expect("a full buffer holds a length prefix");
+    assert!(
+        frame_size_bytes > input.len(),
+        "complete frames were consumed"
+    );
+    input.resize(frame_size_bytes, 0);
+    Ok(())
+}
+
 /// One read from a non-blocking connection into `input[filled..]`: true when bytes came,
 /// false when none are waiting. A full buffer holds the start of one frame bigger than it
 /// (complete frames are consumed after every read), so it first grows to that frame's size.
@@ -548,14 +657,7 @@ pub(crate) fn read_some(
     filled: &mut usize,
 ) -> io::Result<bool> {
     if *filled == input.len() {
-        let frame_size_bytes = peek_frame_size_bytes(&input[..*filled])
-            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?
-            .expect("a full buffer holds a length prefix");
-        assert!(
-            frame_size_bytes > input.len(),
-            "complete frames were consumed"
-        );
-        input.resize(frame_size_bytes, 0);
+        grow_for_frame(input, *filled)?;
     }
     loop {
         match (&*stream).read(&mut input[*filled..]) {
@@ -599,6 +701,7 @@ mod tests {
         let plan = ConnectionPlan {
             index: 0,
             broker_addr: "test".into(),
+            tls: None,
             stream,
             templates: Arc::new(vec![template]),
             quota_requests: quota,

@@ -315,3 +315,63 @@ fn out_of_bounds_options_are_refused_before_connecting() {
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr.contains("--rate must be"), "{stderr}");
 }
+
+#[test]
+fn producer_and_consumer_sign_and_speak_tls() {
+    // A node that refuses plaintext and unsigned requests: every load connection must do both.
+    let dir = std::env::temp_dir().join(format!("shardmq-bench-smoke-acl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let acl = dir.join("plain_acl.yml");
+    std::fs::write(
+        &acl,
+        "accounts:\n  - accessKey: smoke-admin\n    secretKey: smoke-secret\n    admin: true\n",
+    )
+    .unwrap();
+    let serve = [
+        "serve",
+        "--shards",
+        "2",
+        "--no-pin",
+        "--segment-size-mib",
+        "16",
+        "--tls-server-mode",
+        "enforcing",
+        "--acl-file",
+        acl.to_str().unwrap(),
+    ];
+    let node = start_server(&shardmq_binary(), "secure", &serve, "shardmq: ready");
+    let secure = [
+        "--tls",
+        "--access-key",
+        "smoke-admin",
+        "--secret-key",
+        "smoke-secret",
+    ];
+    let with = |args: &[&'static str]| -> Vec<&'static str> {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&secure);
+        all
+    };
+    let report = bench(
+        &node,
+        "secure-producer",
+        &with(&[
+            "producer",
+            "--topic",
+            "SmokeS",
+            "--queues",
+            "2",
+            "--messages",
+            "500",
+        ]),
+    );
+    assert_eq!(count(&report, &["producer", "sent"]), 500);
+    assert_eq!(count(&report, &["producer", "send_failed"]), 0);
+    let report = bench(
+        &node,
+        "secure-consumer",
+        &with(&["consumer", "--topic", "SmokeS", "--catch-up"]),
+    );
+    assert_eq!(count(&report, &["consumer", "consumed"]), 500);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -34,6 +34,9 @@ pub use crate::limits::REQUEST_BODY_MAX_BYTES;
 /// Bytes read from the socket per read call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+type BoxedReader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type BoxedWriter = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
 /// A request to send: code, extFields (all strings) and body.
 #[derive(Debug, Clone, Default)]
 pub struct Request {
@@ -148,6 +151,8 @@ pub struct RemotingClient {
     server_requests: mpsc::Sender<ServerRequest>,
     /// Every request is signed with these when set (brokers with ACL on need it).
     credentials: Option<SessionCredentials>,
+    /// Every connection speaks TLS when set.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl RemotingClient {
@@ -158,7 +163,14 @@ impl RemotingClient {
             next_opaque: AtomicI32::new(1),
             server_requests,
             credentials: None,
+            tls: None,
         }
+    }
+
+    /// Every connection of this client speaks TLS with `tls` (`crate::tls::TlsOptions`).
+    pub fn with_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> RemotingClient {
+        self.tls = tls;
+        self
     }
 
     /// This client signs every request it sends with `credentials` (RocketMQ's
@@ -209,18 +221,48 @@ impl RemotingClient {
                 Err(_) => return Err(connect_error(addr, "timed out".to_string())),
             };
         let _ = stream.set_nodelay(true);
-        let (reader, writer) = stream.into_split();
         let (frames, frames_rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        tokio::spawn(write_loop(writer, frames_rx, closed.clone()));
-        tokio::spawn(read_loop(
-            reader,
-            addr.to_string(),
-            pending.clone(),
-            closed.clone(),
-            self.server_requests.clone(),
-        ));
+        let spawn_loops = |reader, writer| {
+            tokio::spawn(write_loop(writer, frames_rx, closed.clone()));
+            tokio::spawn(read_loop(
+                reader,
+                addr.to_string(),
+                pending.clone(),
+                closed.clone(),
+                self.server_requests.clone(),
+            ));
+        };
+        match &self.tls {
+            None => {
+                let (reader, writer) = stream.into_split();
+                spawn_loops(
+                    Box::new(reader) as BoxedReader,
+                    Box::new(writer) as BoxedWriter,
+                );
+            }
+            Some(config) => {
+                let name = crate::tls::server_name(addr).map_err(|e| connect_error(addr, e))?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let handshake = connector.connect(name, stream);
+                let stream = match tokio::time::timeout(
+                    Duration::from_millis(CONNECT_TIMEOUT_MS),
+                    handshake,
+                )
+                .await
+                {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => return Err(connect_error(addr, format!("TLS: {error}"))),
+                    Err(_) => return Err(connect_error(addr, "TLS handshake timed out".into())),
+                };
+                let (reader, writer) = tokio::io::split(stream);
+                spawn_loops(
+                    Box::new(reader) as BoxedReader,
+                    Box::new(writer) as BoxedWriter,
+                );
+            }
+        }
         Ok(Connection {
             addr: addr.to_string(),
             frames,
@@ -352,7 +394,7 @@ fn closed_error(addr: &str, reason: &str) -> ClientError {
 }
 
 async fn write_loop(
-    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    mut writer: impl tokio::io::AsyncWrite + Unpin,
     mut frames: mpsc::Receiver<Vec<u8>>,
     closed: Arc<AtomicBool>,
 ) {
@@ -380,7 +422,7 @@ async fn write_loop(
 }
 
 async fn read_loop(
-    mut reader: tokio::net::tcp::OwnedReadHalf,
+    mut reader: impl tokio::io::AsyncRead + Unpin,
     addr: String,
     pending: Pending,
     closed: Arc<AtomicBool>,

@@ -47,6 +47,8 @@ pub struct ClientConfig {
     pub heartbeat_interval: Duration,
     /// AccessKey/SecretKey every request is signed with (brokers with ACL on need them).
     pub credentials: Option<crate::SessionCredentials>,
+    /// Speak TLS to every server (RocketMQ's `useTLS`); `None`: plaintext.
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 impl ClientConfig {
@@ -64,6 +66,7 @@ impl ClientConfig {
             poll_name_server_interval: Duration::from_millis(30_000),
             heartbeat_interval: Duration::from_millis(30_000),
             credentials: None,
+            tls: None,
         }
     }
 }
@@ -167,11 +170,19 @@ impl ClientInstance {
                 .unwrap_or(0);
             format!("{}#{sequence}#{nanos}", std::process::id())
         });
+        let tls = config
+            .tls
+            .as_ref()
+            .map(crate::tls::TlsOptions::client_config)
+            .transpose()
+            .map_err(ClientError::InvalidArgument)?;
         let (server_tx, server_rx) = mpsc::channel(SERVER_REQUESTS_QUEUED_MAX);
         let instance = Arc::new(ClientInstance {
             client_id: format!("{client_ip}@{instance_name}"),
             client_ip,
-            remoting: RemotingClient::new(server_tx).with_credentials(config.credentials.clone()),
+            remoting: RemotingClient::new(server_tx)
+                .with_credentials(config.credentials.clone())
+                .with_tls(tls),
             unique_ids: UniqueIdGenerator::new(client_ip),
             routes: RwLock::default(),
             brokers: RwLock::default(),

@@ -71,6 +71,7 @@ mod process_queue;
 mod producer;
 mod pull_api;
 mod push_consumer;
+pub mod tls;
 mod transaction;
 
 // The codec (`crate::remoting`) and the bodies (`crate::body`) are the protocol crate's.
@@ -97,6 +98,7 @@ pub use push_consumer::PushConsumer;
 /// AccessKey, SecretKey (and STS token) a client signs every request with (RocketMQ's
 /// `SessionCredentials`; the signature is CAPABILITIES.md §4.2's).
 pub use shardmq_protocol::remoting::signature::Credentials as SessionCredentials;
+pub use tls::TlsOptions;
 pub use transaction::{
     LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
 };

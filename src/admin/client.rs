@@ -50,6 +50,7 @@ impl Client {
     pub fn new(
         timeout: Duration,
         credentials: Option<crate::remoting::signature::Credentials>,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Client {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -59,7 +60,8 @@ impl Client {
         let (server_requests, _) = tokio::sync::mpsc::channel(1);
         let remoting = runtime
             .block_on(async { RemotingClient::new(server_requests) })
-            .with_credentials(credentials);
+            .with_credentials(credentials)
+            .with_tls(tls);
         Client {
             timeout,
             runtime,

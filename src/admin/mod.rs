@@ -70,6 +70,13 @@ pub struct AdminArgs {
     /// SecretKey of --access-key (mqadmin's -sk).
     #[arg(long, global = true, requires = "access_key")]
     pub secret_key: Option<String>,
+    /// Speak TLS to the name server and brokers.
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// Verify their certificates against these PEM CA certificates (without it, any
+    /// certificate is taken, as RocketMQ's tools do without tls.client.trustCertPath).
+    #[arg(long, global = true, requires = "tls")]
+    pub tls_trust_cert_path: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: AdminCommand,
 }
@@ -224,7 +231,23 @@ pub fn run(args: AdminArgs) -> i32 {
         )),
         _ => None,
     };
-    let mut admin = Admin::new(&args.namesrv, timeout, credentials);
+    let tls = match args.tls {
+        false => None,
+        true => {
+            let options = shardmq_client::TlsOptions {
+                trust_cert_path: args.tls_trust_cert_path.clone(),
+                client_cert: None,
+            };
+            match options.client_config() {
+                Ok(config) => Some(config),
+                Err(error) => {
+                    eprintln!("shardmq admin: error: --tls: {error}");
+                    return 1;
+                }
+            }
+        }
+    };
+    let mut admin = Admin::new(&args.namesrv, timeout, credentials, tls);
     let result = execute(&mut admin, &args.command);
     for warning in &admin.warnings {
         eprintln!("shardmq admin: warning: {warning}");
@@ -323,6 +346,7 @@ impl Admin {
         namesrv: &str,
         timeout: Duration,
         credentials: Option<crate::remoting::signature::Credentials>,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Admin {
         Admin {
             namesrv: namesrv
@@ -331,7 +355,7 @@ impl Admin {
                 .filter(|a| !a.is_empty())
                 .map(String::from)
                 .collect(),
-            client: Client::new(timeout, credentials),
+            client: Client::new(timeout, credentials, tls),
             warnings: Vec::new(),
         }
     }

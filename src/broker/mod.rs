@@ -115,6 +115,8 @@ pub struct Broker {
     pub local_routes: Option<LocalRoutes>,
     /// Signs this broker's namesrv requests (BrokerOptions::namesrv_credentials).
     pub namesrv_credentials: Option<crate::remoting::signature::Credentials>,
+    /// TLS towards the namesrv (BrokerOptions::namesrv_tls).
+    pub namesrv_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// Language and version of each client connection (GET_CONSUMER_CONNECTION_LIST).
     client_languages: RefCell<clients::ClientLanguages>,
     next_unique_id: Cell<u32>,
@@ -133,6 +135,8 @@ pub struct BrokerOptions {
     pub retention: shards::store::RetentionConfig,
     /// Signs REGISTER_BROKER / UNREGISTER_BROKER for a namesrv with ACL on.
     pub namesrv_credentials: Option<crate::remoting::signature::Credentials>,
+    /// TLS for the connections to the namesrv.
+    pub namesrv_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Broker {
@@ -197,6 +201,7 @@ impl Broker {
             durable_replies: Rc::default(),
             local_routes: None,
             namesrv_credentials: options.namesrv_credentials,
+            namesrv_tls: options.namesrv_tls,
             client_languages: RefCell::new(clients::ClientLanguages::default()),
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),

@@ -151,21 +151,25 @@ def decode_frame(frame):
 class RemotingClient:
     """One TCP connection to a namesrv or broker endpoint."""
 
-    def __init__(self, host, port, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None):
+    def __init__(self, host, port, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None,
+                 tls=None):
+        """tls: an ssl.SSLContext to speak TLS with (None: plaintext)."""
         self.address = (host, port)
         source = (source_ip, 0) if source_ip else None
         self.sock = socket.create_connection(self.address, timeout=timeout_s,
                                              source_address=source)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname=host)
         self.timeout_s = timeout_s
         self._opaques = itertools.count(1)
         self._buffer = b""
 
     @classmethod
-    def connect(cls, address, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None):
+    def connect(cls, address, timeout_s=RESPONSE_READ_TIMEOUT_S, source_ip=None, tls=None):
         """source_ip: the local address to connect from (any 127.x.y.z is loopback)."""
         host, port = address.rsplit(":", 1)
-        return cls(host, int(port), timeout_s, source_ip)
+        return cls(host, int(port), timeout_s, source_ip, tls)
 
     def close(self):
         try:

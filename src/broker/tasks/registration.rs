@@ -36,14 +36,19 @@ pub struct NamesrvConnection {
     pub(crate) addr: SocketAddr,
     pub(crate) stream: Option<TcpStream>,
     pub(crate) next_opaque: i32,
+    /// TLS towards the namesrv (`--tls-enable`), and the session of the open connection.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    session: Option<rustls::ClientConnection>,
 }
 
 impl NamesrvConnection {
-    pub fn new(addr: SocketAddr) -> Self {
+    pub fn new(addr: SocketAddr, tls: Option<std::sync::Arc<rustls::ClientConfig>>) -> Self {
         NamesrvConnection {
             addr,
             stream: None,
             next_opaque: 1,
+            tls,
+            session: None,
         }
     }
 
@@ -66,10 +71,18 @@ impl NamesrvConnection {
         build: impl Fn(&mut Vec<u8>, i32),
     ) -> Result<(i32, Option<String>), String> {
         if self.stream.is_none() {
-            let stream = runtime::connect(self.addr)
+            let mut stream = runtime::connect(self.addr)
                 .await
                 .map_err(|e| e.to_string())?;
             let _ = stream.set_nodelay(true);
+            self.session = None;
+            if let Some(config) = &self.tls {
+                let name = rustls::pki_types::ServerName::from(self.addr.ip());
+                let mut session = rustls::ClientConnection::new(config.clone(), name)
+                    .map_err(|e| format!("TLS: {e}"))?;
+                crate::tls::client::handshake(&mut stream, &mut session).await?;
+                self.session = Some(session);
+            }
             self.stream = Some(stream);
         }
         let Some(stream) = self.stream.as_mut() else {
@@ -79,7 +92,14 @@ impl NamesrvConnection {
         self.next_opaque = self.next_opaque.wrapping_add(1);
         let mut frame = Vec::new();
         build(&mut frame, opaque);
-        stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+        match &mut self.session {
+            None => stream.write_all(&frame).await.map_err(|e| e.to_string())?,
+            Some(session) => {
+                std::io::Write::write_all(&mut session.writer(), &frame)
+                    .map_err(|e| format!("TLS: {e}"))?;
+                crate::tls::client::flush(stream, session).await?;
+            }
+        }
         let mut buffer = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
@@ -87,7 +107,10 @@ impl NamesrvConnection {
             if read == 0 {
                 return Err("namesrv closed the connection".into());
             }
-            buffer.extend_from_slice(&chunk[..read]);
+            match &mut self.session {
+                None => buffer.extend_from_slice(&chunk[..read]),
+                Some(session) => crate::tls::client::feed(session, &chunk[..read], &mut buffer)?,
+            }
             if buffer.len() > NAMESRV_RESPONSE_MAX_BYTES {
                 return Err("namesrv answer too large".into());
             }
@@ -125,7 +148,7 @@ pub async fn run(
 ) {
     let mut namesrvs: Vec<NamesrvConnection> = namesrv_addrs
         .into_iter()
-        .map(NamesrvConnection::new)
+        .map(|addr| NamesrvConnection::new(addr, broker.namesrv_tls.clone()))
         .collect();
     let mut retry_delay_ms = REGISTER_RETRY_DELAY_MS;
     while !broker.register_with_all(&mut namesrvs, None).await {
