@@ -25,6 +25,25 @@ then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
 fi
 
+# What the end-to-end suite drives besides the C++ client: Node.js's ali-ons (tests/node, from
+# the npm registry, pinned by its lockfile) and openssl (TLS). Installed when missing, as root
+# with apt-get; a test whose tool is still missing says so and is reported as skipped (-rs).
+missing=()
+command -v npm >/dev/null || missing+=(nodejs npm)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
+        || { apt-get update -q >/dev/null && \
+             DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; } \
+        || echo "warning: could not install ${missing[*]}" >&2
+fi
+if command -v npm >/dev/null && [ ! -d tests/node/node_modules/ali-ons ]; then
+    echo "==> npm ci (tests/node: ali-ons)"
+    (cd tests/node && npm ci --no-audit --no-fund --silent) \
+        || echo "warning: npm ci in tests/node failed" >&2
+fi
+
 # The tests drive the store's fault hooks (a slow disk, failed writes): they are compiled in
 # only with the fault-injection feature, never in a production build.
 features="shardmq/fault-injection,shards/fault-injection"
