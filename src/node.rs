@@ -591,6 +591,7 @@ fn start_listeners(
             listening.push(format!("{what} {addr}"));
         }
     }
+    runtime::spawn_detached(server::trim_memory());
     log::info!("shard {shard_id} listening on {}", listening.join(", "));
     Ok(())
 }

@@ -48,13 +48,18 @@ def closed_by_server(sock, timeout_s):
         return sock.recv(1) == b""
     except socket.timeout:
         return False
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):
         return True
 
 
 def send_one(client, topic, index):
-    response = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
-                           body="bounds {}".format(index).encode())
+    """A send that must be served (SYSTEM_BUSY from a stalled shard is retried, as clients do)."""
+    for attempt in range(10):
+        response = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
+                               body="bounds {}".format(index).encode())
+        if response.code != remoting.SYSTEM_BUSY:
+            break
+        time.sleep(0.05 * (attempt + 1))
     assert response.code == remoting.SUCCESS, response
 
 
@@ -128,7 +133,7 @@ def test_a_stalled_or_trickled_frame_closes_its_connection(shardmq_factory, tmp_
     trickled.sendall(start_of_frame)
     began = time.monotonic()
     trickled_closed_at = None
-    while time.monotonic() - began < PARTIAL_FRAME_TIMEOUT_MS / 1000 * 3:
+    while time.monotonic() - began < PARTIAL_FRAME_TIMEOUT_MS / 1000 * 6:
         try:
             trickled.sendall(b"x" * 1024)
         except OSError:
@@ -145,7 +150,35 @@ def test_a_stalled_or_trickled_frame_closes_its_connection(shardmq_factory, tmp_
     assert PARTIAL_FRAME_TIMEOUT_MS / 1000 * 0.9 <= trickled_closed_at
     # A client that sends whole frames, however slowly, is not affected.
     with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
-        for index in range(3):
-            send_one(client, topic, index)
+        for _ in range(3):
+            response = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
+            assert response.code == remoting.SUCCESS, response
             time.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 * 0.6)
     assert "network.partial_frame_timeout_ms" in node.log_tail()
+
+
+def test_memory_of_closed_connections_goes_back(shardmq_factory):
+    # 4,000 connections (from two loopback addresses, under the per-address cap), each with
+    # the start of a frame in its buffer, then all closed: the shard gives most of what they
+    # took back to the system (glibc keeps freed blocks unless asked: malloc_trim).
+    count = 4000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+    node = shardmq_factory(shards=1)
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    before = rss_bytes(node.process.pid)
+    socks = []
+    for index in range(count):
+        source = ("127.0.0.{}".format(2 + index * 2 // count), 0)
+        sock = socket.create_connection((host, int(port)), source_address=source)
+        sock.sendall(struct.pack(">i", 2000) + b"\0" * 100)
+        socks.append(sock)
+    time.sleep(1)
+    held = rss_bytes(node.process.pid)
+    for sock in socks:
+        sock.close()
+    time.sleep(5)
+    after = rss_bytes(node.process.pid)
+    print("RSS {:.1f} MiB, with {} connections {:.1f} MiB, after they closed {:.1f} MiB".format(
+        before / 2**20, count, held / 2**20, after / 2**20))
+    assert after - before < (held - before) / 2, (before, held, after)
