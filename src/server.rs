@@ -333,46 +333,50 @@ impl ConnectionGate {
 
     fn admit(self: &Rc<Self>, peer: Option<SocketAddr>) -> Option<GateTicket> {
         if self.open.get() >= self.max {
-            self.refused.set(self.refused.get() + 1);
-            let allowed = self
-                .refusal_log
-                .borrow_mut()
-                .allow(std::time::Instant::now());
-            if let Some(left_out) = allowed {
-                log::warn!(
-                    "refusing a connection from {}: this shard serves {} connections \
-                     (network.connections_per_shard_max){}",
-                    peer.map_or("?".to_string(), |p| p.to_string()),
-                    self.max,
-                    shards::throttle::LogThrottle::repeats(left_out)
-                );
-            }
-            return None;
+            let peer = peer.map_or("?".to_string(), |p| p.to_string());
+            return self.refuse(
+                &self.refusal_log,
+                format_args!(
+                    "refusing a connection from {peer}: this shard serves {} connections \
+                     (network.connections_per_shard_max)",
+                    self.max
+                ),
+            );
         }
         let ip = peer.map(|peer| peer.ip());
         if let Some(ip) = ip {
             let mut per_address = self.per_address.borrow_mut();
             let open = per_address.entry(ip).or_insert(0);
             if *open >= self.max_per_address {
-                self.refused.set(self.refused.get() + 1);
-                let allowed = self
-                    .address_refusal_log
-                    .borrow_mut()
-                    .allow(std::time::Instant::now());
-                if let Some(left_out) = allowed {
-                    log::warn!(
+                return self.refuse(
+                    &self.address_refusal_log,
+                    format_args!(
                         "refusing a connection from {ip}: it has {} open on this shard \
-                         (network.connections_per_address_max){}",
-                        self.max_per_address,
-                        shards::throttle::LogThrottle::repeats(left_out)
-                    );
-                }
-                return None;
+                         (network.connections_per_address_max)",
+                        self.max_per_address
+                    ),
+                );
             }
             *open += 1;
         }
         self.open.set(self.open.get() + 1);
         Some(GateTicket(self.clone(), ip))
+    }
+}
+
+impl ConnectionGate {
+    /// Counts a refused connection and logs `why` (a few times a second at most, through
+    /// `log`, with the number left out).
+    fn refuse(
+        &self,
+        log: &RefCell<shards::throttle::LogThrottle>,
+        why: std::fmt::Arguments<'_>,
+    ) -> Option<GateTicket> {
+        self.refused.set(self.refused.get() + 1);
+        if let Some(left_out) = log.borrow_mut().allow(std::time::Instant::now()) {
+            log::warn!("{why}{}", shards::throttle::LogThrottle::repeats(left_out));
+        }
+        None
     }
 }
 

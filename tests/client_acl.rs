@@ -6,15 +6,10 @@
 mod common;
 
 use std::process::Output;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use common::client::{distinct_bodies, record, wait_until, Log};
+use common::client::send_then_consume;
 use common::*;
-use shardmq_client::{
-    ClientError, ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer,
-    SendStatus, SessionCredentials,
-};
+use shardmq_client::{ClientError, Message, Producer, SessionCredentials};
 
 const RULES: &str = "\
 accounts:
@@ -76,37 +71,11 @@ async fn the_rust_client_produces_and_consumes_with_session_credentials() {
     assert!(output.status.success(), "{output:?}");
 
     let credentials = SessionCredentials::new("app-key", "app-secret");
-    let mut options = node.producer_options("acl-producer");
-    options.client.credentials = Some(credentials.clone());
-    let producer = Producer::start(options).await.unwrap();
-    for i in 0..20 {
-        let result = producer
-            .send(Message::new(TOPIC, format!("acl-{i}")))
-            .await
-            .unwrap();
-        assert_eq!(result.status, SendStatus::SendOk);
-    }
-
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let mut options = node.consumer_options("acl-group");
-    options.client.credentials = Some(credentials);
-    let mut consumer = PushConsumer::new(options);
-    consumer.subscribe(TOPIC, "*").unwrap();
-    let sink = log.clone();
-    consumer.register_message_listener_concurrently(
-        move |messages: &[MessageExt], _: &mut shardmq_client::ConsumeConcurrentlyContext| {
-            for message in messages {
-                record(&sink, "c", message);
-            }
-            ConsumeConcurrentlyStatus::ConsumeSuccess
-        },
-    );
-    consumer.start().await.unwrap();
-    wait_until(&log, Duration::from_secs(30), "20 messages", |seen| {
-        distinct_bodies(seen).len() == 20
-    })
-    .await;
-    consumer.shutdown().await;
+    let mut producer = node.producer_options("acl-producer");
+    producer.client.credentials = Some(credentials.clone());
+    let mut consumer = node.consumer_options("acl-group");
+    consumer.client.credentials = Some(credentials);
+    send_then_consume(producer, consumer, TOPIC, "acl", 20).await;
 
     // A wrong secret: refused, with the reason, and not stored.
     let mut options = node.producer_options("acl-intruder");
@@ -125,7 +94,6 @@ async fn the_rust_client_produces_and_consumes_with_session_credentials() {
         }
         other => panic!("expected NO_PERMISSION from the broker, got {other:?}"),
     }
-    producer.shutdown().await;
     intruder.shutdown().await;
     let output = admin(
         &node,

@@ -5,14 +5,9 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use common::client::{distinct_bodies, record, wait_until, Log};
+use common::client::send_then_consume;
 use common::*;
-use shardmq_client::{
-    ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer, SendStatus, TlsOptions,
-};
+use shardmq_client::TlsOptions;
 
 const TOPIC: &str = "TlsRustTopic";
 
@@ -48,35 +43,9 @@ async fn the_rust_client_and_admin_cli_speak_tls_to_an_enforcing_node() {
         trust_cert_path: Some(cert.clone()),
         client_cert: None,
     };
-    let mut options = node.producer_options("tls-producer");
-    options.client.tls = Some(tls.clone());
-    let producer = Producer::start(options).await.unwrap();
-    for i in 0..20 {
-        let result = producer
-            .send(Message::new(TOPIC, format!("tls-{i}")))
-            .await
-            .unwrap();
-        assert_eq!(result.status, SendStatus::SendOk);
-    }
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let mut options = node.consumer_options("tls-group");
-    options.client.tls = Some(tls);
-    let mut consumer = PushConsumer::new(options);
-    consumer.subscribe(TOPIC, "*").unwrap();
-    let sink = log.clone();
-    consumer.register_message_listener_concurrently(
-        move |messages: &[MessageExt], _: &mut shardmq_client::ConsumeConcurrentlyContext| {
-            for message in messages {
-                record(&sink, "c", message);
-            }
-            ConsumeConcurrentlyStatus::ConsumeSuccess
-        },
-    );
-    consumer.start().await.unwrap();
-    wait_until(&log, Duration::from_secs(30), "20 messages", |seen| {
-        distinct_bodies(seen).len() == 20
-    })
-    .await;
-    consumer.shutdown().await;
-    producer.shutdown().await;
+    let mut producer = node.producer_options("tls-producer");
+    producer.client.tls = Some(tls.clone());
+    let mut consumer = node.consumer_options("tls-group");
+    consumer.client.tls = Some(tls);
+    send_then_consume(producer, consumer, TOPIC, "tls", 20).await;
 }

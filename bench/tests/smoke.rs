@@ -75,7 +75,12 @@ fn free_ports() -> (u16, u16) {
 }
 
 fn start_node(name: &str) -> Node {
-    let serve = [
+    start_node_with(name, &[])
+}
+
+/// `serve` with two floating shards, small segments and `extra` options.
+fn start_node_with(name: &str, extra: &[&str]) -> Node {
+    let mut serve = vec![
         "serve",
         "--shards",
         "2",
@@ -83,6 +88,7 @@ fn start_node(name: &str) -> Node {
         "--segment-size-mib",
         "16",
     ];
+    serve.extend_from_slice(extra);
     start_server(&shardmq_binary(), name, &serve, "shardmq: ready")
 }
 
@@ -327,19 +333,13 @@ fn producer_and_consumer_sign_and_speak_tls() {
         "accounts:\n  - accessKey: smoke-admin\n    secretKey: smoke-secret\n    admin: true\n",
     )
     .unwrap();
-    let serve = [
-        "serve",
-        "--shards",
-        "2",
-        "--no-pin",
-        "--segment-size-mib",
-        "16",
+    let secure_node = [
         "--tls-server-mode",
         "enforcing",
         "--acl-file",
         acl.to_str().unwrap(),
     ];
-    let node = start_server(&shardmq_binary(), "secure", &serve, "shardmq: ready");
+    let node = start_node_with("secure", &secure_node);
     let secure = [
         "--tls",
         "--access-key",

@@ -79,3 +79,47 @@ pub async fn wait_until(log: &Log, timeout: Duration, what: &str, done: impl Fn(
 pub fn distinct_bodies(log: &[Seen]) -> std::collections::BTreeSet<String> {
     log.iter().map(|seen| seen.body.clone()).collect()
 }
+
+/// Sends `count` messages (`<prefix>-<i>`) to `topic` with a producer of `producer` options,
+/// then push-consumes them with `consumer` options until all `count` bodies arrived (or
+/// panics after 30 s): the round trip the ACL and TLS tests make with their settings.
+pub async fn send_then_consume(
+    producer: ProducerOptions,
+    consumer: ConsumerOptions,
+    topic: &str,
+    prefix: &str,
+    count: usize,
+) {
+    use shardmq_client::{
+        ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, Message, MessageExt, Producer,
+        PushConsumer, SendStatus,
+    };
+    let sender = Producer::start(producer).await.unwrap();
+    for i in 0..count {
+        let result = sender
+            .send(Message::new(topic, format!("{prefix}-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(result.status, SendStatus::SendOk);
+    }
+    sender.shutdown().await;
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let mut receiver = PushConsumer::new(consumer);
+    receiver.subscribe(topic, "*").unwrap();
+    let sink = log.clone();
+    receiver.register_message_listener_concurrently(
+        move |messages: &[MessageExt], _: &mut ConsumeConcurrentlyContext| {
+            for message in messages {
+                record(&sink, "c", message);
+            }
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        },
+    );
+    receiver.start().await.unwrap();
+    let what = format!("{count} messages");
+    wait_until(&log, Duration::from_secs(30), &what, |seen| {
+        distinct_bodies(seen).len() == count
+    })
+    .await;
+    receiver.shutdown().await;
+}
