@@ -26,16 +26,18 @@ then
 fi
 
 # What the end-to-end suite drives besides the C++ client: Node.js's ali-ons (tests/node, from
-# the npm registry, pinned by its lockfile) and openssl (TLS). Installed when missing, as root
-# with apt-get; a test whose tool is still missing says so and is reported as skipped (-rs).
+# the npm registry, pinned by its lockfile), openssl (TLS) and a Prometheus server (metrics).
+# Installed when missing, as root with apt-get; a test whose tool is still missing says so and
+# is reported as skipped (-rs).
 missing=()
 command -v npm >/dev/null || missing+=(nodejs npm)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v prometheus >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
-        || { apt-get update -q >/dev/null && \
-             DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; } \
+    install=(apt-get install -y -q --no-install-recommends "${missing[@]}")
+    DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null \
+        || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null; } \
         || echo "warning: could not install ${missing[*]}" >&2
 fi
 if command -v npm >/dev/null && [ ! -d tests/node/node_modules/ali-ons ]; then

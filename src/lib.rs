@@ -12,6 +12,7 @@ pub mod error;
 pub mod filter;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod namesrv;
 pub mod node;
 pub mod persist;

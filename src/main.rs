@@ -205,6 +205,10 @@ struct BrokerOptions {
     /// SecretKey of --inner-access-key.
     #[arg(long, requires = "inner_access_key")]
     inner_secret_key: Option<String>,
+    /// Port of the Prometheus endpoint (GET /metrics, RocketMQ 5's metricsPromExporterPort),
+    /// on --listen-ip; 0 turns it off. A port already taken is logged and left out.
+    #[arg(long, default_value_t = 5557)]
+    metrics_port: u16,
     /// The brokers speak TLS to the namesrv (RocketMQ's tls.enable); on by itself for
     /// `serve --tls-server-mode enforcing`.
     #[arg(long)]
@@ -342,6 +346,8 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         inner_credentials: None,
         tls: None,
         namesrv_tls: None,
+        metrics_port: 0,
+        metrics: None,
     })
 }
 
@@ -403,6 +409,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
     if options.tls_enable {
         config.namesrv_tls = Some(namesrv_tls(options)?);
     }
+    config.metrics_port = options.metrics_port;
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),

@@ -73,6 +73,10 @@ pub struct NodeConfig {
     pub retention: shards::store::RetentionConfig,
     /// TLS on every port (`--tls-server-mode`; none when disabled).
     pub tls: Option<Arc<crate::tls::TlsServer>>,
+    /// The Prometheus endpoint's port on listen_ip (`--metrics-port`; 0: none).
+    pub metrics_port: u16,
+    /// Where the shards publish their figures for it (made at start when there is a port).
+    pub metrics: Option<Arc<crate::metrics::MetricsBoard>>,
     /// TLS for the brokers' namesrv connections (`--tls-enable`; none: plaintext).
     pub namesrv_tls: Option<Arc<rustls::ClientConfig>>,
     /// `--acl-file`: ACL on every port of this node (RocketMQ's aclEnable + plain_acl.yml).
@@ -130,6 +134,9 @@ pub fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         );
     }
     check_ports_free(&config)?;
+    if config.metrics_port != 0 && config.run_broker {
+        config.metrics = Some(crate::metrics::MetricsBoard::new(shard_count));
+    }
     if let Some(acl) = &config.acl {
         acl.watch();
     }
@@ -589,6 +596,29 @@ fn start_listeners(
                 config.tls.clone(),
             ));
             listening.push(format!("{what} {addr}"));
+        }
+    }
+    if let (Some(board), Some(broker)) = (&config.metrics, &shard.broker) {
+        runtime::spawn_detached(crate::metrics::publish_every_second(
+            broker.clone(),
+            board.clone(),
+            shard_id,
+            gate.clone(),
+        ));
+        if shard_id == 0 {
+            let addr = SocketAddr::from((ip, config.metrics_port));
+            match bind(addr, "metrics") {
+                Ok(listener) => {
+                    runtime::spawn_detached(crate::metrics::http::serve(
+                        listener,
+                        board.clone(),
+                        config.tls.clone(),
+                    ));
+                    listening.push(format!("metrics http://{addr}/metrics"));
+                }
+                // The brokers run on without it (another node on this host may hold 5557).
+                Err(error) => log::warn!("no Prometheus endpoint: {error}"),
+            }
         }
     }
     runtime::spawn_detached(server::trim_memory());

@@ -171,15 +171,17 @@ fn self_signed(
     Ok((certified.cert.der().clone(), key, path))
 }
 
-/// The client side, for what the node itself asks other nodes over TCP (a broker's
-/// registrations with a namesrv): RocketMQ's `tls.enable` for its clients.
+/// Driving a rustls session (client or server side) over a glommio stream, for the
+/// node's own request/response exchanges: a broker's registrations with a namesrv
+/// (RocketMQ's `tls.enable` for its clients) and the metrics endpoint.
 pub mod client {
     use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use rustls::{ConnectionCommon, SideData};
 
     /// Sends what the session has to send.
-    pub async fn flush(
+    pub async fn flush<D: SideData>(
         stream: &mut (impl AsyncWrite + Unpin),
-        session: &mut rustls::ClientConnection,
+        session: &mut ConnectionCommon<D>,
     ) -> Result<(), String> {
         let mut out = Vec::new();
         while session.wants_write() {
@@ -194,8 +196,8 @@ pub mod client {
     }
 
     /// Hands received bytes to the session and appends the plaintext they carry to `into`.
-    pub fn feed(
-        session: &mut rustls::ClientConnection,
+    pub fn feed<D: SideData>(
+        session: &mut ConnectionCommon<D>,
         mut received: &[u8],
         into: &mut Vec<u8>,
     ) -> Result<(), String> {

@@ -137,6 +137,19 @@ impl Broker {
         self.stats
             .messages_put
             .set(self.stats.messages_put.get() + 1);
+        let mut flows = self.stats.flows.borrow_mut();
+        match destination {
+            // Counted under the topic the producer named (RocketMQ's messages_in_total).
+            Destination::Queue { topic, .. }
+            | Destination::Half { topic, .. }
+            | Destination::DelayLevel { topic, .. }
+            | Destination::Timer { topic, .. } => flows.note_in(topic, to_store.body.len() as u64),
+            Destination::DeadLetter { .. } => {
+                flows.note_in(topic, to_store.body.len() as u64);
+                flows.to_dead_letter += 1;
+            }
+        }
+        drop(flows);
         match destination {
             Destination::Half { .. } => self.half_stored(message.properties, &appended),
             Destination::DelayLevel { .. } | Destination::Timer { .. } => {

@@ -74,6 +74,8 @@ pub struct BrokerStats {
     pub messages_put: Cell<u64>,
     pub messages_got: Cell<u64>,
     pub started_at_ms: Cell<i64>,
+    /// Messages in and out by topic and group, sizes (the metrics endpoint's counters).
+    pub flows: RefCell<crate::metrics::Flows>,
 }
 
 pub struct Broker {

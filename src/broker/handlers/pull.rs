@@ -315,6 +315,12 @@ impl Broker {
         if code == response_code::SUCCESS {
             let got = self.stats.messages_got.get() + u64::from(found.message_count);
             self.stats.messages_got.set(got);
+            self.stats.flows.borrow_mut().note_out(
+                &pull.topic,
+                &pull.group,
+                u64::from(found.message_count),
+                found.body.len() as u64,
+            );
         }
         connection.send_with(|out| {
             let mut frame = FrameEncoder::response(out, code, pull.opaque);

@@ -1,0 +1,238 @@
+//! The Prometheus text format (version 0.0.4) of the shards' snapshots: RocketMQ 5's names
+//! and labels (BrokerMetricsConstant, DefaultStoreMetricsConstant), then `shardmq_` figures.
+
+use std::fmt::Write;
+
+use super::{ShardSnapshot, MESSAGE_SIZE_BUCKETS};
+
+/// A label value with `\`, `"` and newlines escaped as the format wants.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+}
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (index, (key, label)) in labels.iter().enumerate() {
+                if index > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{key}=\"{}\"", escape(label));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+}
+
+/// One family with one sample per shard: `value` of each snapshot, labelled by its node.
+fn per_node<T: std::fmt::Display>(
+    out: &mut Out,
+    shards: &[ShardSnapshot],
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&ShardSnapshot) -> T,
+) {
+    out.family(name, kind, help);
+    for shard in shards {
+        out.sample(name, &node_labels(shard), value(shard));
+    }
+}
+
+fn node_labels(shard: &ShardSnapshot) -> [(&'static str, &str); 3] {
+    [
+        ("cluster", &shard.cluster),
+        ("node_type", "broker"),
+        ("node_id", &shard.node_id),
+    ]
+}
+
+/// The whole page.
+pub fn render(shards: &[ShardSnapshot]) -> String {
+    let mut out = Out {
+        text: String::with_capacity(16 * 1024),
+    };
+    let topic_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
+        ("rocketmq_messages_in_total", "Messages stored, by topic.", |f| f.messages),
+        ("rocketmq_throughput_in_total", "Message bytes stored, by topic.", |f| f.bytes),
+    ];
+    for (name, help, value) in topic_families {
+        out.family(name, "counter", help);
+        for shard in shards {
+            let mut topics: Vec<_> = shard.flows.in_by_topic.iter().collect();
+            topics.sort_by(|a, b| a.0.cmp(b.0));
+            for (topic, flow) in topics {
+                let [cluster, node_type, node_id] = node_labels(shard);
+                out.sample(name, &[cluster, node_type, node_id, ("topic", topic)], value(flow));
+            }
+        }
+    }
+    let group_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
+        ("rocketmq_messages_out_total", "Messages delivered by pulls, by topic and group.", |f| {
+            f.messages
+        }),
+        ("rocketmq_throughput_out_total", "Message bytes delivered, by topic and group.", |f| {
+            f.bytes
+        }),
+    ];
+    for (name, help, value) in group_families {
+        out.family(name, "counter", help);
+        for shard in shards {
+            let mut groups: Vec<_> = shard
+                .flows
+                .out_by_group
+                .iter()
+                .flat_map(|(topic, groups)| groups.iter().map(move |(g, f)| ((topic, g), f)))
+                .collect();
+            groups.sort_by(|a, b| a.0.cmp(&b.0));
+            for ((topic, group), flow) in groups {
+                let [cluster, node_type, node_id] = node_labels(shard);
+                let labels = [
+                    cluster,
+                    node_type,
+                    node_id,
+                    ("topic", topic.as_str()),
+                    ("consumer_group", group.as_str()),
+                ];
+                out.sample(name, &labels, value(flow));
+            }
+        }
+    }
+    out.family(
+        "rocketmq_message_size",
+        "histogram",
+        "Sizes of the messages stored, in bytes.",
+    );
+    for shard in shards {
+        let histogram = &shard.flows.message_size;
+        let [cluster, node_type, node_id] = node_labels(shard);
+        let mut cumulative = 0;
+        for (index, count) in histogram.buckets.iter().enumerate() {
+            cumulative += count;
+            let bound = MESSAGE_SIZE_BUCKETS
+                .get(index)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            let labels = [cluster, node_type, node_id, ("le", bound.as_str())];
+            out.sample("rocketmq_message_size_bucket", &labels, cumulative);
+        }
+        out.sample(
+            "rocketmq_message_size_sum",
+            &node_labels(shard),
+            histogram.sum,
+        );
+        out.sample(
+            "rocketmq_message_size_count",
+            &node_labels(shard),
+            histogram.count,
+        );
+    }
+    out.family(
+        "rocketmq_consumer_lag_messages",
+        "gauge",
+        "Messages a group has not consumed yet, by topic and group.",
+    );
+    for shard in shards {
+        for (topic, group, lag) in &shard.consumer_lag {
+            let [cluster, node_type, node_id] = node_labels(shard);
+            let labels = [
+                cluster,
+                node_type,
+                node_id,
+                ("topic", topic.as_str()),
+                ("consumer_group", group.as_str()),
+            ];
+            out.sample("rocketmq_consumer_lag_messages", &labels, lag);
+        }
+    }
+    per_node(&mut out, shards, "rocketmq_send_to_dlq_messages_total", "counter",
+        "Messages moved to a dead letter queue.", |s| s.flows.to_dead_letter);
+    per_node(&mut out, shards, "rocketmq_topic_number", "gauge", "Topics.", |s| s.topic_number);
+    per_node(&mut out, shards, "rocketmq_consumer_group_number", "gauge",
+        "Subscription groups.", |s| s.consumer_group_number);
+    per_node(&mut out, shards, "rocketmq_producer_connections", "gauge",
+        "Producer clients connected.", |s| s.producer_connections);
+    per_node(&mut out, shards, "rocketmq_consumer_connections", "gauge",
+        "Consumer clients connected.", |s| s.consumer_connections);
+    per_node(&mut out, shards, "rocketmq_half_messages", "gauge",
+        "Transaction half messages waiting for their end.", |s| s.half_messages);
+    per_node(&mut out, shards, "rocketmq_storage_size", "gauge",
+        "Bytes of commitlog held, in bytes.", |s| s.storage_size_bytes);
+    per_node(&mut out, shards, "rocketmq_storage_flush_behind_bytes", "gauge",
+        "Commitlog bytes written and not yet durable.", |s| s.flush_behind_bytes);
+    per_node(&mut out, shards, "rocketmq_storage_dispatch_behind_bytes", "gauge",
+        "Commitlog bytes not yet in consume queues (dispatch is synchronous here).", |_| 0);
+    per_node(&mut out, shards, "shardmq_shard_busy_ratio", "gauge",
+        "Share of the last second the shard's thread was on a CPU.",
+        |s| format!("{:.4}", s.busy_ratio));
+    per_node(&mut out, shards, "shardmq_group_commits_total", "counter",
+        "Durable writes (group commits) of the commitlog.", |s| s.group_commits);
+    per_node(&mut out, shards, "shardmq_group_committed_messages_total", "counter",
+        "Messages made durable by those writes (divide by the commits: messages per commit).",
+        |s| s.group_committed_messages);
+    per_node(&mut out, shards, "shardmq_durable_write_seconds_total", "counter",
+        "Time durable writes took, submission to completion, in seconds.",
+        |s| format!("{:.6}", s.durable_write_micros as f64 / 1e6));
+    per_node(&mut out, shards, "shardmq_parked_pulls", "gauge",
+        "Pulls waiting for messages (long polling).", |s| s.parked_pulls);
+    per_node(&mut out, shards, "shardmq_refused_sends_busy_total", "counter",
+        "Sends refused as overload (SYSTEM_BUSY).", |s| s.refused_sends_busy);
+    per_node(&mut out, shards, "shardmq_connections", "gauge",
+        "Client connections the shard serves.", |s| s.connections);
+    per_node(&mut out, shards, "shardmq_connections_refused_total", "counter",
+        "Connections refused at a cap.", |s| s.connections_refused);
+    per_node(&mut out, shards, "shardmq_metrics_series_dropped_total", "counter",
+        "Updates of topic or group series past the series bound (counted in totals only).",
+        |s| s.flows.series_dropped);
+    out.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_rocketmq_names_with_their_labels() {
+        let mut shard = ShardSnapshot {
+            cluster: "DefaultCluster".into(),
+            node_id: "broker-0".into(),
+            ..ShardSnapshot::default()
+        };
+        shard.flows.note_in("Orders", 2000);
+        shard.flows.note_out("Orders", "billing", 1, 2000);
+        shard.consumer_lag.push(("Orders".into(), "billing".into(), 0));
+        let page = render(&[shard]);
+        let node = r#"cluster="DefaultCluster",node_type="broker",node_id="broker-0""#;
+        for line in [
+            format!("rocketmq_messages_in_total{{{node},topic=\"Orders\"}} 1"),
+            format!("rocketmq_throughput_in_total{{{node},topic=\"Orders\"}} 2000"),
+            format!(
+                "rocketmq_messages_out_total{{{node},topic=\"Orders\",consumer_group=\"billing\"}} 1"
+            ),
+            format!("rocketmq_message_size_bucket{{{node},le=\"1024\"}} 0"),
+            format!("rocketmq_message_size_bucket{{{node},le=\"4096\"}} 1"),
+            format!("rocketmq_message_size_bucket{{{node},le=\"+Inf\"}} 1"),
+            format!(
+                "rocketmq_consumer_lag_messages{{{node},topic=\"Orders\",consumer_group=\"billing\"}} 0"
+            ),
+            "# TYPE rocketmq_messages_in_total counter".to_string(),
+        ] {
+            assert!(page.lines().any(|l| l == line), "missing {line}\n{page}");
+        }
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}

@@ -1,0 +1,109 @@
+"""The Prometheus endpoint with a real Prometheus server (Debian's `prometheus`, installed by
+the test command): it scrapes shardmq's /metrics every second while the C++ client produces
+and consumes; through Prometheus's HTTP API, rocketmq_messages_in_total equals what was sent,
+rocketmq_messages_out_total what the group received, and rocketmq_consumer_lag_messages of the
+group falls to 0 once it has committed.
+"""
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from mq import (Collector, build_messages, closing, create_topic, make_consumer, make_producer,
+                send_all, unique, wait_for_keys, wait_until)
+
+MESSAGES = 200
+SCRAPE_TIMEOUT_S = 60
+PROMETHEUS_START_TIMEOUT_S = 30
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def query(prometheus_port, expression):
+    """The value of an instant query's single result (None when it has none)."""
+    url = "http://127.0.0.1:{}/api/v1/query?query={}".format(
+        prometheus_port, urllib.parse.quote(expression))
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        document = json.load(answer)
+    assert document["status"] == "success", document
+    results = document["data"]["result"]
+    return float(results[0]["value"][1]) if results else None
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("could not run: no prometheus binary (Debian: apt-get install prometheus; "
+                    "scripts/test.sh installs it when it can)")
+    started = []
+
+    def start(metrics_port):
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: shardmq\n    static_configs:\n"
+            "      - targets: ['127.0.0.1:{}']\n".format(metrics_port))
+        log = open(str(tmp_path / "prometheus.log"), "w")
+        process = subprocess.Popen(
+            [binary, "--config.file", str(config), "--storage.tsdb.path",
+             str(tmp_path / "tsdb"), "--web.listen-address", "127.0.0.1:{}".format(port)],
+            stdout=log, stderr=subprocess.STDOUT)
+        started.append(process)
+
+        def ready():
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:{}/-/ready".format(port),
+                                            timeout=1) as answer:
+                    return answer.status == 200
+            except OSError:
+                return False
+        wait_until(ready, PROMETHEUS_START_TIMEOUT_S, message="prometheus to be ready")
+        return port
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_prometheus_sees_what_was_sent_and_the_lag_fall_to_zero(shardmq_factory, prometheus):
+    metrics_port = free_port()
+    node = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    prometheus_port = prometheus(metrics_port)
+    topic = create_topic(node, "Tmetrics")
+    group = unique("cg_metrics")
+    expected = build_messages(topic, MESSAGES)
+    with closing(make_producer(node.namesrv_addr)) as producer:
+        send_all(producer, topic, expected)
+    sent = 'sum(rocketmq_messages_in_total{{topic="{}"}})'.format(topic)
+    wait_until(lambda: query(prometheus_port, sent) == MESSAGES, SCRAPE_TIMEOUT_S,
+               interval_s=0.5, message="Prometheus to count {} messages in".format(MESSAGES))
+
+    collector = Collector()
+    with closing(make_consumer(node.namesrv_addr, topic, collector, group=group)):
+        wait_for_keys([collector], [item.key for item in expected], 60, label="messages")
+        out = 'sum(rocketmq_messages_out_total{{topic="{}",consumer_group="{}"}})'.format(
+            topic, group)
+        wait_until(lambda: (query(prometheus_port, out) or 0) >= MESSAGES, SCRAPE_TIMEOUT_S,
+                   interval_s=0.5, message="Prometheus to count the messages out")
+        lag = 'sum(rocketmq_consumer_lag_messages{{topic="{}",consumer_group="{}"}})'.format(
+            topic, group)
+        # The C++ client commits every 5 s; the lag series appears with its first commit.
+        wait_until(lambda: query(prometheus_port, lag) == 0, SCRAPE_TIMEOUT_S,
+                   interval_s=0.5, message="the group's lag to fall to 0 in Prometheus")
+    print("Prometheus: in {}, out {}, lag {}".format(
+        query(prometheus_port, sent), query(prometheus_port, out), query(prometheus_port, lag)))
+    assert query(prometheus_port, "sum(rocketmq_topic_number)") >= 1
+    assert query(prometheus_port, 'up{job="shardmq"}') == 1
