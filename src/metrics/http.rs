@@ -18,11 +18,7 @@ const REQUEST_HEAD_MAX_BYTES: usize = 16 * 1024;
 const REQUEST_TIMEOUT_MS: u64 = 5_000;
 
 /// Serves the metrics port forever.
-pub async fn serve(
-    listener: TcpListener,
-    board: Arc<MetricsBoard>,
-    tls: Option<Arc<TlsServer>>,
-) {
+pub async fn serve(listener: TcpListener, board: Arc<MetricsBoard>, tls: Option<Arc<TlsServer>>) {
     let board = Rc::new(board);
     loop {
         let Ok(stream) = listener.accept().await else {
@@ -101,7 +97,10 @@ async fn answer(
                 head.extend_from_slice(&chunk[..read]);
             }
             let response = respond(&head, board);
-            stream.write_all(&response).await.map_err(|e| e.to_string())?;
+            stream
+                .write_all(&response)
+                .await
+                .map_err(|e| e.to_string())?;
             stream.close().await.map_err(|e| e.to_string())
         }
     }

@@ -129,7 +129,8 @@ pub struct ShardSnapshot {
     /// queues the group has committed on this shard).
     pub consumer_lag: Vec<(String, String, u64)>,
     pub half_messages: u64,
-    pub timing_messages: u64,
+    pub committed_transactions: u64,
+    pub rolled_back_transactions: u64,
     pub storage_size_bytes: u64,
     pub flush_behind_bytes: u64,
     pub busy_ratio: f64,
@@ -180,7 +181,13 @@ mod tests {
         flows.note_in("T", 1000);
         flows.note_in("T", 5000);
         flows.note_out("T", "g", 2, 6000);
-        assert_eq!(flows.in_by_topic["T"], Flow { messages: 2, bytes: 6000 });
+        assert_eq!(
+            flows.in_by_topic["T"],
+            Flow {
+                messages: 2,
+                bytes: 6000
+            }
+        );
         assert_eq!(flows.out_by_group["T"]["g"].messages, 2);
         assert_eq!(flows.message_size.buckets[..3], [1, 0, 1]);
         for index in 0..SERIES_MAX + 5 {

@@ -68,8 +68,16 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         text: String::with_capacity(16 * 1024),
     };
     let topic_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
-        ("rocketmq_messages_in_total", "Messages stored, by topic.", |f| f.messages),
-        ("rocketmq_throughput_in_total", "Message bytes stored, by topic.", |f| f.bytes),
+        (
+            "rocketmq_messages_in_total",
+            "Messages stored, by topic.",
+            |f| f.messages,
+        ),
+        (
+            "rocketmq_throughput_in_total",
+            "Message bytes stored, by topic.",
+            |f| f.bytes,
+        ),
     ];
     for (name, help, value) in topic_families {
         out.family(name, "counter", help);
@@ -78,17 +86,25 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             topics.sort_by(|a, b| a.0.cmp(b.0));
             for (topic, flow) in topics {
                 let [cluster, node_type, node_id] = node_labels(shard);
-                out.sample(name, &[cluster, node_type, node_id, ("topic", topic)], value(flow));
+                out.sample(
+                    name,
+                    &[cluster, node_type, node_id, ("topic", topic)],
+                    value(flow),
+                );
             }
         }
     }
     let group_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
-        ("rocketmq_messages_out_total", "Messages delivered by pulls, by topic and group.", |f| {
-            f.messages
-        }),
-        ("rocketmq_throughput_out_total", "Message bytes delivered, by topic and group.", |f| {
-            f.bytes
-        }),
+        (
+            "rocketmq_messages_out_total",
+            "Messages delivered by pulls, by topic and group.",
+            |f| f.messages,
+        ),
+        (
+            "rocketmq_throughput_out_total",
+            "Bytes of stored records delivered, by topic and group.",
+            |f| f.bytes,
+        ),
     ];
     for (name, help, value) in group_families {
         out.family(name, "counter", help);
@@ -159,45 +175,166 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             out.sample("rocketmq_consumer_lag_messages", &labels, lag);
         }
     }
-    per_node(&mut out, shards, "rocketmq_send_to_dlq_messages_total", "counter",
-        "Messages moved to a dead letter queue.", |s| s.flows.to_dead_letter);
-    per_node(&mut out, shards, "rocketmq_topic_number", "gauge", "Topics.", |s| s.topic_number);
-    per_node(&mut out, shards, "rocketmq_consumer_group_number", "gauge",
-        "Subscription groups.", |s| s.consumer_group_number);
-    per_node(&mut out, shards, "rocketmq_producer_connections", "gauge",
-        "Producer clients connected.", |s| s.producer_connections);
-    per_node(&mut out, shards, "rocketmq_consumer_connections", "gauge",
-        "Consumer clients connected.", |s| s.consumer_connections);
-    per_node(&mut out, shards, "rocketmq_half_messages", "gauge",
-        "Transaction half messages waiting for their end.", |s| s.half_messages);
-    per_node(&mut out, shards, "rocketmq_storage_size", "gauge",
-        "Bytes of commitlog held, in bytes.", |s| s.storage_size_bytes);
-    per_node(&mut out, shards, "rocketmq_storage_flush_behind_bytes", "gauge",
-        "Commitlog bytes written and not yet durable.", |s| s.flush_behind_bytes);
-    per_node(&mut out, shards, "rocketmq_storage_dispatch_behind_bytes", "gauge",
-        "Commitlog bytes not yet in consume queues (dispatch is synchronous here).", |_| 0);
-    per_node(&mut out, shards, "shardmq_shard_busy_ratio", "gauge",
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_send_to_dlq_messages_total",
+        "counter",
+        "Messages moved to a dead letter queue.",
+        |s| s.flows.to_dead_letter,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_topic_number",
+        "gauge",
+        "Topics.",
+        |s| s.topic_number,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_consumer_group_number",
+        "gauge",
+        "Subscription groups.",
+        |s| s.consumer_group_number,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_producer_connections",
+        "gauge",
+        "Producer clients connected.",
+        |s| s.producer_connections,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_consumer_connections",
+        "gauge",
+        "Consumer clients connected.",
+        |s| s.consumer_connections,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_commit_messages_total",
+        "counter",
+        "Transaction messages committed.",
+        |s| s.committed_transactions,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_rollback_messages_total",
+        "counter",
+        "Transaction messages rolled back.",
+        |s| s.rolled_back_transactions,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_half_messages",
+        "gauge",
+        "Transaction half messages waiting for their end.",
+        |s| s.half_messages,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_storage_size",
+        "gauge",
+        "Bytes of commitlog held, in bytes.",
+        |s| s.storage_size_bytes,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_storage_flush_behind_bytes",
+        "gauge",
+        "Commitlog bytes written and not yet durable.",
+        |s| s.flush_behind_bytes,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_storage_dispatch_behind_bytes",
+        "gauge",
+        "Commitlog bytes not yet in consume queues (dispatch is synchronous here).",
+        |_| 0,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_shard_busy_ratio",
+        "gauge",
         "Share of the last second the shard's thread was on a CPU.",
-        |s| format!("{:.4}", s.busy_ratio));
-    per_node(&mut out, shards, "shardmq_group_commits_total", "counter",
-        "Durable writes (group commits) of the commitlog.", |s| s.group_commits);
-    per_node(&mut out, shards, "shardmq_group_committed_messages_total", "counter",
+        |s| format!("{:.4}", s.busy_ratio),
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_group_commits_total",
+        "counter",
+        "Durable writes (group commits) of the commitlog.",
+        |s| s.group_commits,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_group_committed_messages_total",
+        "counter",
         "Messages made durable by those writes (divide by the commits: messages per commit).",
-        |s| s.group_committed_messages);
-    per_node(&mut out, shards, "shardmq_durable_write_seconds_total", "counter",
+        |s| s.group_committed_messages,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_durable_write_seconds_total",
+        "counter",
         "Time durable writes took, submission to completion, in seconds.",
-        |s| format!("{:.6}", s.durable_write_micros as f64 / 1e6));
-    per_node(&mut out, shards, "shardmq_parked_pulls", "gauge",
-        "Pulls waiting for messages (long polling).", |s| s.parked_pulls);
-    per_node(&mut out, shards, "shardmq_refused_sends_busy_total", "counter",
-        "Sends refused as overload (SYSTEM_BUSY).", |s| s.refused_sends_busy);
-    per_node(&mut out, shards, "shardmq_connections", "gauge",
-        "Client connections the shard serves.", |s| s.connections);
-    per_node(&mut out, shards, "shardmq_connections_refused_total", "counter",
-        "Connections refused at a cap.", |s| s.connections_refused);
-    per_node(&mut out, shards, "shardmq_metrics_series_dropped_total", "counter",
+        |s| format!("{:.6}", s.durable_write_micros as f64 / 1e6),
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_parked_pulls",
+        "gauge",
+        "Pulls waiting for messages (long polling).",
+        |s| s.parked_pulls,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_refused_sends_busy_total",
+        "counter",
+        "Sends refused as overload (SYSTEM_BUSY).",
+        |s| s.refused_sends_busy,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_connections",
+        "gauge",
+        "Client connections the shard serves.",
+        |s| s.connections,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_connections_refused_total",
+        "counter",
+        "Connections refused at a cap.",
+        |s| s.connections_refused,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_metrics_series_dropped_total",
+        "counter",
         "Updates of topic or group series past the series bound (counted in totals only).",
-        |s| s.flows.series_dropped);
+        |s| s.flows.series_dropped,
+    );
     out.text
 }
 
@@ -214,7 +351,9 @@ mod tests {
         };
         shard.flows.note_in("Orders", 2000);
         shard.flows.note_out("Orders", "billing", 1, 2000);
-        shard.consumer_lag.push(("Orders".into(), "billing".into(), 0));
+        shard
+            .consumer_lag
+            .push(("Orders".into(), "billing".into(), 0));
         let page = render(&[shard]);
         let node = r#"cluster="DefaultCluster",node_type="broker",node_id="broker-0""#;
         for line in [

@@ -70,6 +70,8 @@ impl Broker {
             consumer_connections,
             consumer_lag: self.consumer_lag(),
             half_messages: self.transactions.borrow().pending_len() as u64,
+            committed_transactions: self.transactions.borrow().stats.committed,
+            rolled_back_transactions: self.transactions.borrow().stats.rolled_back,
             storage_size_bytes: self
                 .store
                 .max_physical_offset()
