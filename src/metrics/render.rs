@@ -62,12 +62,15 @@ fn node_labels(shard: &ShardSnapshot) -> [(&'static str, &str); 3] {
     ]
 }
 
+/// A counter family over flows: name, help, and which figure of a flow it shows.
+type FlowFamily = (&'static str, &'static str, fn(&super::Flow) -> u64);
+
 /// The whole page.
 pub fn render(shards: &[ShardSnapshot]) -> String {
     let mut out = Out {
         text: String::with_capacity(16 * 1024),
     };
-    let topic_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
+    let topic_families: [FlowFamily; 2] = [
         (
             "rocketmq_messages_in_total",
             "Messages stored, by topic.",
@@ -94,7 +97,7 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             }
         }
     }
-    let group_families: [(&str, &str, fn(&super::Flow) -> u64); 2] = [
+    let group_families: [FlowFamily; 2] = [
         (
             "rocketmq_messages_out_total",
             "Messages delivered by pulls, by topic and group.",
