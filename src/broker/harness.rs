@@ -235,6 +235,39 @@ mod tests {
     }
 
     #[test]
+    fn who_consumes_a_topic_lists_subscribed_groups_and_groups_with_offsets() {
+        shards::runtime::run_local(|| async {
+            let harness = Harness::start().await;
+            harness.create_topic("Watched", 2);
+            let client = harness.connection();
+            let commit = [
+                ("consumerGroup", "committed"),
+                ("topic", "Watched"),
+                ("queueId", "1"),
+                ("commitOffset", "0"),
+            ];
+            let code = request_code::UPDATE_CONSUMER_OFFSET;
+            harness.request(&client, code, 1, &commit, &[]);
+            harness.answers(&client).await;
+            let beat = HeartbeatData::parse(
+                br#"{"clientID":"c1","producerDataSet":[],"consumerDataSet":[{"groupName":"online","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[{"topic":"Watched","subString":"*"}]}]}"#,
+            )
+            .unwrap();
+            harness.request(&client, request_code::HEART_BEAT, 2, &[], &beat.encode());
+            harness.answers(&client).await;
+            let code = request_code::QUERY_TOPIC_CONSUME_BY_WHO;
+            harness.request(&client, code, 3, &[("topic", "Watched")], &[]);
+            let answer = harness.answers(&client).await;
+            assert_eq!(answer[0].code, response_code::SUCCESS, "{answer:?}");
+            let body: serde_json::Value = serde_json::from_slice(&answer[0].body).unwrap();
+            assert_eq!(
+                body,
+                serde_json::json!({"groupList": ["committed", "online"]})
+            );
+        });
+    }
+
+    #[test]
     fn a_parked_pull_is_woken_by_a_send_to_its_queue() {
         shards::runtime::run_local(|| async {
             let harness = Harness::start().await;

@@ -378,6 +378,11 @@ def _watchdog(request, pytestconfig):
 def pytest_terminal_summary(terminalreporter):
     """Say how often the C++ client's lock race forced a send retry (see mq.SEND_ATTEMPTS_MAX)."""
     import mq
+    import remoting
     if mq.send_retries:
         terminalreporter.write_line("C++ client send retries (client-side lock race): {}; first: "
                                     "{}".format(len(mq.send_retries), mq.send_retries[0]))
+    if remoting.busy_retries:
+        terminalreporter.write_line("SYSTEM_BUSY answers retried by raw sends: {}; first: "
+                                    "{}".format(len(remoting.busy_retries),
+                                                remoting.busy_retries[0]))

@@ -53,13 +53,9 @@ def closed_by_server(sock, timeout_s):
 
 
 def send_one(client, topic, index):
-    """A send that must be served (SYSTEM_BUSY from a stalled shard is retried, as clients do)."""
-    for attempt in range(10):
-        response = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
-                               body="bounds {}".format(index).encode())
-        if response.code != remoting.SYSTEM_BUSY:
-            break
-        time.sleep(0.05 * (attempt + 1))
+    response = remoting.call_retrying_busy(
+        client, remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
+        body="bounds {}".format(index).encode())
     assert response.code == remoting.SUCCESS, response
 
 

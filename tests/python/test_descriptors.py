@@ -43,9 +43,9 @@ def rss_bytes(pid):
 def send_many(address, topic, count, run):
     with remoting.RemotingClient.connect(address) as client:
         for index in range(count):
-            response = client.call(remoting.SEND_MESSAGE,
-                                   remoting.send_message_ext(topic, index % 2),
-                                   body="{} {}".format(run, index).encode())
+            response = remoting.call_retrying_busy(
+                client, remoting.SEND_MESSAGE, remoting.send_message_ext(topic, index % 2),
+                body="{} {}".format(run, index).encode())
             assert response.code == remoting.SUCCESS, "send #{} answered {!r}".format(
                 index, response)
 

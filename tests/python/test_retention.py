@@ -28,8 +28,6 @@ LEAD_MAX = 100  # messages the producer may be ahead of the consumer that keeps 
 # ~200 MiB of 512 on top of the live segments.
 RATE_BYTES_PER_S = 96 << 20
 WARNING_RATIO = 0.90
-BUSY_RETRIES_MAX = 10
-BUSY_BACKOFF_S = 0.05
 GET_MIN_OFFSET = 31
 CONSUME_TIMEOUT_S = 180
 EVERY_HOUR = ";".join(str(hour) for hour in range(24))
@@ -89,23 +87,17 @@ class Producer:
         self.placed = {}  # key -> (shard, queue id, queue offset)
         self.sent = 0
         self.refused = []
-        # SYSTEM_BUSY answers retried (a stalled shard on this shared 2-core machine); a
-        # real producer retries them too. Anything else (a full disk: 14) is a refusal.
-        self.busy_retries = []
 
     def send(self):
         key = "ret-{}-{:07d}".format(self.run, self.sent)
         shard = self.sent % len(self.clients)
         queue_id = (self.sent // len(self.clients)) % QUEUES
-        for attempt in range(BUSY_RETRIES_MAX + 1):
-            response = self.clients[shard].call(
-                remoting.SEND_MESSAGE,
-                remoting.send_message_ext(self.topic, queue_id, properties(key)),
-                body=body_of(key), timeout_s=30)
-            if response.code != remoting.SYSTEM_BUSY or attempt == BUSY_RETRIES_MAX:
-                break
-            self.busy_retries.append(response.remark)
-            time.sleep(BUSY_BACKOFF_S * (attempt + 1))
+        # SYSTEM_BUSY (a stalled shard) is retried; anything else (a full disk: 14) is a
+        # refusal.
+        response = remoting.call_retrying_busy(
+            self.clients[shard], remoting.SEND_MESSAGE,
+            remoting.send_message_ext(self.topic, queue_id, properties(key)),
+            body=body_of(key), timeout_s=30)
         self.sent += 1
         if response.code != remoting.SUCCESS:
             self.refused.append(response)
@@ -182,9 +174,9 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             written_mib = (producer.sent * BODY_BYTES) >> 20
             print("wrote {} MiB ({:.1f}x the filesystem) in {:.1f} s; disk at most {:.1%} used"
                   .format(written_mib, written_mib / FS_MIB, elapsed, watch.highest))
-            if producer.busy_retries:
+            if remoting.busy_retries:
                 print("{} SYSTEM_BUSY answers retried; first: {}".format(
-                    len(producer.busy_retries), producer.busy_retries[0]))
+                    len(remoting.busy_retries), remoting.busy_retries[0]))
             assert not producer.refused, "sends refused: {!r}".format(producer.refused[:3])
             assert watch.highest < WARNING_RATIO, "disk reached {:.1%}".format(watch.highest)
             snapshot = keeper_seen.snapshot()

@@ -271,3 +271,37 @@ impl Broker {
         Ok(())
     }
 }
+
+impl Broker {
+    /// QUERY_TOPIC_CONSUME_BY_WHO (300), as AdminBrokerProcessor answers it: the groups with
+    /// a connected consumer subscribed to the topic, and those holding offsets of it, as a
+    /// GroupList body (`{"groupList":[…]}`). mqadmin's queryMsgById and topicStatus ask it.
+    pub(crate) fn topic_consume_by_who(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let topic = request.ext_fields.required("topic")?;
+        let mut groups: BTreeSet<String> = self
+            .clients
+            .borrow()
+            .consumers
+            .iter()
+            .filter(|(_, group)| group.subscriptions.contains_key(topic))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let offsets = self.offsets.borrow();
+        groups.extend(
+            offsets
+                .entries()
+                .keys()
+                .filter_map(|key| key.split_once('@'))
+                .filter(|(offset_topic, _)| *offset_topic == topic)
+                .map(|(_, group)| group.to_string()),
+        );
+        drop(offsets);
+        let body = serde_json::json!({ "groupList": groups }).to_string();
+        connection.respond_body(request, body.as_bytes());
+        Ok(())
+    }
+}
