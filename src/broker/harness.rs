@@ -268,6 +268,35 @@ mod tests {
     }
 
     #[test]
+    fn the_producers_of_a_group_are_listed_and_an_unknown_group_is_refused() {
+        shards::runtime::run_local(|| async {
+            let harness = Harness::start().await;
+            let producer = harness.connection();
+            harness.register_producer(&producer, "makers").await;
+            let admin = harness.connection();
+            let code = request_code::GET_PRODUCER_CONNECTION_LIST;
+            harness.request(&admin, code, 1, &[("producerGroup", "makers")], &[]);
+            let answer = harness.answers(&admin).await;
+            assert_eq!(answer[0].code, response_code::SUCCESS, "{answer:?}");
+            let body: serde_json::Value = serde_json::from_slice(&answer[0].body).unwrap();
+            let connections = body["connectionSet"].as_array().unwrap();
+            assert_eq!(connections.len(), 1, "{body}");
+            assert_eq!(
+                connections[0]["clientId"],
+                format!("client-{}", producer.id)
+            );
+            assert_eq!(connections[0]["clientAddr"], producer.peer.to_string());
+            harness.request(&admin, code, 2, &[("producerGroup", "nobody")], &[]);
+            let answer = harness.answers(&admin).await;
+            assert_eq!(answer[0].code, response_code::SYSTEM_ERROR);
+            assert_eq!(
+                answer[0].remark.as_deref(),
+                Some("the producer group[nobody] not exist")
+            );
+        });
+    }
+
+    #[test]
     fn a_parked_pull_is_woken_by_a_send_to_its_queue() {
         shards::runtime::run_local(|| async {
             let harness = Harness::start().await;

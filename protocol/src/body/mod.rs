@@ -46,7 +46,7 @@ pub use reset::ResetOffsetBody;
 pub use route::{BrokerData, ClusterInfo, QueueData, TopicRouteData};
 pub use stats::{
     parse_subscription_group_table, ClientConnection, ConsumeStats, ConsumerConnection,
-    OffsetWrapper, TopicOffset, TopicStatsTable,
+    OffsetWrapper, ProducerConnection, TopicOffset, TopicStatsTable,
 };
 pub use tags::{java_string_hash, TagFilter};
 pub use topic::{

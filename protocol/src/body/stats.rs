@@ -190,20 +190,35 @@ impl ConsumeStats {
     }
 }
 
+/// GET_PRODUCER_CONNECTION_LIST response body (Java `ProducerConnection`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProducerConnection {
+    pub connections: Vec<ClientConnection>,
+}
+
+impl ProducerConnection {
+    pub fn encode(&self) -> Vec<u8> {
+        encode_compact(&json!({ "connectionSet": connections_json(&self.connections) }))
+    }
+}
+
+fn connections_json(connections: &[ClientConnection]) -> Vec<Value> {
+    connections
+        .iter()
+        .map(|c| {
+            json!({
+                "clientAddr": c.client_addr,
+                "clientId": c.client_id,
+                "language": c.language,
+                "version": c.version,
+            })
+        })
+        .collect()
+}
+
 impl ConsumerConnection {
     pub fn encode(&self) -> Vec<u8> {
-        let connections: Vec<Value> = self
-            .connections
-            .iter()
-            .map(|c| {
-                json!({
-                    "clientAddr": c.client_addr,
-                    "clientId": c.client_id,
-                    "language": c.language,
-                    "version": c.version,
-                })
-            })
-            .collect();
+        let connections = connections_json(&self.connections);
         let subscriptions: Map<String, Value> = self
             .subscriptions
             .iter()

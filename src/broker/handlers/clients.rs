@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use crate::body::{
     self, perm, CheckClientConfigBody, ClientConnection, ConsumerConnection, HeartbeatData,
-    LockBatchRequest, TopicConfig,
+    LockBatchRequest, ProducerConnection, TopicConfig,
 };
 use crate::broker::state::topics::{validate_topic_name, RETRY_GROUP_TOPIC_PREFIX};
 use crate::broker::Broker;
@@ -182,6 +182,38 @@ impl Broker {
 }
 
 impl Broker {
+    /// GET_PRODUCER_CONNECTION_LIST (204): the producers of a group on this broker, as
+    /// AdminBrokerProcessor answers (SYSTEM_ERROR "the producer group[…] not exist" when
+    /// none is connected).
+    pub(crate) fn producer_connection_list(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let group = request.ext_fields.required("producerGroup")?;
+        let clients = self.clients.borrow();
+        let Some(producers) = clients.producers.get(group).filter(|p| !p.is_empty()) else {
+            return Err(RequestError::SystemError(format!(
+                "the producer group[{group}] not exist"
+            )));
+        };
+        let languages = self.client_languages.borrow();
+        let connections = producers
+            .iter()
+            .map(|(client_id, channel)| {
+                let (language, version) = languages.of(channel.connection.id);
+                ClientConnection {
+                    client_id: client_id.clone(),
+                    client_addr: channel.connection.peer.to_string(),
+                    language: language.name().to_string(),
+                    version,
+                }
+            })
+            .collect();
+        connection.respond_body(request, &ProducerConnection { connections }.encode());
+        Ok(())
+    }
+
     pub(crate) fn consumer_connection_list(
         &self,
         request: &RemotingCommand<'_>,
