@@ -137,3 +137,17 @@ def test_a_required_client_certificate_missing_is_refused(shardmq_factory, tmp_p
             refused = True
             print("{}: refused ({})".format(label, error))
         assert refused, label
+
+
+def test_the_metrics_port_serves_https_and_http(shardmq_factory):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = shardmq_factory(extra_args=["--metrics-port", str(port)])
+    cert = os.path.join(node.data_dir, "tls", "test-cert.pem")
+    import urllib.request
+    for url, context in (("https://127.0.0.1:{}/metrics".format(port), trusting(cert)),
+                         ("http://127.0.0.1:{}/metrics".format(port), None)):
+        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
+            page = answer.read().decode()
+        assert answer.status == 200 and "# TYPE rocketmq_messages_in_total counter" in page, url
