@@ -286,6 +286,13 @@ mod tests {
                 format!("client-{}", producer.id)
             );
             assert_eq!(connections[0]["clientAddr"], producer.peer.to_string());
+            harness.request(&admin, request_code::GET_ALL_PRODUCER_INFO, 3, &[], &[]);
+            let answer = harness.answers(&admin).await;
+            let body: serde_json::Value = serde_json::from_slice(&answer[0].body).unwrap();
+            let makers = body["data"]["makers"].as_array().unwrap();
+            assert_eq!(makers.len(), 1, "{body}");
+            assert_eq!(makers[0]["remoteIP"], format!("/{}", producer.peer));
+            assert_eq!(makers[0]["lastUpdateTimestamp"], 1_700_000_000_000i64);
             harness.request(&admin, code, 2, &[("producerGroup", "nobody")], &[]);
             let answer = harness.answers(&admin).await;
             assert_eq!(answer[0].code, response_code::SYSTEM_ERROR);

@@ -263,6 +263,7 @@ impl Broker {
             rc::QUERY_TOPIC_CONSUME_BY_WHO => self.topic_consume_by_who(request, connection),
             rc::GET_CONSUMER_CONNECTION_LIST => self.consumer_connection_list(request, connection),
             rc::GET_PRODUCER_CONNECTION_LIST => self.producer_connection_list(request, connection),
+            rc::GET_ALL_PRODUCER_INFO => self.all_producer_info(request, connection),
             rc::END_TRANSACTION => self.end_transaction(request, connection),
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 self.update_and_create_subscription_group(request, connection)

@@ -214,6 +214,38 @@ impl Broker {
         Ok(())
     }
 
+    /// GET_ALL_PRODUCER_INFO (328): every producer group of this broker and its clients, as
+    /// ProducerManager.getProducerTable builds it (`{"data":{group:[ProducerInfo]}}`; remoteIP
+    /// as Java prints a socket address, "/ip:port").
+    pub(crate) fn all_producer_info(
+        &self,
+        request: &RemotingCommand<'_>,
+        connection: &Rc<Connection>,
+    ) -> Result<(), RequestError> {
+        let clients = self.clients.borrow();
+        let languages = self.client_languages.borrow();
+        let mut data = serde_json::Map::new();
+        for (group, producers) in &clients.producers {
+            let infos: Vec<serde_json::Value> = producers
+                .iter()
+                .map(|(client_id, channel)| {
+                    let (language, version) = languages.of(channel.connection.id);
+                    serde_json::json!({
+                        "clientId": client_id,
+                        "remoteIP": format!("/{}", channel.connection.peer),
+                        "language": language.name(),
+                        "version": version,
+                        "lastUpdateTimestamp": channel.last_update_ms,
+                    })
+                })
+                .collect();
+            data.insert(group.clone(), serde_json::Value::Array(infos));
+        }
+        let body = serde_json::json!({ "data": data }).to_string();
+        connection.respond_body(request, body.as_bytes());
+        Ok(())
+    }
+
     pub(crate) fn consumer_connection_list(
         &self,
         request: &RemotingCommand<'_>,
