@@ -174,7 +174,7 @@ fn self_signed(
 /// Driving a rustls session (client or server side) over a glommio stream, for the
 /// node's own request/response exchanges: a broker's registrations with a namesrv
 /// (RocketMQ's `tls.enable` for its clients) and the metrics endpoint.
-pub mod client {
+pub mod session {
     use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use rustls::{ConnectionCommon, SideData};
 

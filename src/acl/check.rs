@@ -120,7 +120,8 @@ pub fn check(
     {
         return Ok(());
     }
-    let code = describe_code(request.code);
+    // Named only in refusals: formatted then, not for every request.
+    let code = CodeName(request.code);
     let access_key = request
         .ext_fields
         .get_non_empty(signature::ACCESS_KEY)
@@ -182,10 +183,15 @@ pub fn check(
     Ok(())
 }
 
-fn describe_code(code: i32) -> String {
-    match request_code_name(code) {
-        Some(name) => format!("{name} ({code})"),
-        None => format!("request code {code}"),
+/// A request code as refusals name it: "SEND_MESSAGE_V2 (310)", or "request code 9999".
+struct CodeName(i32);
+
+impl std::fmt::Display for CodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match request_code_name(self.0) {
+            Some(name) => write!(f, "{name} ({})", self.0),
+            None => write!(f, "request code {}", self.0),
+        }
     }
 }
 

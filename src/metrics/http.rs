@@ -113,7 +113,7 @@ async fn answer_tls(
     first: Vec<u8>,
     chunk: &mut [u8],
 ) -> Result<(), String> {
-    use crate::tls::client::{feed, flush};
+    use crate::tls::session::{feed, flush};
     let mut session =
         rustls::ServerConnection::new(tls.config.clone()).map_err(|e| e.to_string())?;
     let mut head = Vec::new();

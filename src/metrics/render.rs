@@ -65,6 +65,37 @@ fn node_labels(shard: &ShardSnapshot) -> [(&'static str, &str); 3] {
 /// A counter family over flows: name, help, and which figure of a flow it shows.
 type FlowFamily = (&'static str, &'static str, fn(&super::Flow) -> u64);
 
+/// Labels beyond the node's, and the flow they count.
+type FlowSeries<'s> = Vec<(Vec<(&'static str, &'s str)>, super::Flow)>;
+
+/// Two counter families (messages and bytes) over the flow series of every shard; each
+/// shard's series are collected and sorted once, for both.
+fn flow_families<'s>(
+    out: &mut Out,
+    shards: &'s [ShardSnapshot],
+    families: [FlowFamily; 2],
+    series_of: impl Fn(&'s ShardSnapshot) -> FlowSeries<'s>,
+) {
+    let series: Vec<(&ShardSnapshot, FlowSeries<'s>)> = shards
+        .iter()
+        .map(|shard| {
+            let mut series = series_of(shard);
+            series.sort_by(|a, b| a.0.cmp(&b.0));
+            (shard, series)
+        })
+        .collect();
+    for (name, help, value) in families {
+        out.family(name, "counter", help);
+        for (shard, series) in &series {
+            for (extra, flow) in series {
+                let mut labels = node_labels(shard).to_vec();
+                labels.extend_from_slice(extra);
+                out.sample(name, &labels, value(flow));
+            }
+        }
+    }
+}
+
 /// The whole page.
 pub fn render(shards: &[ShardSnapshot]) -> String {
     let mut out = Out {
@@ -82,21 +113,12 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             |f| f.bytes,
         ),
     ];
-    for (name, help, value) in topic_families {
-        out.family(name, "counter", help);
-        for shard in shards {
-            let mut topics: Vec<_> = shard.flows.in_by_topic.iter().collect();
-            topics.sort_by(|a, b| a.0.cmp(b.0));
-            for (topic, flow) in topics {
-                let [cluster, node_type, node_id] = node_labels(shard);
-                out.sample(
-                    name,
-                    &[cluster, node_type, node_id, ("topic", topic)],
-                    value(flow),
-                );
-            }
-        }
-    }
+    flow_families(&mut out, shards, topic_families, |shard| {
+        let flows = shard.flows.in_by_topic.iter();
+        flows
+            .map(|(topic, flow)| (vec![("topic", topic.as_str())], *flow))
+            .collect()
+    });
     let group_families: [FlowFamily; 2] = [
         (
             "rocketmq_messages_out_total",
@@ -109,29 +131,20 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             |f| f.bytes,
         ),
     ];
-    for (name, help, value) in group_families {
-        out.family(name, "counter", help);
-        for shard in shards {
-            let mut groups: Vec<_> = shard
-                .flows
-                .out_by_group
-                .iter()
-                .flat_map(|(topic, groups)| groups.iter().map(move |(g, f)| ((topic, g), f)))
-                .collect();
-            groups.sort_by(|a, b| a.0.cmp(&b.0));
-            for ((topic, group), flow) in groups {
-                let [cluster, node_type, node_id] = node_labels(shard);
-                let labels = [
-                    cluster,
-                    node_type,
-                    node_id,
-                    ("topic", topic.as_str()),
-                    ("consumer_group", group.as_str()),
-                ];
-                out.sample(name, &labels, value(flow));
-            }
-        }
-    }
+    flow_families(&mut out, shards, group_families, |shard| {
+        let topics = shard.flows.out_by_group.iter();
+        topics
+            .flat_map(|(topic, groups)| {
+                groups.iter().map(move |(group, flow)| {
+                    let labels = vec![
+                        ("topic", topic.as_str()),
+                        ("consumer_group", group.as_str()),
+                    ];
+                    (labels, *flow)
+                })
+            })
+            .collect()
+    });
     out.family(
         "rocketmq_message_size",
         "histogram",

@@ -8,6 +8,7 @@ use crate::body::{
     self, perm, CheckClientConfigBody, ClientConnection, ConsumerConnection, HeartbeatData,
     LockBatchRequest, ProducerConnection, TopicConfig,
 };
+use crate::broker::state::clients::ClientChannel;
 use crate::broker::state::topics::{validate_topic_name, RETRY_GROUP_TOPIC_PREFIX};
 use crate::broker::Broker;
 use crate::error::RequestError;
@@ -182,6 +183,26 @@ impl Broker {
 }
 
 impl Broker {
+    /// The connections of a group's clients as the admin answers list them.
+    fn client_connections(
+        &self,
+        clients: &std::collections::BTreeMap<String, ClientChannel>,
+    ) -> Vec<ClientConnection> {
+        let languages = self.client_languages.borrow();
+        clients
+            .iter()
+            .map(|(client_id, channel)| {
+                let (language, version) = languages.of(channel.connection.id);
+                ClientConnection {
+                    client_id: client_id.clone(),
+                    client_addr: channel.connection.peer.to_string(),
+                    language: language.name().to_string(),
+                    version,
+                }
+            })
+            .collect()
+    }
+
     /// GET_PRODUCER_CONNECTION_LIST (204): the producers of a group on this broker, as
     /// AdminBrokerProcessor answers (SYSTEM_ERROR "the producer group[…] not exist" when
     /// none is connected).
@@ -197,19 +218,7 @@ impl Broker {
                 "the producer group[{group}] not exist"
             )));
         };
-        let languages = self.client_languages.borrow();
-        let connections = producers
-            .iter()
-            .map(|(client_id, channel)| {
-                let (language, version) = languages.of(channel.connection.id);
-                ClientConnection {
-                    client_id: client_id.clone(),
-                    client_addr: channel.connection.peer.to_string(),
-                    language: language.name().to_string(),
-                    version,
-                }
-            })
-            .collect();
+        let connections = self.client_connections(producers);
         connection.respond_body(request, &ProducerConnection { connections }.encode());
         Ok(())
     }
@@ -261,20 +270,7 @@ impl Broker {
             );
             return Ok(());
         };
-        let languages = self.client_languages.borrow();
-        let connections = online
-            .clients
-            .iter()
-            .map(|(client_id, channel)| {
-                let (language, version) = languages.of(channel.connection.id);
-                ClientConnection {
-                    client_id: client_id.clone(),
-                    client_addr: channel.connection.peer.to_string(),
-                    language: language.name().to_string(),
-                    version,
-                }
-            })
-            .collect();
+        let connections = self.client_connections(&online.clients);
         let body = ConsumerConnection {
             connections,
             subscriptions: online.subscriptions.values().cloned().collect(),

@@ -80,7 +80,7 @@ impl NamesrvConnection {
                 let name = rustls::pki_types::ServerName::from(self.addr.ip());
                 let mut session = rustls::ClientConnection::new(config.clone(), name)
                     .map_err(|e| format!("TLS: {e}"))?;
-                crate::tls::client::handshake(&mut stream, &mut session).await?;
+                crate::tls::session::handshake(&mut stream, &mut session).await?;
                 self.session = Some(session);
             }
             self.stream = Some(stream);
@@ -97,7 +97,7 @@ impl NamesrvConnection {
             Some(session) => {
                 std::io::Write::write_all(&mut session.writer(), &frame)
                     .map_err(|e| format!("TLS: {e}"))?;
-                crate::tls::client::flush(stream, session).await?;
+                crate::tls::session::flush(stream, session).await?;
             }
         }
         let mut buffer = Vec::new();
@@ -109,7 +109,7 @@ impl NamesrvConnection {
             }
             match &mut self.session {
                 None => buffer.extend_from_slice(&chunk[..read]),
-                Some(session) => crate::tls::client::feed(session, &chunk[..read], &mut buffer)?,
+                Some(session) => crate::tls::session::feed(session, &chunk[..read], &mut buffer)?,
             }
             if buffer.len() > NAMESRV_RESPONSE_MAX_BYTES {
                 return Err("namesrv answer too large".into());
