@@ -10,9 +10,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use provenance::Provenance;
 use shardmq::node::{self, NodeConfig};
 use shardmq::tuning::{self, host, Overrides, Profile, Tuning};
 use shards::store::FlushMode;
+
+mod provenance;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +54,14 @@ enum Flush {
 
 #[derive(Args)]
 struct ShardArgs {
+    /// Read RocketMQ's property file (broker.conf, namesrv.properties) with RocketMQ's key
+    /// names; flags given here win over it.
+    #[arg(short = 'c', long = "config-file")]
+    config_file: Option<PathBuf>,
+    /// Print the resolved settings and where each came from (default, profile, file, flag),
+    /// then exit without starting.
+    #[arg(long)]
+    print_config: bool,
     /// Tuning profile: a built-in name (default, small-vm, throughput, latency,
     /// dedicated-16) or the path of a TOML file; flags given here override its knobs.
     #[arg(long, default_value = tuning::DEFAULT_PROFILE)]
@@ -209,6 +220,13 @@ struct BrokerOptions {
     /// on --listen-ip; 0 turns it off. A port already taken is logged and left out.
     #[arg(long, default_value_t = 5557)]
     metrics_port: u16,
+    /// Whether a send may create its topic from TBW102 (RocketMQ's autoCreateTopicEnable).
+    #[arg(long = "autoCreateTopicEnable", default_value_t = true, action = clap::ArgAction::Set)]
+    auto_create_topic_enable: bool,
+    /// Queues of TBW102, the most a topic created by a send gets (defaultTopicQueueNums).
+    #[arg(long = "defaultTopicQueueNums", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    default_topic_queue_nums: u32,
     /// The brokers speak TLS to the namesrv (RocketMQ's tls.enable); on by itself for
     /// `serve --tls-server-mode enforcing`.
     #[arg(long)]
@@ -254,9 +272,9 @@ struct BrokerArgs {
     shard: ShardArgs,
     #[command(flatten)]
     broker: BrokerOptions,
-    /// Namesrv address(es), `host:port[;host:port]`.
+    /// Namesrv address(es), `host:port[;host:port]` (or namesrvAddr in the -c file).
     #[arg(long)]
-    namesrv: String,
+    namesrv: Option<String>,
 }
 
 #[derive(Args)]
@@ -348,6 +366,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         namesrv_tls: None,
         metrics_port: 0,
         metrics: None,
+        auto_create: Default::default(),
     })
 }
 
@@ -410,6 +429,10 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         config.namesrv_tls = Some(namesrv_tls(options)?);
     }
     config.metrics_port = options.metrics_port;
+    config.auto_create = shardmq::broker::topics::AutoCreate {
+        enable: options.auto_create_topic_enable,
+        default_topic_queue_nums: options.default_topic_queue_nums,
+    };
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),
@@ -499,9 +522,60 @@ fn tune(args: &TuneArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--print-config`: every setting, its value and where it came from; the profile's knobs
+/// that no flag or file set show what the profile resolved to on this host.
+fn render_provenance(provenance: &Provenance, config: &NodeConfig) -> String {
+    let profile = |flag: &str| -> Option<String> {
+        Some(match flag {
+            "shards" => config.placement.cpus.len().to_string(),
+            "cpus" => config
+                .placement
+                .cpus
+                .iter()
+                .map(|cpu| cpu.map_or("floating".to_string(), |cpu| cpu.to_string()))
+                .collect::<Vec<_>>()
+                .join(","),
+            "flush" => format!("{:?}", config.flush_mode).to_lowercase(),
+            "flush-interval-ms" => config.flush_interval_ms.to_string(),
+            "segment-size-mib" => (config.segment_size_bytes >> 20).to_string(),
+            "allocation-window-mib" => (config.allocation_window_bytes >> 20).to_string(),
+            _ => return None,
+        })
+    };
+    let mut out = format!("# shardmq settings (profile {})\n", config.profile);
+    for row in &provenance.rows {
+        let (value, source) = match (&row.value, profile(&row.flag)) {
+            (Some(value), _) => (value.clone(), row.source.clone()),
+            (None, Some(value)) => (value, format!("profile {}", config.profile)),
+            (None, None) => ("(not set)".to_string(), String::new()),
+        };
+        out.push_str(&format!("--{:<32} {:<32} {source}\n", row.flag, value));
+    }
+    if let Some(file) = &provenance.file {
+        for ignored in &file.ignored {
+            out.push_str(&format!(
+                "# {}:{}: {} ignored: {}\n",
+                file.path.display(),
+                ignored.line,
+                ignored.key,
+                ignored.reason
+            ));
+        }
+    }
+    out
+}
+
 /// Errors end the process with status 1 and one line: the chain of causes, no backtrace.
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let (cli, provenance) = match provenance::parse::<Cli>(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(provenance::Failure::Clap(error)) => error.exit(),
+        Err(provenance::Failure::File(error)) => {
+            eprintln!("shardmq: error: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match run(cli, provenance) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("shardmq: error: {error:#}");
@@ -510,15 +584,27 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli, provenance: Provenance) -> anyhow::Result<()> {
     let shard_args = match &cli.command {
         Command::Serve(args) => Some(&args.shard),
         Command::Namesrv(args) => Some(&args.shard),
         Command::Broker(args) => Some(&args.shard),
         Command::Tune(_) | Command::Admin(_) | Command::Verify(_) => None,
     };
-    if let Some(shard) = shard_args {
+    let print_config = shard_args.is_some_and(|shard| shard.print_config);
+    if let Some(shard) = shard_args.filter(|_| !print_config) {
         shardmq::logging::init(&shard.log_level, shard.log_dir.as_deref())?;
+    }
+    if let Some(file) = &provenance.file {
+        for ignored in &file.ignored {
+            log::info!(
+                "{}:{}: {} ignored: {}",
+                file.path.display(),
+                ignored.line,
+                ignored.key,
+                ignored.reason
+            );
+        }
     }
     let tls_options = shard_args.map(ShardArgs::tls_options);
     let mut config = match cli.command {
@@ -559,11 +645,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broker(args) => {
             let mut config = base_config(&args.shard, Some(&args.broker))?;
             apply_broker_options(&mut config, &args.broker)?;
-            config.namesrv_addrs = parse_namesrv_list(&args.namesrv)?;
+            let namesrv = args.namesrv.as_deref().context(
+                "the broker needs its name server: --namesrv host:port, or namesrvAddr in the \
+                 -c file",
+            )?;
+            config.namesrv_addrs = parse_namesrv_list(namesrv)?;
             config
         }
         Command::Tune(args) => return tune(&args),
     };
+    if print_config {
+        print!("{}", render_provenance(&provenance, &config));
+        return Ok(());
+    }
     if let Some(options) = &tls_options {
         let names = [config.broker_ip.to_string(), config.listen_ip.to_string()];
         config.tls =

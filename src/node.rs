@@ -75,6 +75,8 @@ pub struct NodeConfig {
     pub tls: Option<Arc<crate::tls::TlsServer>>,
     /// The Prometheus endpoint's port on listen_ip (`--metrics-port`; 0: none).
     pub metrics_port: u16,
+    /// Topic auto-creation (autoCreateTopicEnable, defaultTopicQueueNums).
+    pub auto_create: crate::broker::topics::AutoCreate,
     /// Where the shards publish their figures for it (made at start when there is a port).
     pub metrics: Option<Arc<crate::metrics::MetricsBoard>>,
     /// TLS for the brokers' namesrv connections (`--tls-enable`; none: plaintext).
@@ -546,6 +548,7 @@ async fn open_broker(
         retention: config.retention.clone(),
         namesrv_credentials: config.inner_credentials.clone(),
         namesrv_tls: config.namesrv_tls.clone(),
+        auto_create: config.auto_create,
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }

@@ -139,6 +139,8 @@ pub struct BrokerOptions {
     pub namesrv_credentials: Option<crate::remoting::signature::Credentials>,
     /// TLS for the connections to the namesrv.
     pub namesrv_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// autoCreateTopicEnable, defaultTopicQueueNums.
+    pub auto_create: topics::AutoCreate,
 }
 
 impl Broker {
@@ -153,6 +155,7 @@ impl Broker {
             config_dir.join("topics.json"),
             &identity.cluster_name,
             &identity.broker_name,
+            options.auto_create,
         );
         let offsets = OffsetTable::load(config_dir.join("consumerOffset.json"));
         let groups = groups::GroupTable::load(config_dir.join("subscriptionGroup.json"));

@@ -13,6 +13,22 @@ pub const AUTO_CREATE_TOPIC_KEY_TOPIC: &str = "TBW102";
 /// Queues of the template topic (RocketMQ's defaultTopicQueueNums).
 pub const DEFAULT_TOPIC_QUEUE_NUMS: u32 = 8;
 
+/// Topic auto-creation: RocketMQ's autoCreateTopicEnable and defaultTopicQueueNums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoCreate {
+    pub enable: bool,
+    pub default_topic_queue_nums: u32,
+}
+
+impl Default for AutoCreate {
+    fn default() -> AutoCreate {
+        AutoCreate {
+            enable: true,
+            default_topic_queue_nums: DEFAULT_TOPIC_QUEUE_NUMS,
+        }
+    }
+}
+
 pub use crate::limits::TOPIC_NAME_MAX_CHARS;
 
 pub use crate::limits::SYSTEM_TOPIC_NAME_MAX_CHARS;
@@ -69,6 +85,8 @@ pub(crate) fn validate_name(kind: &str, name: &str, limit: usize) -> Result<(), 
 /// The topic table of one shard.
 pub struct TopicTable {
     pub(crate) file: VersionedFile,
+    /// RocketMQ's autoCreateTopicEnable: whether a send may create its topic from TBW102.
+    auto_create_topic_enable: bool,
     pub topics: BTreeMap<String, TopicConfig>,
     /// Topics created or changed by a version of the file not yet known to be on disk: a
     /// send to one of them is answered once it is (a message acknowledged in a topic that a
@@ -77,21 +95,29 @@ pub struct TopicTable {
 }
 
 impl TopicTable {
-    /// Loads `topics.json` (or its backup), adding the built-in topics when missing.
-    pub fn load(path: PathBuf, cluster_name: &str, broker_name: &str) -> TopicTable {
+    /// Loads `topics.json` (or its backup), adding the built-in topics when missing. TBW102
+    /// gets `auto_create.default_topic_queue_nums` queues at every start (RocketMQ keeps the
+    /// file's count; an operator who changes defaultTopicQueueNums means it to apply).
+    pub fn load(
+        path: PathBuf,
+        cluster_name: &str,
+        broker_name: &str,
+        auto_create: AutoCreate,
+    ) -> TopicTable {
         let (file, topics) = VersionedFile::load(path, |bytes| {
             let table = TopicConfigTable::parse(bytes).ok()?;
             Some((table.data_version, table.topics))
         });
         let mut table = TopicTable {
             file,
+            auto_create_topic_enable: auto_create.enable,
             topics,
             not_durable: BTreeMap::new(),
         };
         let builtin = [
             (
                 AUTO_CREATE_TOPIC_KEY_TOPIC,
-                DEFAULT_TOPIC_QUEUE_NUMS,
+                auto_create.default_topic_queue_nums,
                 perm::READ | perm::WRITE | perm::INHERIT,
             ),
             ("SELF_TEST_TOPIC", 1, perm::READ | perm::WRITE),
@@ -107,6 +133,13 @@ impl TopicTable {
                 table
                     .topics
                     .insert(name.to_string(), TopicConfig::new(name, queues, topic_perm));
+                changed = true;
+            }
+        }
+        if let Some(template) = table.topics.get_mut(AUTO_CREATE_TOPIC_KEY_TOPIC) {
+            let queues = auto_create.default_topic_queue_nums;
+            if template.write_queue_nums != queues || template.read_queue_nums != queues {
+                (template.write_queue_nums, template.read_queue_nums) = (queues, queues);
                 changed = true;
             }
         }
@@ -160,6 +193,11 @@ impl TopicTable {
     ) -> Option<TopicConfig> {
         if topic.starts_with(RETRY_GROUP_TOPIC_PREFIX) {
             return Some(TopicConfig::new(topic, 1, perm::READ | perm::WRITE));
+        }
+        // As RocketMQ's createTopicInSendMessageMethod: with autoCreateTopicEnable off, TBW102
+        // does not pass its INHERIT on, whatever the file says.
+        if template == AUTO_CREATE_TOPIC_KEY_TOPIC && !self.auto_create_topic_enable {
+            return None;
         }
         let template = self.topics.get(template)?;
         if template.perm & perm::INHERIT == 0 {
