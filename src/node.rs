@@ -549,6 +549,7 @@ async fn open_broker(
         namesrv_credentials: config.inner_credentials.clone(),
         namesrv_tls: config.namesrv_tls.clone(),
         auto_create: config.auto_create,
+        acl_enabled: config.acl.is_some(),
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }
@@ -642,6 +643,7 @@ fn start_broker_tasks(
     local_table: Option<(Rc<RefCell<RouteTable>>, Rc<shards::sync::Event>)>,
 ) {
     broker.start_persisters();
+    broker.start_stats_sampling();
     let namesrv_addrs = config.namesrv_addrs.clone();
     // A shard counts as ready once its broker is registered and, when this node also runs
     // the namesrv, once its own route replica lists every shard: clients that ask any

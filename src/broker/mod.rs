@@ -13,7 +13,7 @@ pub mod route;
 pub mod state;
 pub mod tasks;
 
-pub use state::{schedule, topics, transactions as transaction};
+pub use state::{schedule, store_stats, topics, transactions as transaction};
 pub use tasks::registration;
 
 use std::cell::{Cell, RefCell};
@@ -76,6 +76,17 @@ pub struct BrokerStats {
     pub started_at_ms: Cell<i64>,
     /// Messages in and out by topic and group, sizes (the metrics endpoint's counters).
     pub flows: RefCell<crate::metrics::Flows>,
+    /// Pulls that found messages, and that found none (getFoundTps, getMissTps).
+    pub gets_found: Cell<u64>,
+    pub gets_missed: Cell<u64>,
+    /// The longest store read of a pull, ms (getMessageEntireTimeMax).
+    pub get_time_max_ms: Cell<u64>,
+    /// How long sends take to be stored (and, SYNC_FLUSH, durable); shared with the durable
+    /// replies, which finish the SYNC_FLUSH ones.
+    pub put_latency: Rc<RefCell<store_stats::PutLatency>>,
+    /// The samples RocketMQ's rates and VIEW_BROKER_STATS_DATA are computed from.
+    pub history: RefCell<store_stats::StatsHistory>,
+    pub day_marks: Cell<store_stats::DayMarks>,
 }
 
 pub struct Broker {
@@ -109,6 +120,10 @@ pub struct Broker {
     /// Asks the registration task to register with the namesrv now.
     pub registration: crate::broker::tasks::registration::RegistrationRequests,
     pub stats: BrokerStats,
+    /// aclEnable, for GET_BROKER_CONFIG.
+    pub acl_enabled: bool,
+    /// Bumped by each UPDATE_BROKER_CONFIG (GET_BROKER_CONFIG's data version counter).
+    pub config_version: std::cell::Cell<u64>,
     /// SYNC_FLUSH answers waiting for their group commit (durable.rs).
     pub durable_replies: Rc<durable::DurableReplies>,
     /// The namesrv replica of this shard when the node runs both roles, and the number of
@@ -141,6 +156,8 @@ pub struct BrokerOptions {
     pub namesrv_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// autoCreateTopicEnable, defaultTopicQueueNums.
     pub auto_create: topics::AutoCreate,
+    /// RocketMQ's aclEnable (GET_BROKER_CONFIG shows it).
+    pub acl_enabled: bool,
 }
 
 impl Broker {
@@ -184,6 +201,7 @@ impl Broker {
         ));
         let retention = tasks::retention::Retention::new(options.retention);
         store.set_segment_listener(retention.waker());
+        let durable_replies = Rc::new(durable::DurableReplies::new(stats.put_latency.clone()));
         Broker {
             identity,
             store,
@@ -203,7 +221,9 @@ impl Broker {
             broadcast_topic,
             registration: Default::default(),
             stats,
-            durable_replies: Rc::default(),
+            acl_enabled: options.acl_enabled,
+            config_version: Default::default(),
+            durable_replies,
             local_routes: None,
             namesrv_credentials: options.namesrv_credentials,
             namesrv_tls: options.namesrv_tls,
@@ -259,6 +279,9 @@ impl Broker {
             rc::DELETE_TOPIC_IN_BROKER => self.delete_topic(request, connection),
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
+            rc::GET_BROKER_CONFIG => self.get_broker_config(request, connection),
+            rc::UPDATE_BROKER_CONFIG => self.update_broker_config(request, connection),
+            rc::VIEW_BROKER_STATS_DATA => self.view_broker_stats_data(request, connection),
             rc::GET_ALL_CONSUMER_OFFSET => self.all_consumer_offset(request, connection),
             rc::QUERY_MESSAGE => self.query_message(request, connection),
             rc::GET_TOPIC_STATS_INFO => self.topic_stats_info(request, connection),
@@ -284,6 +307,43 @@ impl Broker {
                 self.delete_expired_files(request, connection)
             }
             code => Err(RequestError::NotSupported(code)),
+        }
+    }
+
+    /// Samples the shard's counters once a second (RocketMQ's StoreStatsService and
+    /// BrokerStatsManager sampling, `store_stats`), for as long as the broker lives.
+    pub fn start_stats_sampling(self: &Rc<Self>) {
+        let weak = Rc::downgrade(self);
+        shards::runtime::spawn_detached(async move {
+            let mut seconds: u64 = 0;
+            loop {
+                let Some(broker) = weak.upgrade() else { return };
+                broker.sample_stats(seconds);
+                drop(broker);
+                seconds += 1;
+                shards::runtime::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
+    }
+
+    fn sample_stats(&self, seconds: u64) {
+        let counts = store_stats::StoreCounts {
+            puts: self.stats.messages_put.get(),
+            gets_found: self.stats.gets_found.get(),
+            gets_missed: self.stats.gets_missed.get(),
+            transferred: self.stats.messages_got.get(),
+        };
+        let flows = self.stats.flows.borrow();
+        let now_ms = self.clock.now_ms();
+        self.stats
+            .history
+            .borrow_mut()
+            .sample(now_ms, counts, &flows, &self.identity.cluster_name);
+        let marks = self.stats.day_marks.get();
+        let marks = marks.advance(now_ms, counts.puts, counts.transferred);
+        self.stats.day_marks.set(marks);
+        if seconds % 60 == 59 {
+            self.stats.put_latency.borrow_mut().roll_minute();
         }
     }
 

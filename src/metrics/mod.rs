@@ -32,12 +32,15 @@ pub const MESSAGE_SIZE_BUCKETS: [u64; 6] = [1 << 10, 4 << 10, 512 << 10, 1 << 20
 pub struct Flow {
     pub messages: u64,
     pub bytes: u64,
+    /// Stores or pulls that moved them (RocketMQ's StatsItem times).
+    pub calls: u64,
 }
 
 impl Flow {
     fn add(&mut self, messages: u64, bytes: u64) {
         self.messages += messages;
         self.bytes += bytes;
+        self.calls += 1;
     }
 }
 
@@ -74,6 +77,8 @@ pub struct Flows {
     pub message_size: SizeHistogram,
     /// Messages sent back to a dead letter queue (rocketmq_send_to_dlq_messages_total).
     pub to_dead_letter: u64,
+    /// Messages given back by consumers, by `topic@group` (SNDBCK_PUT_NUMS).
+    pub sent_back: HashMap<String, u64>,
     /// Series not kept because the shard already held SERIES_MAX of them.
     pub series_dropped: u64,
 }
@@ -86,7 +91,11 @@ impl Flows {
         if let Some(flow) = self.in_by_topic.get_mut(topic) {
             flow.add(1, bytes);
         } else if self.in_by_topic.len() < SERIES_MAX {
-            let flow = Flow { messages: 1, bytes };
+            let flow = Flow {
+                messages: 1,
+                bytes,
+                calls: 1,
+            };
             self.in_by_topic.insert(topic.to_string(), flow);
         } else {
             self.series_dropped += 1;
@@ -107,7 +116,28 @@ impl Flows {
             self.out_by_group
                 .entry(topic.to_string())
                 .or_default()
-                .insert(group.to_string(), Flow { messages, bytes });
+                .insert(
+                    group.to_string(),
+                    Flow {
+                        messages,
+                        bytes,
+                        calls: 1,
+                    },
+                );
+        } else {
+            self.series_dropped += 1;
+        }
+    }
+}
+
+impl Flows {
+    /// A consumer gave a message of `topic` back for `group` to retry.
+    pub fn note_sent_back(&mut self, topic: &str, group: &str) {
+        let key = format!("{topic}@{group}");
+        if let Some(count) = self.sent_back.get_mut(&key) {
+            *count += 1;
+        } else if self.sent_back.len() < SERIES_MAX {
+            self.sent_back.insert(key, 1);
         } else {
             self.series_dropped += 1;
         }
@@ -185,7 +215,8 @@ mod tests {
             flows.in_by_topic["T"],
             Flow {
                 messages: 2,
-                bytes: 6000
+                bytes: 6000,
+                calls: 2,
             }
         );
         assert_eq!(flows.out_by_group["T"]["g"].messages, 2);

@@ -656,6 +656,11 @@ impl Store {
         self.inner.config.flush_mode
     }
 
+    /// The settings the store was opened with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
     /// Units written to the queue (the next queue offset); 0 for an unknown queue.
     pub fn max_queue_offset(&self, topic: &str, queue_id: QueueId) -> QueueOffset {
         QueueOffset(
@@ -903,6 +908,20 @@ impl Store {
         let mut log = self.inner.log.borrow_mut();
         log.space.used_ratio = used_ratio;
         log.space.over_ratio = remark;
+    }
+
+    /// (total, available to users) bytes of the filesystem holding this store, measured now.
+    pub fn disk_capacity_bytes(&self) -> Option<(u64, u64)> {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::CString::new(self.inner.config.root_dir.as_os_str().as_bytes());
+        let name = name.ok()?;
+        // SAFETY: statvfs writes into the struct we pass; the name is NUL-terminated.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(name.as_ptr(), &mut stat) } != 0 {
+            return None;
+        }
+        let block = stat.f_frsize as u64;
+        Some((stat.f_blocks as u64 * block, stat.f_bavail as u64 * block))
     }
 
     /// Used fraction (0..=1) of the filesystem holding this store, measured now.

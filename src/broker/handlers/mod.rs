@@ -3,6 +3,7 @@
 //! `RequestError::code_and_remark` (src/error.rs). `Broker::dispatch` (mod.rs) is the table
 //! from request code to handler.
 
+pub mod broker_config;
 pub mod clients;
 pub mod end_transaction;
 pub mod filters;

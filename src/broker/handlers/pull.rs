@@ -292,7 +292,9 @@ impl Broker {
             // Only SQL92 filters read records; TAG pulls stay on the consume queue.
             properties: sql.map(|_| &properties as PropertiesFilter<'_>),
         };
-        self.store
+        let started = std::time::Instant::now();
+        let found = self
+            .store
             .get_messages_matching(
                 &pull.topic,
                 shards::QueueId(pull.queue_id),
@@ -302,7 +304,12 @@ impl Broker {
                 &filter,
             )
             .await
-            .map_err(store_error)
+            .map_err(store_error);
+        let ms = started.elapsed().as_millis() as u64;
+        if ms > self.stats.get_time_max_ms.get() {
+            self.stats.get_time_max_ms.set(ms);
+        }
+        found
     }
 
     pub(crate) fn respond_found(
@@ -312,6 +319,11 @@ impl Broker {
         found: GetMessageResult,
     ) {
         let code = pull_code(&found, pull.queue_offset);
+        let counter = match code {
+            response_code::SUCCESS => &self.stats.gets_found,
+            _ => &self.stats.gets_missed,
+        };
+        counter.set(counter.get() + 1);
         if code == response_code::SUCCESS {
             let got = self.stats.messages_got.get() + u64::from(found.message_count);
             self.stats.messages_got.set(got);

@@ -252,6 +252,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        let started = std::time::Instant::now();
         self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
         validate_topic_name(header.topic)?;
@@ -320,9 +321,10 @@ impl Broker {
                 unique_id: &message.unique_id,
                 producer_group: header.producer_group,
             };
-            let appended = self
-                .append(outgoing, &destination)
-                .map_err(|error| self.refused_by_store(error, connection))?;
+            let appended = self.append(outgoing, &destination).map_err(|error| {
+                self.stats.put_latency.borrow_mut().failures += 1;
+                self.refused_by_store(error, connection)
+            })?;
             results.push(appended);
         }
         let queue_id = reply_queue_id;
@@ -342,11 +344,16 @@ impl Broker {
             return Ok(());
         }
         match self.store.flush_mode() {
-            FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
+            FlushMode::Async => {
+                reply.send(connection, opaque, response_code::SUCCESS);
+                let micros = started.elapsed().as_micros() as u64;
+                self.stats.put_latency.borrow_mut().record_micros(micros);
+            }
             FlushMode::Sync => {
                 let end_offset = results.last().map_or(0, |r| r.end_offset.0);
+                let request = (opaque, started);
                 self.durable_replies
-                    .push(&self.store, end_offset, connection, opaque, |out| {
+                    .push(&self.store, end_offset, connection, request, |out| {
                         reply.encode(out, opaque, response_code::SUCCESS)
                     });
             }

@@ -181,6 +181,10 @@ impl Broker {
             producer_group: "",
         };
         let appended = self.append(message, &destination).map_err(store_error)?;
+        self.stats
+            .flows
+            .borrow_mut()
+            .note_sent_back(original.topic, &back.group);
         if self.store.flush_mode() == FlushMode::Sync {
             self.store
                 .wait_durable(appended.end_offset)

@@ -11,7 +11,8 @@ use std::rc::Rc;
 use shards::store::{record, Store};
 
 use crate::body::{self, ConsumeStats, MessageQueue, OffsetWrapper, TopicOffset, TopicStatsTable};
-use crate::broker::Broker;
+use crate::broker::schedule::SCHEDULE_TOPIC;
+use crate::broker::{store_stats, Broker};
 use crate::error::RequestError;
 use crate::remoting::{RemotingCommand, BROKER_VERSION};
 use crate::server::Connection;
@@ -203,38 +204,113 @@ impl Broker {
 }
 
 impl Broker {
+    /// GET_BROKER_RUNTIME_INFO (28): every key of a Java broker's table
+    /// (AdminBrokerProcessor.prepareRuntimeInfo, DefaultMessageStore and StoreStatsService's
+    /// getRuntimeInfo, 4.9 and 5.x) in Java's formats, then shardmq's own figures. Keys about
+    /// JVM thread pools answer what they mean on a shard: nothing queues for a pool (size 0,
+    /// capacity the per-connection bound of requests in flight), and the head wait is how
+    /// late the shard runs.
     pub(crate) fn runtime_info(
-        &self,
+        self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
-        let stats = self.store.stats();
+        let mut table = self.java_runtime_table();
+        self.shardmq_runtime_keys(&mut table);
+        let (broker, connection, opaque) = (self.clone(), connection.clone(), request.opaque);
+        let oneway = request.is_oneway();
+        shards::runtime::spawn_detached(async move {
+            let earliest = broker.earliest_message_time().await;
+            table.insert("earliestMessageTimeStamp".into(), earliest.to_string());
+            if !oneway {
+                connection.respond_body_to(opaque, &body::encode_kv_table(&table));
+            }
+        });
+        Ok(())
+    }
+
+    fn java_runtime_table(&self) -> BTreeMap<String, String> {
         let mut table = BTreeMap::new();
         let mut put = |key: &str, value: String| {
             table.insert(key.to_string(), value);
         };
+        let stats = &self.stats;
+        let now_ms = self.clock.now_ms();
         put("brokerVersion", BROKER_VERSION.to_string());
         put(
             "brokerVersionDesc",
             format!("shardmq {}", env!("CARGO_PKG_VERSION")),
         );
         put("brokerActive", "true".into());
+        put("bootTimestamp", stats.started_at_ms.get().to_string());
+        put("startAcceptSendRequestTimeStamp", "0".into());
         put(
-            "msgPutTotalTodayNow",
-            self.stats.messages_put.get().to_string(),
+            "runtime",
+            store_stats::format_runtime(now_ms - stats.started_at_ms.get()),
+        );
+        let days = stats.day_marks.get();
+        put("msgPutTotalTodayNow", stats.messages_put.get().to_string());
+        put(
+            "msgPutTotalTodayMorning",
+            days.put_today_morning.to_string(),
         );
         put(
-            "msgGetTotalTodayNow",
-            self.stats.messages_got.get().to_string(),
+            "msgPutTotalYesterdayMorning",
+            days.put_yesterday_morning.to_string(),
         );
-        put("bootTimestamp", self.stats.started_at_ms.get().to_string());
+        put("msgGetTotalTodayNow", stats.messages_got.get().to_string());
         put(
-            "commitLogMaxOffset",
-            self.store.max_physical_offset().to_string(),
+            "msgGetTotalTodayMorning",
+            days.get_today_morning.to_string(),
         );
+        put(
+            "msgGetTotalYesterdayMorning",
+            days.get_yesterday_morning.to_string(),
+        );
+        let puts = stats.messages_put.get();
+        let put_bytes = stats.flows.borrow().in_total.bytes;
+        let latency = stats.put_latency.borrow();
+        put("putMessageEntireTimeMax", latency.max_ms.to_string());
+        put("putMessageTimesTotal", puts.max(1).to_string());
+        put("putMessageFailedTimes", latency.failures.to_string());
+        put("putMessageSizeTotal", put_bytes.to_string());
+        put(
+            "putMessageAverageSize",
+            store_stats::java_double(put_bytes as f64 / puts.max(1) as f64),
+        );
+        put("putMessageDistributeTime", latency.distribution());
+        put("putLatency99", latency.percentile_ms(0.99));
+        put("putLatency999", latency.percentile_ms(0.999));
+        drop(latency);
+        put(
+            "getMessageEntireTimeMax",
+            stats.get_time_max_ms.get().to_string(),
+        );
+        let history = stats.history.borrow();
+        put("putTps", history.rates(|c| c.puts));
+        put("getFoundTps", history.rates(|c| c.gets_found));
+        put("getMissTps", history.rates(|c| c.gets_missed));
+        put(
+            "getTotalTps",
+            history.rates(|c| c.gets_found + c.gets_missed),
+        );
+        let transferred = history.rates(|c| c.transferred);
+        put("getTransferedTps", transferred.clone());
+        put("getTransferredTps", transferred);
+        drop(history);
+        // Dispatch to consume queues and index happens inside the append: nothing is behind
+        // and no dispatch buffer exists.
+        put("dispatchBehindBytes", "0".into());
+        put("dispatchMaxBuffer", "0".into());
+        put("pageCacheLockTimeMills", "0".into());
+        put("remainTransientStoreBufferNumbs", "0".into());
+        let max_offset = self.store.max_physical_offset().0;
+        let unflushed = max_offset.saturating_sub(self.store.durable_offset().0);
+        put("remainHowManyDataToFlush", human_readable_bytes(unflushed));
+        put("commitLogMaxOffset", max_offset.to_string());
         put(
             "commitLogMinOffset",
-            self.store.min_physical_offset().to_string(),
+            self.store.min_physical_offset().0.to_string(),
         );
         // RocketMQ's disk keys: the used ratio of the store's filesystem (0..1, as Java's
         // double prints), the consume queues living on the same one.
@@ -243,8 +319,51 @@ impl Broker {
             .disk_used_ratio()
             .or(self.retention.used_ratio())
             .unwrap_or(-1.0);
-        put("commitLogDiskRatio", ratio.to_string());
-        put("consumeQueueDiskRatio", ratio.to_string());
+        put("commitLogDiskRatio", store_stats::java_double(ratio));
+        put("consumeQueueDiskRatio", store_stats::java_double(ratio));
+        if let Some((total, free)) = self.store.disk_capacity_bytes() {
+            put(
+                "commitLogDirCapacity",
+                format!(
+                    "Total : {}, Free : {}.",
+                    human_readable_bytes(total),
+                    human_readable_bytes(free)
+                ),
+            );
+        }
+        let lateness_ms = self
+            .load
+            .lateness(std::time::Instant::now())
+            .as_millis()
+            .to_string();
+        let capacity = crate::limits::IN_FLIGHT_REQUESTS_MAX.to_string();
+        for pool in ["send", "pull", "query", "ack", "litePull"] {
+            put(&format!("{pool}ThreadPoolQueueSize"), "0".into());
+            put(&format!("{pool}ThreadPoolQueueCapacity"), capacity.clone());
+            put(
+                &format!("{pool}ThreadPoolQueueHeadWaitTimeMills"),
+                lateness_ms.clone(),
+            );
+        }
+        put("EndTransactionQueueSize", "0".into());
+        put("EndTransactionThreadPoolQueueCapacity", capacity);
+        let schedule = self.schedule.borrow();
+        for (level, offset) in schedule.level_offsets() {
+            let queue = shards::QueueId(level.saturating_sub(1));
+            let max = self.store.max_queue_offset(SCHEDULE_TOPIC, queue).0;
+            put(
+                &format!("scheduleMessageOffset_{level}"),
+                format!("{offset},{max}"),
+            );
+        }
+        table
+    }
+
+    /// What only shardmq reports (brokerStatus shows them beside RocketMQ's).
+    fn shardmq_runtime_keys(&self, table: &mut BTreeMap<String, String>) {
+        let mut put = |key: &str, value: String| {
+            table.insert(key.to_string(), value);
+        };
         let refusal = self.store.space_refusal();
         put("diskFull", refusal.is_some().to_string());
         put("storeWritesRefused", refusal.unwrap_or_default());
@@ -252,7 +371,13 @@ impl Broker {
             "retentionDeletedSegments",
             self.retention.deleted_segments.get().to_string(),
         );
-        put("storeStats", format!("{stats:?}"));
+        let store = self.store.stats();
+        put("storeGroupCommits", store.flushes.to_string());
+        put(
+            "storeGroupCommittedMessages",
+            store.flushed_messages.to_string(),
+        );
+        put("storeCorruptRecords", store.corrupt_records.to_string());
         put("parkedPulls", self.pull_waiters.len().to_string());
         put("sendRefusedBusy", self.load.refused_sends.get().to_string());
         let transactions = self.transactions.borrow();
@@ -266,10 +391,35 @@ impl Broker {
         put("transactionChecksSent", tx.checks_sent.to_string());
         put("transactionDiscarded", tx.discarded.to_string());
         drop(transactions);
-        put("flushDiskType", format!("{:?}", self.store.flush_mode()));
-        connection.respond_body(request, &body::encode_kv_table(&table));
-        Ok(())
+        let flush = match self.store.flush_mode() {
+            shards::store::FlushMode::Sync => "SYNC_FLUSH",
+            shards::store::FlushMode::Async => "ASYNC_FLUSH",
+        };
+        put("flushDiskType", flush.into());
     }
+
+    /// RocketMQ's getEarliestMessageTime: the store time of the oldest message held, -1 when
+    /// there is none.
+    async fn earliest_message_time(&self) -> i64 {
+        let min = self.store.min_physical_offset();
+        if min.0 >= self.store.max_physical_offset().0 {
+            return -1;
+        }
+        match self.store.read_record(min).await {
+            Ok(Some(bytes)) => record::decode(&bytes).map_or(-1, |m| m.store_timestamp_ms),
+            _ => -1,
+        }
+    }
+}
+
+/// MixAll.humanReadableByteCount(bytes, false): `512 B`, `1.5 KiB`, `3.0 GiB`.
+fn human_readable_bytes(bytes: u64) -> String {
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let exponent = ((bytes as f64).ln() / 1024f64.ln()) as i32;
+    let prefix = ["K", "M", "G", "T", "P", "E"][(exponent as usize - 1).min(5)];
+    format!("{:.1} {prefix}iB", bytes as f64 / 1024f64.powi(exponent))
 }
 
 impl Broker {

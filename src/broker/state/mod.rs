@@ -9,6 +9,7 @@ pub mod locks;
 pub mod offsets;
 pub mod resets;
 pub mod schedule;
+pub mod store_stats;
 pub mod topics;
 pub mod transactions;
 pub mod versioned;

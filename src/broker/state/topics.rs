@@ -176,6 +176,15 @@ impl TopicTable {
         self.not_durable.get(topic).copied()
     }
 
+    pub fn auto_create_topic_enable(&self) -> bool {
+        self.auto_create_topic_enable
+    }
+
+    /// UPDATE_BROKER_CONFIG's autoCreateTopicEnable.
+    pub fn set_auto_create_topic_enable(&mut self, enable: bool) {
+        self.auto_create_topic_enable = enable;
+    }
+
     pub fn remove(&mut self, topic: &str) -> bool {
         let removed = self.topics.remove(topic).is_some();
         if removed {

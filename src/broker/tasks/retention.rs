@@ -17,7 +17,7 @@
 //! Shards share a filesystem but not their files: each deletes its own oldest segments, so
 //! a full disk is relieved by every shard at once.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -30,7 +30,8 @@ pub const DISK_CHECK_INTERVAL_MS: u64 = 250;
 
 /// A shard's retention state.
 pub struct Retention {
-    pub config: RetentionConfig,
+    /// Changed live by UPDATE_BROKER_CONFIG (25); each pass reads it afresh.
+    config: RefCell<RetentionConfig>,
     /// Deletion passes a manual trigger still asks for.
     manual_runs: Cell<u32>,
     /// A manual trigger came since the last pass: the next pass runs now.
@@ -47,9 +48,20 @@ pub struct Retention {
 }
 
 impl Retention {
+    /// The settings in force now.
+    pub fn config(&self) -> RetentionConfig {
+        self.config.borrow().clone()
+    }
+
+    /// New settings (already validated); the task picks them up at its next check.
+    pub fn set_config(&self, config: RetentionConfig) {
+        *self.config.borrow_mut() = config;
+        self.wake.notify();
+    }
+
     pub fn new(config: RetentionConfig) -> Retention {
         Retention {
-            config,
+            config: RefCell::new(config),
             manual_runs: Cell::new(0),
             triggered: Cell::new(false),
             wake: Rc::new(shards::sync::Signal::default()),
@@ -107,10 +119,10 @@ impl Broker {
     /// The retention task (see the module docs); runs for the life of the shard.
     pub async fn run_retention(self: Rc<Self>) {
         let retention = &self.retention;
-        let config = &retention.config;
-        let check_ms = DISK_CHECK_INTERVAL_MS.min(config.clean_resource_interval_ms);
-        let mut next_pass_ms = self.monotonic_ms() + config.clean_resource_interval_ms;
+        let mut next_pass_ms = self.monotonic_ms() + retention.config().clean_resource_interval_ms;
         loop {
+            let config = retention.config();
+            let check_ms = DISK_CHECK_INTERVAL_MS.min(config.clean_resource_interval_ms);
             shards::runtime::timeout(Duration::from_millis(check_ms), retention.wake.wait()).await;
             let verdict = self.check_disk();
             let now = self.monotonic_ms();
@@ -139,13 +151,14 @@ impl Broker {
         let retention = &self.retention;
         let ratio = self.store.disk_used_ratio();
         retention.used_ratio.set(ratio);
-        let verdict = retention.config.disk_verdict(ratio);
+        let config = retention.config();
+        let verdict = config.disk_verdict(ratio);
         let name = &self.identity.broker_name;
         let percent = ratio.unwrap_or(0.0) * 100.0;
         if verdict.refuse_writes {
             let remark = format!(
                 "disk {percent:.1}% used, past diskSpaceWarningLevelRatio {}%",
-                retention.config.disk_space_warning_level_ratio
+                config.disk_space_warning_level_ratio
             );
             if !retention.refusing.replace(true) {
                 log::warn!("{name}: {remark}: sends are refused until space returns");
@@ -166,7 +179,7 @@ impl Broker {
     /// decides once per pass, and so deletes more than it must).
     async fn delete_pass(&self) {
         let retention = &self.retention;
-        let config = &retention.config;
+        let config = &retention.config();
         let name = &self.identity.broker_name;
         for deleted in 0..DELETE_FILES_BATCH_MAX {
             // The interval keeps deletion from crowding the shard's sends; while sends are
