@@ -96,6 +96,26 @@ pub struct Connection {
     partial_watch_running: Cell<bool>,
     /// What the read loop waits for before its next read (`hold_reads_until`).
     read_hold: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    /// Requests this side sent the client and waits to hear back on (`call`), by opaque.
+    calls: RefCell<std::collections::HashMap<i32, Rc<CallSlot>>>,
+}
+
+/// Requests to one client awaiting its answer at once (GET_CONSUMER_RUNNING_INFO, …): an
+/// operator's tool asks a handful; more is refused rather than queued.
+pub const CLIENT_CALLS_MAX: usize = 64;
+
+/// A client's answer to a request the broker sent it.
+#[derive(Debug, Clone)]
+pub struct ClientAnswer {
+    pub code: i32,
+    pub remark: Option<String>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Default)]
+struct CallSlot {
+    answer: RefCell<Option<ClientAnswer>>,
+    ready: Signal,
 }
 
 /// Output room promised by `Connection::reserve_output`, given back when dropped.
@@ -147,6 +167,7 @@ impl Connection {
             partial_since_ms: Cell::new(None),
             partial_watch_running: Cell::new(false),
             read_hold: RefCell::new(None),
+            calls: RefCell::default(),
         })
     }
 
@@ -269,6 +290,47 @@ impl Connection {
     }
 
     /// The next opaque for a server-to-client request on this connection.
+    /// Sends the client the request `encode` writes (with the opaque given) and waits up to
+    /// `timeout` for its answer; None when it does not come, the connection closes first, or
+    /// CLIENT_CALLS_MAX calls already wait.
+    pub async fn call(
+        &self,
+        timeout: std::time::Duration,
+        encode: impl FnOnce(&mut Vec<u8>, i32),
+    ) -> Option<ClientAnswer> {
+        if self.closed.get() || self.calls.borrow().len() >= CLIENT_CALLS_MAX {
+            return None;
+        }
+        let opaque = self.next_opaque();
+        let slot = Rc::new(CallSlot::default());
+        self.calls.borrow_mut().insert(opaque, slot.clone());
+        self.send_with(|out| encode(out, opaque));
+        let _ = runtime::timeout(timeout, slot.ready.wait()).await;
+        self.calls.borrow_mut().remove(&opaque);
+        let answer = slot.answer.borrow_mut().take();
+        answer
+    }
+
+    /// The connection closed: every `call` waiting on it returns None now.
+    fn wake_calls(&self) {
+        for (_, slot) in self.calls.borrow_mut().drain() {
+            slot.ready.notify();
+        }
+    }
+
+    /// A response frame from the client: the answer of a `call`, if one waits for it.
+    fn answered(&self, command: &remoting::RemotingCommand<'_>) {
+        let Some(slot) = self.calls.borrow_mut().remove(&command.opaque) else {
+            return;
+        };
+        *slot.answer.borrow_mut() = Some(ClientAnswer {
+            code: command.code,
+            remark: command.remark.as_deref().map(str::to_string),
+            body: command.body.to_vec(),
+        });
+        slot.ready.notify();
+    }
+
     pub fn next_opaque(&self) -> i32 {
         let opaque = self.next_opaque.get();
         self.next_opaque.set(opaque.wrapping_add(1));
@@ -605,6 +667,7 @@ async fn serve_connection(
         log::debug!("closing connection from {peer}: {reason}");
     }
     connection.closed.set(true);
+    connection.wake_calls();
     connection.output_ready.notify();
     connection.room_freed();
     handler.connection_closed(&connection);
@@ -790,7 +853,9 @@ fn decode_and_dispatch(
         match remoting::decode_frame(&input[consumed..]) {
             Ok(Some((command, length))) => {
                 consumed += length;
-                if !command.is_response() {
+                if command.is_response() {
+                    connection.answered(&command);
+                } else {
                     handler.handle(&command, connection);
                 }
                 // A finished commitlog flush is collected (and the next one started) at once,
@@ -842,6 +907,7 @@ async fn write_loop(
         connection.room_freed();
         if result.is_err() {
             connection.closed.set(true);
+            connection.wake_calls();
             connection.output.borrow_mut().clear();
             connection.output_drained.notify();
             connection.room_freed();

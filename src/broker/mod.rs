@@ -279,6 +279,7 @@ impl Broker {
             rc::DELETE_TOPIC_IN_BROKER => self.delete_topic(request, connection),
             rc::GET_ALL_TOPIC_CONFIG => self.all_topic_config(request, connection),
             rc::GET_BROKER_RUNTIME_INFO => self.runtime_info(request, connection),
+            rc::GET_CONSUMER_RUNNING_INFO => self.consumer_running_info(request, connection),
             rc::GET_BROKER_CONFIG => self.get_broker_config(request, connection),
             rc::UPDATE_BROKER_CONFIG => self.update_broker_config(request, connection),
             rc::VIEW_BROKER_STATS_DATA => self.view_broker_stats_data(request, connection),

@@ -10,7 +10,7 @@ import re
 import time
 
 import remoting
-from mq import create_topic, unique, wait_until
+from mq import Collector, closing, create_topic, make_consumer, unique, wait_until
 
 GET_BROKER_RUNTIME_INFO = 28
 GET_BROKER_CONFIG = 26
@@ -163,3 +163,26 @@ def test_get_and_update_broker_config(shardmq):
         assert named in refused.remark, refused.remark
     config, _ = broker_config(shardmq)
     assert config["fileReservedTime"] == "1", "a refused update applies nothing"
+
+
+GET_CONSUMER_RUNNING_INFO = 307
+
+
+def test_consumer_running_info_is_asked_of_the_consumer(shardmq):
+    """307 goes on to the C++ consumer and its ConsumerRunningInfo comes back."""
+    topic = create_topic(shardmq, "Trunning")
+    group = unique("cg_running")
+    collector = Collector()
+    with closing(make_consumer(shardmq.namesrv_addr, topic, collector, group=group)):
+        ids = wait_until(lambda: remoting.consumer_ids(shardmq.broker_addr(0), group), 30,
+                         message="the consumer's heartbeat")
+        answer = call(shardmq, GET_CONSUMER_RUNNING_INFO,
+                      {"consumerGroup": group, "clientId": ids[0], "jstackEnable": "false"})
+        assert answer.code == remoting.SUCCESS, answer
+        text = answer.body.decode("utf-8", "replace")
+        print("ConsumerRunningInfo from the C++ client:", text[:300])
+        assert topic in text and "properties" in text, text[:500]
+    missing = call(shardmq, GET_CONSUMER_RUNNING_INFO,
+                   {"consumerGroup": group, "clientId": "nobody@1", "jstackEnable": "false"})
+    assert missing.code == remoting.SYSTEM_ERROR
+    assert missing.remark == "The Consumer <{}> <nobody@1> not online".format(group)

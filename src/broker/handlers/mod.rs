@@ -5,6 +5,7 @@
 
 pub mod broker_config;
 pub mod clients;
+pub mod consumer_running_info;
 pub mod end_transaction;
 pub mod filters;
 pub mod group_admin;
