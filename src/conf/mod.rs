@@ -315,7 +315,7 @@ fn port(value: &str, id: &'static str) -> Option<Result<Action, String>> {
 
 /// Java's Boolean.parseBoolean takes anything but "true" as false; a typo there would
 /// silently turn a feature off, so only true and false (any case) are taken.
-fn java_bool(value: &str) -> Result<bool, String> {
+pub fn java_bool(value: &str) -> Result<bool, String> {
     match value.to_ascii_lowercase().as_str() {
         "true" => Ok(true),
         "false" => Ok(false),

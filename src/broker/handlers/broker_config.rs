@@ -212,11 +212,7 @@ fn apply_live(
             .parse::<u64>()
             .map_err(|_| "not a whole number".to_string())
     };
-    let flag = |value: &str| match value.to_ascii_lowercase().as_str() {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => Err("not true or false".to_string()),
-    };
+    let flag = crate::conf::java_bool;
     let ratio = |value: &str| {
         value
             .parse::<u32>()
