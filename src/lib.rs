@@ -8,6 +8,7 @@
 pub mod acl;
 pub mod admin;
 pub mod broker;
+pub mod console;
 pub mod error;
 pub mod filter;
 pub mod limits;

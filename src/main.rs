@@ -209,6 +209,10 @@ struct BrokerOptions {
     /// on --listen-ip; 0 turns it off. A port already taken is logged and left out.
     #[arg(long, default_value_t = 5557)]
     metrics_port: u16,
+    /// Let the web console on the metrics port create topics and subscription groups
+    /// (without it the console is read-only and refuses POSTs with 403).
+    #[arg(long)]
+    console_write: bool,
     /// The brokers speak TLS to the namesrv (RocketMQ's tls.enable); on by itself for
     /// `serve --tls-server-mode enforcing`.
     #[arg(long)]
@@ -348,6 +352,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         namesrv_tls: None,
         metrics_port: 0,
         metrics: None,
+        console_write: false,
     })
 }
 
@@ -410,6 +415,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         config.namesrv_tls = Some(namesrv_tls(options)?);
     }
     config.metrics_port = options.metrics_port;
+    config.console_write = options.console_write;
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),
