@@ -10,7 +10,7 @@
 //!   clusterList, topicList + topicStatus, subGroupList + consumerProgress, queryMsgByKey,
 //!   queryMsgById), against this node's namesrv, signed with the node's inner credentials
 //!   and over TLS as its brokers reach the namesrv. The admin client blocks, so each query
-//!   runs on the shard's blocking helper (`runtime::blocking`), never on the shard's thread;
+//!   runs on a thread of its own (see `QUERY_POLL_INTERVAL_MS`), never on a shard's thread;
 //!   at most `QUERIES_IN_FLIGHT_MAX` at once, past which the API answers 503.
 //! - rates and charts: the shards' published snapshots (`MetricsBoard`), sampled by
 //!   `history.rs` on shard 0; send latency from `rocketmq_rpc_latency`'s SEND codes.
@@ -37,6 +37,13 @@ use history::{History, Sample, HISTORY_INTERVAL_MS};
 
 /// Admin queries running at once (each holds the blocking helper and connections).
 pub const QUERIES_IN_FLIGHT_MAX: usize = 4;
+/// How often shard 0 looks whether a query thread has finished. Queries run on threads of
+/// their own, not on the shard's blocking helper (`runtime::blocking`): that helper does the
+/// shard's fsyncs, and a query that creates a topic waits for shard 0 to persist it, which
+/// deadlocked until the query timed out. The thread's answer is picked up by polling, once
+/// per interval, because a std channel cannot wake a glommio task; a console query is rare
+/// and slow next to it.
+pub const QUERY_POLL_INTERVAL_MS: u64 = 20;
 /// Wait for each answer of an admin query.
 pub const QUERY_TIMEOUT_MS: u64 = 3_000;
 /// Topics and groups whose details one page shows (the rest are listed by name only).
@@ -134,7 +141,10 @@ impl Console {
             ("GET", "/api/cluster") => self.query(cluster).await,
             ("GET", "/api/topics") => self.query_then(topics, |c, v| c.topic_rates(v)).await,
             ("GET", "/api/groups") => self.query_then(groups, |c, v| c.group_rates(v)).await,
-            ("GET", "/api/message") => self.query(move |a| lookup(a, &params)).await,
+            ("GET", "/api/message") => match lookup_command(&params) {
+                Ok(command) => self.query(move |a| run(a, command)).await,
+                Err(error) => bad_request(&error),
+            },
             ("POST", "/api/topic" | "/api/group") if !self.access.write_enabled => Answer::json(
                 "403 Forbidden",
                 &json!({ "error": "the console is read-only: start the node with \
@@ -142,11 +152,23 @@ impl Console {
             ),
             ("POST", "/api/topic") => {
                 let form = form_params(&String::from_utf8_lossy(body));
-                self.query(move |a| create_topic(a, &form)).await
+                match topic_args(&form) {
+                    Ok(args) => {
+                        self.query(move |a| run(a, AdminCommand::UpdateTopic(args)))
+                            .await
+                    }
+                    Err(error) => bad_request(&error),
+                }
             }
             ("POST", "/api/group") => {
                 let form = form_params(&String::from_utf8_lossy(body));
-                self.query(move |a| create_group(a, &form)).await
+                match group_args(&form) {
+                    Ok(args) => {
+                        self.query(move |a| run(a, AdminCommand::UpdateSubGroup(args)))
+                            .await
+                    }
+                    Err(error) => bad_request(&error),
+                }
             }
             ("GET", _) => Answer::text(
                 "404 Not Found",
@@ -177,16 +199,33 @@ impl Console {
             let busy = json!({ "error": "the console is busy with other queries; try again" });
             return Answer::json("503 Service Unavailable", &busy);
         }
-        self.queries_in_flight.set(self.queries_in_flight.get() + 1);
+        let _slot = QuerySlot::take(&self.queries_in_flight);
         let access = self.access.clone();
-        let result = runtime::blocking(move || {
-            let timeout = Duration::from_millis(QUERY_TIMEOUT_MS);
-            let mut admin = Admin::new(&access.namesrv, timeout, access.credentials, access.tls);
-            let result = work(&mut admin).map_err(|e| format!("{e:#}"));
-            (result, std::mem::take(&mut admin.warnings))
-        })
-        .await;
-        self.queries_in_flight.set(self.queries_in_flight.get() - 1);
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("console-query".into())
+            .spawn(move || {
+                let timeout = Duration::from_millis(QUERY_TIMEOUT_MS);
+                let mut admin =
+                    Admin::new(&access.namesrv, timeout, access.credentials, access.tls);
+                let result = work(&mut admin).map_err(|e| format!("{e:#}"));
+                let _ = sender.send((result, std::mem::take(&mut admin.warnings)));
+            });
+        if let Err(error) = spawned {
+            let error = json!({ "error": format!("cannot start a query thread: {error}") });
+            return Answer::json("503 Service Unavailable", &error);
+        }
+        let result = loop {
+            match receiver.try_recv() {
+                Ok(result) => break result,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    runtime::sleep(Duration::from_millis(QUERY_POLL_INTERVAL_MS)).await
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    break (Err("the query thread stopped".to_string()), Vec::new())
+                }
+            }
+        };
         match result {
             (Ok(value), warnings) => {
                 let mut value = finish(self, value);
@@ -223,6 +262,23 @@ impl Console {
             }
         }
         value
+    }
+}
+
+/// One of the `QUERIES_IN_FLIGHT_MAX` query slots, given back when dropped (also when the
+/// connection's deadline drops the answer being prepared).
+struct QuerySlot<'c>(&'c Cell<usize>);
+
+impl<'c> QuerySlot<'c> {
+    fn take(in_flight: &'c Cell<usize>) -> QuerySlot<'c> {
+        in_flight.set(in_flight.get() + 1);
+        QuerySlot(in_flight)
+    }
+}
+
+impl Drop for QuerySlot<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
     }
 }
 
@@ -337,76 +393,63 @@ fn groups(admin: &mut Admin) -> anyhow::Result<Value> {
     Ok(json!({ "groups": entries }))
 }
 
+fn bad_request(error: &str) -> Answer {
+    Answer::json("400 Bad Request", &json!({ "error": error }))
+}
+
+/// A non-empty, trimmed parameter.
+fn param(params: &HashMap<String, String>, key: &str) -> Option<String> {
+    params
+        .get(key)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
 /// `?topic=T&key=K` (queryMsgByKey) or `?id=I[&topic=T]` (queryMsgById).
-fn lookup(admin: &mut Admin, params: &HashMap<String, String>) -> anyhow::Result<Value> {
-    let get = |key: &str| {
-        params
-            .get(key)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-    };
-    if let Some(id) = get("id") {
-        let command = AdminCommand::QueryMsgById {
-            id,
-            topic: get("topic"),
-        };
-        return run(admin, command);
+fn lookup_command(params: &HashMap<String, String>) -> Result<AdminCommand, String> {
+    if let Some(id) = param(params, "id") {
+        let topic = param(params, "topic");
+        return Ok(AdminCommand::QueryMsgById { id, topic });
     }
-    match (get("topic"), get("key")) {
-        (Some(topic), Some(key)) => run(
-            admin,
-            AdminCommand::QueryMsgByKey(admin::message::QueryByKeyArgs {
+    match (param(params, "topic"), param(params, "key")) {
+        (Some(topic), Some(key)) => Ok(AdminCommand::QueryMsgByKey(
+            admin::message::QueryByKeyArgs {
                 topic,
                 key,
                 begin: None,
                 end: None,
                 max_num: LOOKUP_MESSAGES_MAX,
-            }),
-        ),
-        _ => anyhow::bail!("give topic and key, or id (a msgId)"),
+            },
+        )),
+        _ => Err("give topic and key, or id (a msgId)".into()),
     }
 }
 
-fn create_topic(admin: &mut Admin, form: &HashMap<String, String>) -> anyhow::Result<Value> {
-    let Some(topic) = form
-        .get("topic")
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
-    else {
-        anyhow::bail!("give the topic's name");
-    };
-    let queues = match form
-        .get("queues")
-        .map(|q| q.trim())
-        .filter(|q| !q.is_empty())
-    {
+/// The form of `POST /api/topic`: `topic`, `queues` (read and write, default 8).
+fn topic_args(form: &HashMap<String, String>) -> Result<admin::topic::UpdateTopicArgs, String> {
+    let topic = param(form, "topic").ok_or("give the topic's name")?;
+    let queues = match param(form, "queues") {
         Some(text) => text
             .parse::<u32>()
             .ok()
             .filter(|q| (1..=1024).contains(q))
-            .ok_or_else(|| anyhow::anyhow!("queues must be 1 to 1024, not {text}"))?,
+            .ok_or_else(|| format!("queues must be 1 to 1024, not {text}"))?,
         None => admin::topic::TOPIC_QUEUES_DEFAULT,
     };
-    let args = admin::topic::UpdateTopicArgs {
+    Ok(admin::topic::UpdateTopicArgs {
         topic,
         target: Target::default(),
         read_queues: queues,
         write_queues: queues,
         perm: admin::topic::PERM_READ_WRITE,
         order: false,
-    };
-    run(admin, AdminCommand::UpdateTopic(args))
+    })
 }
 
-fn create_group(admin: &mut Admin, form: &HashMap<String, String>) -> anyhow::Result<Value> {
-    let Some(group) = form
-        .get("group")
-        .map(|g| g.trim().to_string())
-        .filter(|g| !g.is_empty())
-    else {
-        anyhow::bail!("give the group's name");
-    };
-    let args = admin::group::UpdateSubGroupArgs {
+/// The form of `POST /api/group`: `group`, with mqadmin's defaults for the rest.
+fn group_args(form: &HashMap<String, String>) -> Result<admin::group::UpdateSubGroupArgs, String> {
+    let group = param(form, "group").ok_or("give the group's name")?;
+    Ok(admin::group::UpdateSubGroupArgs {
         group,
         target: Target::default(),
         consume_enable: true,
@@ -415,8 +458,7 @@ fn create_group(admin: &mut Admin, form: &HashMap<String, String>) -> anyhow::Re
         orderly: false,
         retry_queues: 1,
         retry_max_times: 16,
-    };
-    run(admin, AdminCommand::UpdateSubGroup(args))
+    })
 }
 
 #[cfg(test)]
@@ -432,5 +474,19 @@ mod tests {
         assert_eq!(params["bad"], "%zz");
         assert_eq!(params["x"], "");
         assert_eq!(percent_decode("%4"), "%4");
+    }
+
+    #[test]
+    fn forms_are_checked_before_any_request() {
+        let form = form_params("topic=T&queues=3");
+        assert_eq!(topic_args(&form).map(|a| a.write_queues), Ok(3));
+        assert!(topic_args(&form_params("queues=3")).is_err());
+        assert!(topic_args(&form_params("topic=T&queues=0")).is_err());
+        assert!(group_args(&form_params("group=+")).is_err());
+        assert!(lookup_command(&form_params("topic=T")).is_err());
+        assert!(matches!(
+            lookup_command(&form_params("id=ABC")),
+            Ok(AdminCommand::QueryMsgById { .. })
+        ));
     }
 }
