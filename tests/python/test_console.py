@@ -167,3 +167,20 @@ def test_console_pages_in_headless_chromium(console_node, chromium_ready):
         assert os.path.getsize(shot) > 1000, shot
         print("console page {}: {} ({} bytes of DOM), screenshot {}".format(
             name, path, len(dom), shot))
+
+
+def test_console_write_flag_creates_topics_and_groups(shardmq_factory):
+    port = free_port()
+    shardmq_factory(extra_args=["--metrics-port", str(port), "--console-write"])
+    topic, group = unique("Tcreated"), unique("cg_created")
+    status, _, body = http(port, "/api/topic", data="topic={}&queues=3".format(topic).encode())
+    assert status == 200, body
+    status, _, body = http(port, "/api/group", data="group={}".format(group).encode())
+    assert status == 200, body
+    _, _, body = http(port, "/api/topics")
+    topics = {entry["topic"]: entry for entry in json.loads(body)["topics"]}
+    assert len(topics[topic]["queues"]) == 3 * 2, topics[topic]
+    _, _, body = http(port, "/api/groups")
+    assert group in [entry["group"] for entry in json.loads(body)["groups"]]
+    status, _, body = http(port, "/api/topic", data=b"queues=3")
+    assert status == 400 and "name" in json.loads(body)["error"], body
