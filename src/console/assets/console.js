@@ -190,6 +190,8 @@ function draw(id, points, series) {
       const y = h - 8 - p[s.key] / max * (h - 16);
       if (started) g.lineTo(x, y); else g.moveTo(x, y);
       started = true;
+      g.fillStyle = s.color;
+      g.fillRect(x - 2, y - 2, 4, 4);  // a point between gaps shows too
     }
     g.stroke();
   }
