@@ -36,6 +36,8 @@ pub struct Sample {
     pub in_by_topic: HashMap<String, u64>,
     /// consumer group → messages delivered.
     pub out_by_group: HashMap<String, u64>,
+    /// shard's broker name → (messages stored, messages delivered).
+    pub by_node: HashMap<String, (u64, u64)>,
 }
 
 impl Sample {
@@ -47,6 +49,11 @@ impl Sample {
         for shard in shards {
             sample.in_messages += shard.flows.in_total.messages;
             sample.out_messages += shard.flows.out_total.messages;
+            let node = (
+                shard.flows.in_total.messages,
+                shard.flows.out_total.messages,
+            );
+            sample.by_node.insert(shard.node_id.clone(), node);
             for (topic, flow) in &shard.flows.in_by_topic {
                 *sample.in_by_topic.entry(topic.clone()).or_default() += flow.messages;
             }
@@ -131,6 +138,18 @@ impl History {
         })
     }
 
+    /// (stored, delivered) messages per second of one shard's broker lately.
+    pub fn node_rates(&self, node_id: &str) -> (f64, f64) {
+        self.span().map_or((0.0, 0.0), |(earlier, now)| {
+            let of = |s: &Sample| s.by_node.get(node_id).copied().unwrap_or((0, 0));
+            let (then, latest, elapsed) = (of(earlier), of(now), now.at_ms - earlier.at_ms);
+            (
+                per_second(latest.0, then.0, elapsed),
+                per_second(latest.1, then.1, elapsed),
+            )
+        })
+    }
+
     /// Messages per second delivered to `group` lately.
     pub fn group_rate(&self, group: &str) -> f64 {
         self.span().map_or(0.0, |(earlier, now)| {
@@ -172,6 +191,7 @@ mod tests {
         assert_eq!(points[0]["sendP50Ms"], json!(55.0));
         assert_eq!(history.topic_rate("T"), 10.0);
         assert_eq!(history.group_rate("g"), 5.0);
+        assert_eq!(history.node_rates(""), (10.0, 5.0));
         assert_eq!(history.group_rate("other"), 0.0);
         for index in 0..HISTORY_SAMPLES_MAX + 3 {
             history.push(Sample::of(4_000 + index as u64, &[]));

@@ -138,7 +138,7 @@ impl Console {
                 "200 OK",
                 &json!({ "points": self.history.borrow().points() }),
             ),
-            ("GET", "/api/cluster") => self.query(cluster).await,
+            ("GET", "/api/cluster") => self.query_then(cluster, |c, v| c.node_rates(v)).await,
             ("GET", "/api/topics") => self.query_then(topics, |c, v| c.topic_rates(v)).await,
             ("GET", "/api/groups") => self.query_then(groups, |c, v| c.group_rates(v)).await,
             ("GET", "/api/message") => match lookup_command(&params) {
@@ -240,6 +240,19 @@ impl Console {
                 &json!({ "error": error, "warnings": warnings }),
             ),
         }
+    }
+
+    fn node_rates(&self, mut value: Value) -> Value {
+        let history = self.history.borrow();
+        for cluster in value["clusters"].as_array_mut().into_iter().flatten() {
+            for broker in cluster["brokers"].as_array_mut().into_iter().flatten() {
+                let (stored, delivered) =
+                    history.node_rates(broker["brokerName"].as_str().unwrap_or(""));
+                broker["produceTps"] = json!(stored);
+                broker["consumeTps"] = json!(delivered);
+            }
+        }
+        value
     }
 
     fn topic_rates(&self, mut value: Value) -> Value {

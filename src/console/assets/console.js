@@ -54,8 +54,7 @@ async function cluster() {
         const commitlog = Number(r.commitLogMaxOffset || 0) - Number(r.commitLogMinOffset || 0);
         return [td(esc(b.brokerName)), td(b.brokerId === 0 ? "master" : "slave " + b.brokerId),
           td(esc(b.addr)), td(esc(b.version)),
-          td(num((r.putTps || "").split(" ")[0], 1), "num"),
-          td(num((r.getTransferredTps || "").split(" ")[0], 1), "num"),
+          td(num(b.produceTps, 1), "num"), td(num(b.consumeTps, 1), "num"),
           td(num(r.msgPutTotalTodayNow), "num"), td(num(r.msgGetTotalTodayNow), "num"),
           td(bytes(commitlog), "num"), td(esc(r.commitLogDiskRatio), "num")];
       }));
