@@ -26,13 +26,15 @@ then
 fi
 
 # What the end-to-end suite drives besides the C++ client: Node.js's ali-ons (tests/node, from
-# the npm registry, pinned by its lockfile), openssl (TLS) and a Prometheus server (metrics).
+# the npm registry, pinned by its lockfile), openssl (TLS), a Prometheus server (metrics) and
+# headless Chromium (the web console).
 # Installed when missing, as root with apt-get; a test whose tool is still missing says so and
 # is reported as skipped (-rs).
 missing=()
 command -v npm >/dev/null || missing+=(nodejs npm)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v prometheus >/dev/null || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> apt-get install ${missing[*]}"
     install=(apt-get install -y -q --no-install-recommends "${missing[@]}")

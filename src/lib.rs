@@ -9,6 +9,7 @@ pub mod acl;
 pub mod admin;
 pub mod broker;
 pub mod conf;
+pub mod console;
 pub mod error;
 pub mod filter;
 pub mod limits;

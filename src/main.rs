@@ -227,6 +227,10 @@ struct BrokerOptions {
     #[arg(long = "defaultTopicQueueNums", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     default_topic_queue_nums: u32,
+    /// Let the web console on the metrics port create topics and subscription groups
+    /// (without it the console is read-only and refuses POSTs with 403).
+    #[arg(long)]
+    console_write: bool,
     /// The brokers speak TLS to the namesrv (RocketMQ's tls.enable); on by itself for
     /// `serve --tls-server-mode enforcing`.
     #[arg(long)]
@@ -367,6 +371,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         metrics_port: 0,
         metrics: None,
         auto_create: Default::default(),
+        console_write: false,
     })
 }
 
@@ -433,6 +438,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         enable: options.auto_create_topic_enable,
         default_topic_queue_nums: options.default_topic_queue_nums,
     };
+    config.console_write = options.console_write;
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),

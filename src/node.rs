@@ -79,6 +79,8 @@ pub struct NodeConfig {
     pub auto_create: crate::broker::topics::AutoCreate,
     /// Where the shards publish their figures for it (made at start when there is a port).
     pub metrics: Option<Arc<crate::metrics::MetricsBoard>>,
+    /// `--console-write`: the web console may create topics and groups (else read-only).
+    pub console_write: bool,
     /// TLS for the brokers' namesrv connections (`--tls-enable`; none: plaintext).
     pub namesrv_tls: Option<Arc<rustls::ClientConfig>>,
     /// `--acl-file`: ACL on every port of this node (RocketMQ's aclEnable + plain_acl.yml).
@@ -613,12 +615,14 @@ fn start_listeners(
             let addr = SocketAddr::from((ip, config.metrics_port));
             match bind(addr, "metrics") {
                 Ok(listener) => {
+                    let console = crate::console::Console::new(console_access(config), board);
                     runtime::spawn_detached(crate::metrics::http::serve(
                         listener,
                         board.clone(),
                         config.tls.clone(),
+                        console,
                     ));
-                    listening.push(format!("metrics http://{addr}/metrics"));
+                    listening.push(format!("metrics http://{addr}/metrics, console /"));
                 }
                 // The brokers run on without it (another node on this host may hold 5557).
                 Err(error) => log::warn!("no Prometheus endpoint: {error}"),
@@ -628,6 +632,18 @@ fn start_listeners(
     runtime::spawn_detached(server::trim_memory());
     log::info!("shard {shard_id} listening on {}", listening.join(", "));
     Ok(())
+}
+
+/// How the web console reaches this node: its namesrv, signed and over TLS as its own
+/// brokers reach it.
+fn console_access(config: &NodeConfig) -> crate::console::Access {
+    let namesrv: Vec<String> = config.namesrv_addrs.iter().map(|a| a.to_string()).collect();
+    crate::console::Access {
+        namesrv: namesrv.join(";"),
+        credentials: config.inner_credentials.clone(),
+        tls: config.namesrv_tls.clone(),
+        write_enabled: config.console_write,
+    }
 }
 
 fn bind(addr: SocketAddr, what: &str) -> std::io::Result<shards::runtime::TcpListener> {

@@ -96,6 +96,9 @@ pub struct Connection {
     partial_watch_running: Cell<bool>,
     /// What the read loop waits for before its next read (`hold_reads_until`).
     read_hold: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    /// The request being dispatched (code, when): an `in_flight` guard taken during the
+    /// call carries it, to record the request's latency when it is answered.
+    dispatching: Cell<Option<(i32, std::time::Instant)>>,
     /// Requests this side sent the client and waits to hear back on (`call`), by opaque.
     calls: RefCell<std::collections::HashMap<i32, Rc<CallSlot>>>,
 }
@@ -134,11 +137,15 @@ impl Drop for OutputReservation {
     }
 }
 
-/// Counts one request of a connection as being served until dropped.
-pub struct InFlight(Rc<Connection>);
+/// Counts one request of a connection as being served until dropped; records its latency
+/// then (`rocketmq_rpc_latency`) when taken while it was dispatched.
+pub struct InFlight(Rc<Connection>, Option<(i32, std::time::Instant)>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if let Some((request_code, started)) = self.1 {
+            crate::metrics::rpc_latency::record(request_code, started);
+        }
         let connection = &self.0;
         connection
             .in_flight_requests
@@ -167,6 +174,7 @@ impl Connection {
             partial_since_ms: Cell::new(None),
             partial_watch_running: Cell::new(false),
             read_hold: RefCell::new(None),
+            dispatching: Cell::new(None),
             calls: RefCell::default(),
         })
     }
@@ -199,7 +207,7 @@ impl Connection {
     pub fn in_flight(self: &Rc<Self>) -> InFlight {
         self.in_flight_requests
             .set(self.in_flight_requests.get() + 1);
-        InFlight(self.clone())
+        InFlight(self.clone(), self.dispatching.take())
     }
 
     fn must_pause(&self) -> bool {
@@ -842,6 +850,24 @@ thread_local! {
     static PARTIAL_FRAME_LOG: RefCell<shards::throttle::LogThrottle> = RefCell::default();
 }
 
+/// Hands one request to the handler, timing it for `rocketmq_rpc_latency`: an answer given
+/// during the call is recorded here, a later one by the `InFlight` guard the handler took.
+fn dispatch(
+    command: &RemotingCommand<'_>,
+    connection: &Rc<Connection>,
+    handler: &dyn RequestHandler,
+) {
+    if command.is_oneway() {
+        return handler.handle(command, connection);
+    }
+    let started = std::time::Instant::now();
+    connection.dispatching.set(Some((command.code, started)));
+    handler.handle(command, connection);
+    if let Some((request_code, started)) = connection.dispatching.take() {
+        crate::metrics::rpc_latency::record(request_code, started);
+    }
+}
+
 /// Decodes and dispatches every whole frame in `input`; returns the bytes consumed.
 fn decode_and_dispatch(
     input: &[u8],
@@ -856,7 +882,7 @@ fn decode_and_dispatch(
                 if command.is_response() {
                     connection.answered(&command);
                 } else {
-                    handler.handle(&command, connection);
+                    dispatch(&command, connection, handler);
                 }
                 // A finished commitlog flush is collected (and the next one started) at once,
                 // not at the end of the read.

@@ -38,7 +38,7 @@ const AUTO_CREATE_TOPIC: &str = "TBW102";
 /// SYSFLAG bit: the body is compressed.
 const COMPRESSED_FLAG: i32 = 0x1;
 /// Topics the unique-id search skips: system topics never hold user messages.
-const SYSTEM_TOPIC_PREFIXES: [&str; 9] = [
+pub(crate) const SYSTEM_TOPIC_PREFIXES: [&str; 9] = [
     "%RETRY%",
     "%DLQ%",
     "rmq_sys_",

@@ -29,10 +29,10 @@
 
 mod client;
 mod cluster;
-mod group;
-mod message;
+pub(crate) mod group;
+pub(crate) mod message;
 mod table;
-mod topic;
+pub(crate) mod topic;
 
 use std::time::Duration;
 
@@ -277,7 +277,8 @@ pub fn run(args: AdminArgs) -> i32 {
     }
 }
 
-fn execute(admin: &mut Admin, command: &AdminCommand) -> anyhow::Result<Outcome> {
+/// Runs one command against `admin`'s name server (the web console calls it too).
+pub(crate) fn execute(admin: &mut Admin, command: &AdminCommand) -> anyhow::Result<Outcome> {
     match command {
         AdminCommand::ClusterList { cluster } => cluster::cluster_list(admin, cluster.as_deref()),
         AdminCommand::BrokerStatus(target) => cluster::broker_status(admin, target),
@@ -342,7 +343,7 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    fn new(
+    pub(crate) fn new(
         namesrv: &str,
         timeout: Duration,
         credentials: Option<crate::remoting::signature::Credentials>,

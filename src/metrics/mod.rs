@@ -6,12 +6,15 @@
 //! RocketMQ 5's names and labels (`rocketmq_messages_in_total{cluster, node_type, node_id,
 //! topic}`, …) so existing dashboards work, and `shardmq_` figures per shard.
 //!
+//! `rocketmq_rpc_latency` (`rpc_latency.rs`) times every answered request by request code.
+//!
 //! Cardinality is bounded: a shard keeps at most `SERIES_MAX` topic and topic × group series;
 //! what goes past it is still in the shard's totals and counted in
 //! `shardmq_metrics_series_dropped_total`.
 
 pub mod http;
 mod render;
+pub mod rpc_latency;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -171,6 +174,8 @@ pub struct ShardSnapshot {
     pub refused_sends_busy: u64,
     pub connections: u64,
     pub connections_refused: u64,
+    /// Request latencies by request code (None: codes without a row of their own).
+    pub rpc_latency: Vec<(rpc_latency::RequestCode, rpc_latency::LatencyHistogram)>,
 }
 
 /// The latest snapshot of every shard; shared by the shards (which publish) and the

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::rpc_latency::RPC_LATENCY_BUCKETS_MS;
 use super::{ShardSnapshot, MESSAGE_SIZE_BUCKETS};
 
 /// A label value with `\`, `"` and newlines escaped as the format wants.
@@ -96,6 +97,52 @@ fn flow_families<'s>(
     }
 }
 
+/// `request_code` as RocketMQ's RemotingHelper.getRequestCodeDesc gives it: the code's name
+/// in lower case (`send_message_v2`), else its number.
+fn request_code_label(code: super::rpc_latency::RequestCode) -> String {
+    match code {
+        Some(code) => match crate::remoting::request_code_name(code) {
+            Some(name) => name.to_ascii_lowercase(),
+            None => code.to_string(),
+        },
+        None => "other".to_string(),
+    }
+}
+
+/// `rocketmq_rpc_latency`: one histogram per shard and request code, in milliseconds.
+fn rpc_latency(out: &mut Out, shards: &[ShardSnapshot]) {
+    out.family(
+        "rocketmq_rpc_latency",
+        "histogram",
+        "Time from a request's dispatch to its answer, by request code, in milliseconds.",
+    );
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        for (code, histogram) in &shard.rpc_latency {
+            let code = request_code_label(*code);
+            let labels = [
+                cluster,
+                node_type,
+                node_id,
+                ("protocol_type", "remoting"),
+                ("request_code", code.as_str()),
+            ];
+            let mut cumulative = 0;
+            for (index, count) in histogram.buckets.iter().enumerate() {
+                cumulative += count;
+                let bound = RPC_LATENCY_BUCKETS_MS
+                    .get(index)
+                    .map_or("+Inf".to_string(), |b| b.to_string());
+                let mut bucket_labels = labels.to_vec();
+                bucket_labels.push(("le", bound.as_str()));
+                out.sample("rocketmq_rpc_latency_bucket", &bucket_labels, cumulative);
+            }
+            out.sample("rocketmq_rpc_latency_sum", &labels, histogram.sum_ms);
+            out.sample("rocketmq_rpc_latency_count", &labels, histogram.count);
+        }
+    }
+}
+
 /// The whole page.
 pub fn render(shards: &[ShardSnapshot]) -> String {
     let mut out = Out {
@@ -173,6 +220,7 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
             histogram.count,
         );
     }
+    rpc_latency(&mut out, shards);
     out.family(
         "rocketmq_consumer_lag_messages",
         "gauge",
@@ -370,6 +418,10 @@ mod tests {
         shard
             .consumer_lag
             .push(("Orders".into(), "billing".into(), 0));
+        let mut sends = super::super::rpc_latency::LatencyHistogram::default();
+        sends.record(2);
+        shard.rpc_latency.push((Some(310), sends));
+        shard.rpc_latency.push((None, sends));
         let page = render(&[shard]);
         let node = r#"cluster="DefaultCluster",node_type="broker",node_id="broker-0""#;
         for line in [
@@ -385,6 +437,18 @@ mod tests {
                 "rocketmq_consumer_lag_messages{{{node},topic=\"Orders\",consumer_group=\"billing\"}} 0"
             ),
             "# TYPE rocketmq_messages_in_total counter".to_string(),
+            format!(
+                "rocketmq_rpc_latency_bucket{{{node},protocol_type=\"remoting\",\
+                 request_code=\"send_message_v2\",le=\"1\"}} 0"
+            ),
+            format!(
+                "rocketmq_rpc_latency_bucket{{{node},protocol_type=\"remoting\",\
+                 request_code=\"send_message_v2\",le=\"3\"}} 1"
+            ),
+            format!(
+                "rocketmq_rpc_latency_count{{{node},protocol_type=\"remoting\",\
+                 request_code=\"other\"}} 1"
+            ),
         ] {
             assert!(page.lines().any(|l| l == line), "missing {line}\n{page}");
         }

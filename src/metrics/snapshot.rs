@@ -43,6 +43,7 @@ pub async fn publish_every_second(
         snapshot.busy_ratio = busy_ratio;
         snapshot.connections = gate.open() as u64;
         snapshot.connections_refused = gate.refused();
+        snapshot.rpc_latency = super::rpc_latency::snapshot();
         board.publish(shard, snapshot);
     }
 }

@@ -1,0 +1,162 @@
+//! `rocketmq_rpc_latency`: how long requests take, from the moment their frame is dispatched
+//! to the moment their answer is in the connection's output buffer, by request code, as
+//! RocketMQ 5's `RemotingMetricsManager` counts it (milliseconds, its buckets).
+//!
+//! Counted per shard on the shard's own thread, in a thread-local table of plain cells: the
+//! read loop (`server::decode_and_dispatch`) reads the clock before it hands a frame to the
+//! handler; an answer given during the call is recorded right after it, an answer given later
+//! is recorded when the request's `InFlight` guard drops (it is held until answered). The hot
+//! path costs one `Instant` read and one array increment; the shard's publisher copies the
+//! table into its snapshot once a second.
+//!
+//! Codes below `REQUEST_CODE_SLOTS` get their own row; any other code is counted in the last
+//! row, rendered as `request_code="other"`. Oneway requests have no answer and are not counted
+//! (RocketMQ records the latency when it writes a response).
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+/// RocketMQ 5's buckets of `rocketmq_rpc_latency` (milliseconds).
+pub const RPC_LATENCY_BUCKETS_MS: [u64; 9] = [1, 3, 5, 7, 10, 100, 1_000, 2_000, 3_000];
+
+/// Request codes with a row of their own: RocketMQ's broker, namesrv and controller codes all
+/// fall below it (its 2000xx codes and unknown ones share the last row). 1,025 rows of 12
+/// words: about 100 KiB per shard.
+pub const REQUEST_CODE_SLOTS: usize = 1024;
+
+/// The row of codes without one of their own.
+const OTHER_ROW: usize = REQUEST_CODE_SLOTS;
+
+/// Counts of request latencies per bucket (the last one: longer than every bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    pub buckets: [u64; RPC_LATENCY_BUCKETS_MS.len() + 1],
+    pub sum_ms: u64,
+    pub count: u64,
+}
+
+impl LatencyHistogram {
+    pub fn record(&mut self, elapsed_ms: u64) {
+        let bucket = RPC_LATENCY_BUCKETS_MS
+            .iter()
+            .position(|bound| elapsed_ms <= *bound)
+            .unwrap_or(RPC_LATENCY_BUCKETS_MS.len());
+        self.buckets[bucket] += 1;
+        self.sum_ms += elapsed_ms;
+        self.count += 1;
+    }
+
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
+            *mine += theirs;
+        }
+        self.sum_ms += other.sum_ms;
+        self.count += other.count;
+    }
+
+    /// The latency under which `quantile` (0..=1) of the requests fell, in milliseconds,
+    /// interpolated linearly inside its bucket as Prometheus' `histogram_quantile` does; the
+    /// open last bucket answers its lower bound. None when nothing was counted.
+    pub fn quantile_ms(&self, quantile: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = quantile.clamp(0.0, 1.0) * self.count as f64;
+        let mut below = 0u64;
+        for (index, count) in self.buckets.iter().enumerate() {
+            let lower = if index == 0 {
+                0.0
+            } else {
+                RPC_LATENCY_BUCKETS_MS[index - 1] as f64
+            };
+            let Some(upper) = RPC_LATENCY_BUCKETS_MS.get(index) else {
+                return Some(lower);
+            };
+            if *count > 0 && (below + count) as f64 >= rank {
+                let inside = (rank - below as f64) / *count as f64;
+                return Some(lower + (*upper as f64 - lower) * inside);
+            }
+            below += count;
+        }
+        Some(*RPC_LATENCY_BUCKETS_MS.last().unwrap_or(&0) as f64)
+    }
+}
+
+/// One shard's histograms, one row per request code (see the module doc).
+struct RpcLatencyTable {
+    rows: Vec<LatencyHistogram>,
+}
+
+thread_local! {
+    static TABLE: RefCell<RpcLatencyTable> = RefCell::new(RpcLatencyTable {
+        rows: vec![LatencyHistogram::default(); REQUEST_CODE_SLOTS + 1],
+    });
+}
+
+/// A request of `request_code` dispatched at `started` has been answered now.
+pub fn record(request_code: i32, started: Instant) {
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let row = usize::try_from(request_code)
+        .ok()
+        .filter(|code| *code < REQUEST_CODE_SLOTS)
+        .unwrap_or(OTHER_ROW);
+    TABLE.with(|table| table.borrow_mut().rows[row].record(elapsed_ms));
+}
+
+/// The request code a row is rendered with (None: the row of other codes).
+pub type RequestCode = Option<i32>;
+
+/// This thread's histograms that counted something, by request code.
+pub fn snapshot() -> Vec<(RequestCode, LatencyHistogram)> {
+    TABLE.with(|table| {
+        let table = table.borrow();
+        table
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| row.count > 0)
+            .map(|(index, row)| ((index != OTHER_ROW).then_some(index as i32), *row))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_rocketmq_5s_and_quantiles_interpolate() {
+        let mut histogram = LatencyHistogram::default();
+        assert_eq!(histogram.quantile_ms(0.5), None);
+        for elapsed_ms in [0, 1, 2, 3, 4, 4, 8, 50, 5_000, 9_000] {
+            histogram.record(elapsed_ms);
+        }
+        assert_eq!(histogram.buckets, [2, 2, 2, 0, 1, 1, 0, 0, 0, 2]);
+        assert_eq!(histogram.count, 10);
+        assert_eq!(histogram.sum_ms, 14_072);
+        // Rank 5 of 10: the first of the (3, 5] bucket's two → halfway in it.
+        assert_eq!(histogram.quantile_ms(0.5), Some(4.0));
+        // Rank 9.9: in the open bucket, which answers its lower bound.
+        assert_eq!(histogram.quantile_ms(0.99), Some(3_000.0));
+        let mut merged = LatencyHistogram::default();
+        merged.merge(&histogram);
+        merged.merge(&histogram);
+        assert_eq!(merged.count, 20);
+        assert_eq!(merged.quantile_ms(0.5), histogram.quantile_ms(0.5));
+    }
+
+    #[test]
+    fn the_table_counts_by_code_with_one_row_for_others() {
+        let started = Instant::now();
+        record(10, started);
+        record(10, started);
+        record(90_000, started);
+        record(-1, started);
+        let rows = snapshot();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].0, Some(10));
+        assert_eq!(rows[0].1.count, 2);
+        assert_eq!(rows[1].0, None);
+        assert_eq!(rows[1].1.count, 2);
+    }
+}
