@@ -81,8 +81,8 @@ pub struct BrokerStats {
     pub gets_missed: Cell<u64>,
     /// The longest store read of a pull, ms (getMessageEntireTimeMax).
     pub get_time_max_ms: Cell<u64>,
-    /// How long sends take to be stored (and, SYNC_FLUSH, durable); shared with the durable
-    /// replies, which finish the SYNC_FLUSH ones.
+    /// How long sends take to be answered (SYNC_FLUSH: once durable), from the request
+    /// timing (`store_stats::record_put`).
     pub put_latency: Rc<RefCell<store_stats::PutLatency>>,
     /// The samples RocketMQ's rates and VIEW_BROKER_STATS_DATA are computed from.
     pub history: RefCell<store_stats::StatsHistory>,
@@ -201,7 +201,8 @@ impl Broker {
         ));
         let retention = tasks::retention::Retention::new(options.retention);
         store.set_segment_listener(retention.waker());
-        let durable_replies = Rc::new(durable::DurableReplies::new(stats.put_latency.clone()));
+        store_stats::register_put_sink(&stats.put_latency);
+        let durable_replies = Rc::default();
         Broker {
             identity,
             store,

@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 
 use crate::metrics::rpc_latency::LatencyHistogram;
 use crate::metrics::ShardSnapshot;
-use crate::remoting::request_code as rc;
 
 /// How often the console samples the shards' figures (they publish once a second).
 pub const HISTORY_INTERVAL_MS: u64 = 2_000;
@@ -19,11 +18,7 @@ pub const HISTORY_SAMPLES_MAX: usize = 300;
 pub const RATE_SPAN_SAMPLES: usize = 5;
 
 /// The request codes whose latency the console charts as "send latency".
-pub const SEND_REQUEST_CODES: [i32; 3] = [
-    rc::SEND_MESSAGE,
-    rc::SEND_MESSAGE_V2,
-    rc::SEND_BATCH_MESSAGE,
-];
+pub use crate::metrics::rpc_latency::SEND_CODES as SEND_REQUEST_CODES;
 
 /// The node's totals at one moment.
 #[derive(Debug, Clone, Default)]
@@ -162,6 +157,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remoting::request_code as rc;
 
     fn shard(stored: u64, send_ms: &[u64]) -> ShardSnapshot {
         let mut shard = ShardSnapshot::default();

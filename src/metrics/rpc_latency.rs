@@ -16,6 +16,16 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
+use crate::remoting::request_code;
+
+/// Requests that store messages (SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE): their
+/// latency is also the broker's put latency (GET_BROKER_RUNTIME_INFO's putLatency99, …).
+pub const SEND_CODES: [i32; 3] = [
+    request_code::SEND_MESSAGE,
+    request_code::SEND_MESSAGE_V2,
+    request_code::SEND_BATCH_MESSAGE,
+];
+
 /// RocketMQ 5's buckets of `rocketmq_rpc_latency` (milliseconds).
 pub const RPC_LATENCY_BUCKETS_MS: [u64; 9] = [1, 3, 5, 7, 10, 100, 1_000, 2_000, 3_000];
 
@@ -95,7 +105,11 @@ thread_local! {
 
 /// A request of `request_code` dispatched at `started` has been answered now.
 pub fn record(request_code: i32, started: Instant) {
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let elapsed = started.elapsed();
+    let elapsed_ms = elapsed.as_millis() as u64;
+    if SEND_CODES.contains(&request_code) {
+        crate::broker::store_stats::record_put(elapsed.as_micros() as u64);
+    }
     let row = usize::try_from(request_code)
         .ok()
         .filter(|code| *code < REQUEST_CODE_SLOTS)

@@ -252,7 +252,6 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
-        let started = std::time::Instant::now();
         self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
         validate_topic_name(header.topic)?;
@@ -344,16 +343,11 @@ impl Broker {
             return Ok(());
         }
         match self.store.flush_mode() {
-            FlushMode::Async => {
-                reply.send(connection, opaque, response_code::SUCCESS);
-                let micros = started.elapsed().as_micros() as u64;
-                self.stats.put_latency.borrow_mut().record_micros(micros);
-            }
+            FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
             FlushMode::Sync => {
                 let end_offset = results.last().map_or(0, |r| r.end_offset.0);
-                let request = (opaque, started);
                 self.durable_replies
-                    .push(&self.store, end_offset, connection, request, |out| {
+                    .push(&self.store, end_offset, connection, opaque, |out| {
                         reply.encode(out, opaque, response_code::SUCCESS)
                     });
             }

@@ -13,7 +13,9 @@
 //! Bounds: `SECOND_SAMPLES_KEPT` store samples; items only for the series the shard's flows
 //! keep (`metrics::SERIES_MAX` per kind), each holding at most 39 samples.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::rc::{Rc, Weak};
 
 use crate::metrics::Flows;
 
@@ -21,6 +23,27 @@ use crate::metrics::Flows;
 pub const SECOND_SAMPLES_KEPT: usize = 601;
 /// RocketMQ's StatsItem sampling: (period in seconds, samples kept) for minute, hour, day.
 pub const ITEM_SAMPLING: [(u64, usize); 3] = [(10, 7), (600, 7), (3600, 25)];
+
+thread_local! {
+    /// The put latency of this thread's broker (one per shard thread): fed by the request
+    /// timing of `metrics::rpc_latency` for the send codes, so a send reads the clock no more
+    /// than any request does.
+    static PUT_SINK: RefCell<Weak<RefCell<PutLatency>>> = const { RefCell::new(Weak::new()) };
+}
+
+/// Makes `latency` the one this thread's sends are recorded in.
+pub fn register_put_sink(latency: &Rc<RefCell<PutLatency>>) {
+    PUT_SINK.with(|sink| *sink.borrow_mut() = Rc::downgrade(latency));
+}
+
+/// A send answered `micros` after it was taken up (for SYNC_FLUSH: after it was durable).
+pub fn record_put(micros: u64) {
+    PUT_SINK.with(|sink| {
+        if let Some(latency) = sink.borrow().upgrade() {
+            latency.borrow_mut().record_micros(micros);
+        }
+    });
+}
 
 /// RocketMQ's PUT_MESSAGE_ENTIRE_TIME_MAX_DESC buckets: upper bounds in ms (the last one
 /// open-ended), and their names in `putMessageDistributeTime`.

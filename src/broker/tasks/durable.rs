@@ -28,8 +28,6 @@ pub struct DurableReplies {
     pub(crate) frames_sent: Cell<usize>,
     pub(crate) queued: shards::sync::Signal,
     pub(crate) running: Cell<bool>,
-    /// Where each answered send's time from request to durable goes (putMessageEntireTime).
-    put_latency: Rc<RefCell<crate::broker::store_stats::PutLatency>>,
 }
 
 pub(crate) struct WaitingReply {
@@ -42,18 +40,9 @@ pub(crate) struct WaitingReply {
     pub(crate) frame_end: usize,
     /// Counts against the connection's requests in flight until answered.
     pub(crate) _in_flight: InFlight,
-    /// When the send's request was taken up.
-    pub(crate) started: std::time::Instant,
 }
 
 impl DurableReplies {
-    pub fn new(put_latency: Rc<RefCell<crate::broker::store_stats::PutLatency>>) -> Self {
-        DurableReplies {
-            put_latency,
-            ..DurableReplies::default()
-        }
-    }
-
     /// Queues the answer `encode` writes to the request `opaque` on `connection`, sent once
     /// `store` is durable up to `end_offset` (or replaced by an error answer if the store
     /// fails).
@@ -62,7 +51,7 @@ impl DurableReplies {
         store: &Store,
         end_offset: u64,
         connection: &Rc<Connection>,
-        (opaque, started): (i32, std::time::Instant),
+        opaque: i32,
         encode: impl FnOnce(&mut Vec<u8>),
     ) {
         if !self.running.replace(true) {
@@ -79,7 +68,6 @@ impl DurableReplies {
             opaque,
             frame_end,
             _in_flight: connection.in_flight(),
-            started,
         };
         self.queue.borrow_mut().push_back(reply);
         self.queued.notify();
@@ -110,13 +98,9 @@ impl DurableReplies {
                 let Some(reply) = reply else { break };
                 let start = self.frames_sent.replace(reply.frame_end);
                 match &waited {
-                    Ok(()) => {
-                        let micros = reply.started.elapsed().as_micros() as u64;
-                        self.put_latency.borrow_mut().record_micros(micros);
-                        reply.connection.send_with(|out| {
-                            out.extend_from_slice(&self.frames.borrow()[start..reply.frame_end])
-                        })
-                    }
+                    Ok(()) => reply.connection.send_with(|out| {
+                        out.extend_from_slice(&self.frames.borrow()[start..reply.frame_end])
+                    }),
                     Err(error) => error.respond(&reply.connection, reply.opaque),
                 }
             }
