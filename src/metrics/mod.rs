@@ -161,6 +161,11 @@ pub struct ShardSnapshot {
     /// (topic, group) → messages not yet consumed (max offset − committed offset, over the
     /// queues the group has committed on this shard).
     pub consumer_lag: Vec<(String, String, u64)>,
+    /// (topic, group) → ms since the oldest message the group has not consumed was stored
+    /// (rocketmq_consumer_lag_latency; only groups with a lag).
+    pub consumer_lag_latency_ms: Vec<(String, String, u64)>,
+    /// Delay-level and timer messages waiting for their time (rocketmq_timing_messages).
+    pub timing_messages: u64,
     pub half_messages: u64,
     pub committed_transactions: u64,
     pub rolled_back_transactions: u64,

@@ -144,6 +144,30 @@ fn rpc_latency(out: &mut Out, shards: &[ShardSnapshot]) {
 }
 
 /// The whole page.
+/// A gauge by topic and consumer group, each shard's series under its node labels.
+fn topic_group_gauge(
+    out: &mut Out,
+    shards: &[ShardSnapshot],
+    name: &str,
+    help: &str,
+    series: fn(&ShardSnapshot) -> &Vec<(String, String, u64)>,
+) {
+    out.family(name, "gauge", help);
+    for shard in shards {
+        for (topic, group, value) in series(shard) {
+            let [cluster, node_type, node_id] = node_labels(shard);
+            let labels = [
+                cluster,
+                node_type,
+                node_id,
+                ("topic", topic.as_str()),
+                ("consumer_group", group.as_str()),
+            ];
+            out.sample(name, &labels, value);
+        }
+    }
+}
+
 pub fn render(shards: &[ShardSnapshot]) -> String {
     let mut out = Out {
         text: String::with_capacity(16 * 1024),
@@ -221,24 +245,28 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         );
     }
     rpc_latency(&mut out, shards);
-    out.family(
+    topic_group_gauge(
+        &mut out,
+        shards,
         "rocketmq_consumer_lag_messages",
-        "gauge",
         "Messages a group has not consumed yet, by topic and group.",
+        |s| &s.consumer_lag,
     );
-    for shard in shards {
-        for (topic, group, lag) in &shard.consumer_lag {
-            let [cluster, node_type, node_id] = node_labels(shard);
-            let labels = [
-                cluster,
-                node_type,
-                node_id,
-                ("topic", topic.as_str()),
-                ("consumer_group", group.as_str()),
-            ];
-            out.sample("rocketmq_consumer_lag_messages", &labels, lag);
-        }
-    }
+    topic_group_gauge(
+        &mut out,
+        shards,
+        "rocketmq_consumer_lag_latency",
+        "Milliseconds since the oldest message a group has not consumed was stored.",
+        |s| &s.consumer_lag_latency_ms,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "rocketmq_timing_messages",
+        "gauge",
+        "Delay-level and timer messages waiting for their time.",
+        |s| s.timing_messages,
+    );
     per_node(
         &mut out,
         shards,

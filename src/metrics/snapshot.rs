@@ -8,6 +8,12 @@ use crate::broker::Broker;
 use crate::server::ConnectionGate;
 
 use super::{MetricsBoard, ShardSnapshot, SERIES_MAX};
+use crate::broker::handlers::stats::store_time_at;
+use crate::broker::schedule::SCHEDULE_TOPIC;
+
+/// Lagging queues whose oldest unconsumed message is looked up per snapshot (one store read
+/// each): bounds the work of rocketmq_consumer_lag_latency to a few ms a second.
+pub const LAG_LATENCY_QUEUES_MAX: usize = 1024;
 
 /// How often a shard publishes its figures (the freshest a scrape can see).
 pub const PUBLISH_INTERVAL_MS: u64 = 1_000;
@@ -40,6 +46,7 @@ pub async fn publish_every_second(
         let busy_ratio = (now.1.saturating_sub(last.1) as f64 / wall).min(1.0);
         last = now;
         let mut snapshot = broker.metrics_snapshot();
+        snapshot.consumer_lag_latency_ms = broker.consumer_lag_latency().await;
         snapshot.busy_ratio = busy_ratio;
         snapshot.connections = gate.open() as u64;
         snapshot.connections_refused = gate.refused();
@@ -83,9 +90,63 @@ impl Broker {
             group_committed_messages: store.flushed_messages,
             durable_write_micros: store.flush_micros,
             parked_pulls: self.pull_waiters.len() as u64,
+            timing_messages: self.timing_messages(),
             refused_sends_busy: self.load.refused_sends.get(),
             ..ShardSnapshot::default()
         }
+    }
+
+    /// Delay-level messages not yet delivered (each level's queue end less its delivery
+    /// progress) and timer messages pending.
+    fn timing_messages(&self) -> u64 {
+        let schedule = self.schedule.borrow();
+        let delayed: u64 = (1..=schedule.levels.max_level())
+            .map(|level| {
+                let queue = shards::QueueId(level - 1);
+                let end = self.store.max_queue_offset(SCHEDULE_TOPIC, queue).0;
+                let first = self.store.min_queue_offset(SCHEDULE_TOPIC, queue).0;
+                let delivered = schedule.level_offsets().get(&level).copied().unwrap_or(0);
+                end.saturating_sub(delivered.max(first))
+            })
+            .sum();
+        delayed + schedule.timers_pending() as u64
+    }
+
+    /// (topic, group, ms) for every group behind on this shard: how long ago the oldest
+    /// message it has not consumed was stored. One store read per lagging queue, at most
+    /// LAG_LATENCY_QUEUES_MAX a second (what lies past the bound is left out).
+    pub async fn consumer_lag_latency(&self) -> Vec<(String, String, u64)> {
+        let mut behind = Vec::new();
+        for (key, queues) in self.offsets.borrow().entries().iter().take(SERIES_MAX) {
+            let Some((topic, group)) = key.split_once('@') else {
+                continue;
+            };
+            for (queue_id, committed) in queues {
+                let committed = (*committed).max(0) as u64;
+                let max = self
+                    .store
+                    .max_queue_offset(topic, shards::QueueId(*queue_id))
+                    .0;
+                if max > committed && behind.len() < LAG_LATENCY_QUEUES_MAX {
+                    behind.push((topic.to_string(), group.to_string(), *queue_id, committed));
+                }
+            }
+        }
+        let now_ms = self.clock.now_ms();
+        let mut oldest: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for (topic, group, queue_id, committed) in behind {
+            let stored = store_time_at(&self.store, &topic, queue_id, committed).await;
+            if stored > 0 {
+                let entry = oldest.entry((topic, group)).or_insert(stored);
+                *entry = (*entry).min(stored);
+            }
+        }
+        oldest
+            .into_iter()
+            .map(|((topic, group), stored)| {
+                (topic, group, now_ms.saturating_sub(stored).max(0) as u64)
+            })
+            .collect()
     }
 
     /// (topic, group, messages behind) for every group that committed offsets here: the

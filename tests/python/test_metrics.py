@@ -107,3 +107,56 @@ def test_prometheus_sees_what_was_sent_and_the_lag_fall_to_zero(shardmq_factory,
         query(prometheus_port, sent), query(prometheus_port, out), query(prometheus_port, lag)))
     assert query(prometheus_port, "sum(rocketmq_topic_number)") >= 1
     assert query(prometheus_port, 'up{job="shardmq"}') == 1
+
+
+UPDATE_CONSUMER_OFFSET = 15
+LAGGED_MESSAGES = 5
+
+
+def scrape(metrics_port):
+    url = "http://127.0.0.1:{}/metrics".format(metrics_port)
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return answer.read().decode()
+
+
+def sample_value(text, name, *label_parts):
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(part in line for part in label_parts):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_lag_latency_and_timing_messages(shardmq_factory):
+    """rocketmq_consumer_lag_latency: ms since the oldest unconsumed message was stored, for
+    a group that committed behind the end; rocketmq_timing_messages: a delayed message
+    waiting for its level."""
+    import remoting
+    metrics_port = free_port()
+    node = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    topic = create_topic(node, "Tlagged")
+    group = unique("cg_lagged")
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        for _ in range(LAGGED_MESSAGES):
+            sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                               remoting.send_message_ext(topic), body=b"late")
+            assert sent.code == remoting.SUCCESS, sent
+        delayed = remoting.send_message_ext(topic, properties="DELAY\u00014\u0002")
+        sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE, delayed, body=b"d")
+        assert sent.code == remoting.SUCCESS, sent
+        committed = client.call(UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": 0})
+        assert committed.code == remoting.SUCCESS, committed
+    sent_at = time.time()
+    time.sleep(1.5)
+    labels = ('topic="{}"'.format(topic), 'consumer_group="{}"'.format(group))
+    # The snapshot is up to a second old: the latency grows with it, past the 1.5 s slept.
+    wait_until(lambda: (sample_value(scrape(metrics_port), "rocketmq_consumer_lag_latency",
+                                     *labels) or 0) >= 1500,
+               SCRAPE_TIMEOUT_S, interval_s=0.5, message="the lag latency to pass 1.5 s")
+    text = scrape(metrics_port)
+    latency_ms = sample_value(text, "rocketmq_consumer_lag_latency", *labels)
+    waited_ms = (time.time() - sent_at) * 1000
+    assert latency_ms <= waited_ms + 1000, (latency_ms, waited_ms)
+    assert sample_value(text, "rocketmq_consumer_lag_messages", *labels) == LAGGED_MESSAGES
+    assert sample_value(text, "rocketmq_timing_messages", 'node_id="broker-0"') == 1, (
+        [line for line in text.splitlines() if "timing" in line])
