@@ -129,7 +129,7 @@ fn rows(
                 .collect::<Vec<_>>()
                 .join(",")
         });
-        let from_file = file.and_then(|file| file.args.iter().find(|a| a.id == id).zip(Some(file)));
+        let from_file = file.and_then(|file| Some((file.args.iter().find(|a| a.id == id)?, file)));
         let source = match (merged.value_source(id), user.value_source(id), from_file) {
             (_, Some(ValueSource::CommandLine), _) => "flag".to_string(),
             (Some(ValueSource::CommandLine), _, Some((arg, file))) => {

@@ -55,12 +55,19 @@ pub struct SizeHistogram {
     pub count: u64,
 }
 
+/// The bucket of `value` among upper `bounds` (inclusive, ascending): the first bound it does
+/// not pass, or `bounds.len()` (the open last bucket) past them all. Every bucketed figure
+/// here (message sizes, request latencies, put latencies) counts with it.
+pub fn bucket_of(bounds: &[u64], value: u64) -> usize {
+    bounds
+        .iter()
+        .position(|bound| value <= *bound)
+        .unwrap_or(bounds.len())
+}
+
 impl SizeHistogram {
     pub fn record(&mut self, bytes: u64) {
-        let bucket = MESSAGE_SIZE_BUCKETS
-            .iter()
-            .position(|bound| bytes <= *bound)
-            .unwrap_or(MESSAGE_SIZE_BUCKETS.len());
+        let bucket = bucket_of(&MESSAGE_SIZE_BUCKETS, bytes);
         self.buckets[bucket] += 1;
         self.sum += bytes;
         self.count += 1;

@@ -47,10 +47,7 @@ pub struct LatencyHistogram {
 
 impl LatencyHistogram {
     pub fn record(&mut self, elapsed_ms: u64) {
-        let bucket = RPC_LATENCY_BUCKETS_MS
-            .iter()
-            .position(|bound| elapsed_ms <= *bound)
-            .unwrap_or(RPC_LATENCY_BUCKETS_MS.len());
+        let bucket = super::bucket_of(&RPC_LATENCY_BUCKETS_MS, elapsed_ms);
         self.buckets[bucket] += 1;
         self.sum_ms += elapsed_ms;
         self.count += 1;

@@ -140,10 +140,7 @@ impl PutLatency {
     pub fn record_micros(&mut self, micros: u64) {
         let _ = self.current.record(micros.max(1));
         let ms = micros / 1000;
-        let bucket = PUT_TIME_BOUNDS_MS
-            .iter()
-            .position(|bound| ms <= *bound)
-            .unwrap_or(PUT_TIME_BOUNDS_MS.len());
+        let bucket = crate::metrics::bucket_of(&PUT_TIME_BOUNDS_MS, ms);
         self.buckets[bucket] += 1;
         self.max_ms = self.max_ms.max(ms);
     }
