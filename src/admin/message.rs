@@ -38,7 +38,7 @@ const AUTO_CREATE_TOPIC: &str = "TBW102";
 /// SYSFLAG bit: the body is compressed.
 const COMPRESSED_FLAG: i32 = 0x1;
 /// Topics the unique-id search skips: system topics never hold user messages.
-pub(crate) const SYSTEM_TOPIC_PREFIXES: [&str; 9] = [
+const SYSTEM_TOPIC_PREFIXES: [&str; 9] = [
     "%RETRY%",
     "%DLQ%",
     "rmq_sys_",
@@ -49,6 +49,13 @@ pub(crate) const SYSTEM_TOPIC_PREFIXES: [&str; 9] = [
     "SELF_TEST_TOPIC",
     "BenchmarkTest",
 ];
+
+/// Whether `topic` is one of the broker's own (by SYSTEM_TOPIC_PREFIXES).
+pub(crate) fn is_system_topic(topic: &str) -> bool {
+    SYSTEM_TOPIC_PREFIXES
+        .iter()
+        .any(|prefix| topic.starts_with(prefix))
+}
 
 #[derive(Args, Debug)]
 pub struct QueryByKeyArgs {
@@ -437,7 +444,7 @@ fn user_topics(admin: &mut Admin) -> anyhow::Result<Vec<String>> {
     let info = admin.cluster_info()?;
     let mut topics: Vec<String> = parse_topic_list(&reply.body)?
         .into_iter()
-        .filter(|t| !SYSTEM_TOPIC_PREFIXES.iter().any(|p| t.starts_with(p)))
+        .filter(|t| !is_system_topic(t))
         .filter(|t| {
             !info.cluster_addr_table.contains_key(t) && !info.broker_addr_table.contains_key(t)
         })

@@ -329,12 +329,6 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn is_system_topic(topic: &str) -> bool {
-    admin::message::SYSTEM_TOPIC_PREFIXES
-        .iter()
-        .any(|prefix| topic.starts_with(prefix))
-}
-
 fn run(admin: &mut Admin, command: AdminCommand) -> anyhow::Result<Value> {
     Ok(admin::execute(admin, &command)?.json)
 }
@@ -357,10 +351,10 @@ fn topics(admin: &mut Admin) -> anyhow::Result<Value> {
         .filter(|t| !info.cluster_addr_table.contains_key(t))
         .filter(|t| !info.broker_addr_table.contains_key(t))
         .collect();
-    names.sort_by_key(|t| (is_system_topic(t), t.clone()));
+    names.sort_by_key(|t| (admin::message::is_system_topic(t), t.clone()));
     let mut entries = Vec::new();
     for (index, topic) in names.iter().enumerate() {
-        let system = is_system_topic(topic);
+        let system = admin::message::is_system_topic(topic);
         let mut entry = json!({ "topic": topic, "system": system, "queues": null });
         if !system && index < DETAILS_SHOWN_MAX {
             match run(
