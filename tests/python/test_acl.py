@@ -20,7 +20,8 @@ from rocketmq.exceptions import ProducerSendSyncFailed
 from rocketmq.ffi import MessageModel, dll
 
 import remoting
-from mq import Collector, build_messages, closing, unique, wait_for_keys, wait_until
+from mq import (Collector, build_messages, closing, route_shard_count, unique, wait_for_keys,
+                wait_until)
 
 NO_PERMISSION = 16
 INVOKE_BROKER_TO_RESET_OFFSET = 222
@@ -78,10 +79,17 @@ def call(address, code, ext, body=b"", account=None):
 
 
 def create_topic(node, topic, account):
+    """UPDATE_AND_CREATE_TOPIC signed by `account`; on success, waits until the namesrv route
+    lists every shard (a C++ client that fetched a partial route right after code 17 says "No
+    route info" until its 30 s refresh, see mq.create_topic)."""
     ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": 4,
            "writeQueueNums": 4, "perm": 6, "topicFilterType": "SINGLE_TAG",
            "topicSysFlag": 0, "order": "false"}
-    return call(node.broker_addr(0), remoting.UPDATE_AND_CREATE_TOPIC, ext, account=account)
+    answer = call(node.broker_addr(0), remoting.UPDATE_AND_CREATE_TOPIC, ext, account=account)
+    if answer.code == remoting.SUCCESS:
+        wait_until(lambda: route_shard_count(node.namesrv_addr, topic) == node.shards, 30,
+                   interval_s=0.05, message="the route of {} to list every shard".format(topic))
+    return answer
 
 
 def stored(node, topic):
