@@ -96,9 +96,14 @@ pub struct Connection {
     partial_watch_running: Cell<bool>,
     /// What the read loop waits for before its next read (`hold_reads_until`).
     read_hold: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
-    /// The request being dispatched (code, when): an `in_flight` guard taken during the
-    /// call carries it, to record the request's latency when it is answered.
-    dispatching: Cell<Option<(i32, std::time::Instant)>>,
+    /// The request being dispatched: answered during the call, its latency is recorded at
+    /// once; an `in_flight` guard taken during the call moves it to `answers_due`.
+    dispatching: Cell<Option<Timing>>,
+    /// Requests answered later (by the tasks holding their `in_flight` guards), by opaque:
+    /// timed when their answer is written (`rocketmq_rpc_latency`).
+    answers_due: RefCell<std::collections::HashMap<i32, Timing>>,
+    /// Capacity of the read loop's buffer (memory by holder).
+    read_buffer_bytes: Cell<usize>,
     /// Requests this side sent the client and waits to hear back on (`call`), by opaque.
     calls: RefCell<std::collections::HashMap<i32, Rc<CallSlot>>>,
 }
@@ -137,16 +142,27 @@ impl Drop for OutputReservation {
     }
 }
 
-/// Counts one request of a connection as being served until dropped; records its latency
-/// then (`rocketmq_rpc_latency`) when taken while it was dispatched.
-pub struct InFlight(Rc<Connection>, Option<(i32, std::time::Instant)>);
+/// A request being timed for `rocketmq_rpc_latency`, from its dispatch to its answer.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    request_code: i32,
+    opaque: i32,
+    started: std::time::Instant,
+    /// Parked for long polling before its answer (RocketMQ's `is_long_polling`).
+    suspended: bool,
+}
+
+/// Counts one request of a connection as being served until dropped (the opaque of a
+/// request taken while it was dispatched: its timing ends with the guard if it was never
+/// answered).
+pub struct InFlight(Rc<Connection>, Option<i32>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some((request_code, started)) = self.1 {
-            crate::metrics::rpc_latency::record(request_code, started);
-        }
         let connection = &self.0;
+        if let Some(opaque) = self.1 {
+            connection.answers_due.borrow_mut().remove(&opaque);
+        }
         connection
             .in_flight_requests
             .set(connection.in_flight_requests.get() - 1);
@@ -175,6 +191,8 @@ impl Connection {
             partial_watch_running: Cell::new(false),
             read_hold: RefCell::new(None),
             dispatching: Cell::new(None),
+            answers_due: RefCell::default(),
+            read_buffer_bytes: Cell::new(0),
             calls: RefCell::default(),
         })
     }
@@ -207,7 +225,58 @@ impl Connection {
     pub fn in_flight(self: &Rc<Self>) -> InFlight {
         self.in_flight_requests
             .set(self.in_flight_requests.get() + 1);
-        InFlight(self.clone(), self.dispatching.take())
+        let timing = self.dispatching.take();
+        if let Some(timing) = timing {
+            self.answers_due.borrow_mut().insert(timing.opaque, timing);
+        }
+        InFlight(self.clone(), timing.map(|t| t.opaque))
+    }
+
+    /// The request with `opaque` waits for messages (long polling): its latency is counted
+    /// with `is_long_polling="true"`.
+    pub fn note_suspended(&self, opaque: i32) {
+        if let Some(timing) = self.answers_due.borrow_mut().get_mut(&opaque) {
+            timing.suspended = true;
+        }
+    }
+
+    /// Records the latency of every request `written` (frames just put in the output)
+    /// answers.
+    fn time_answers(&self, mut written: &[u8]) {
+        while let Some(head) = remoting::encoded_head(written) {
+            if head.is_response() {
+                self.time_answer(head.opaque, head.code);
+            }
+            let Some(rest) = written.get(head.frame_size_bytes..) else {
+                break;
+            };
+            written = rest;
+        }
+    }
+
+    fn time_answer(&self, opaque: i32, response_code: i32) {
+        let timing = match self.dispatching.get() {
+            Some(timing) if timing.opaque == opaque => self.dispatching.take(),
+            _ if self.answers_due.borrow().is_empty() => None,
+            _ => self.answers_due.borrow_mut().remove(&opaque),
+        };
+        if let Some(timing) = timing {
+            crate::metrics::rpc_latency::record(
+                timing.request_code,
+                response_code,
+                timing.suspended,
+                timing.started,
+            );
+        }
+    }
+
+    /// (output waiting: buffered, being written or promised; memory its buffers hold: the
+    /// output buffer's room, the bytes being written, the read buffer's room).
+    pub fn buffered_bytes(&self) -> (usize, usize) {
+        let memory = self.output.borrow().capacity()
+            + self.writing_bytes.get()
+            + self.read_buffer_bytes.get();
+        (self.pending_output_bytes(), memory)
     }
 
     fn must_pause(&self) -> bool {
@@ -257,7 +326,11 @@ impl Connection {
         if self.closed.get() {
             return;
         }
-        write(&mut self.output.borrow_mut());
+        let mut output = self.output.borrow_mut();
+        let start = output.len();
+        write(&mut output);
+        self.time_answers(&output[start..]);
+        drop(output);
         self.output_ready.notify();
     }
 
@@ -452,6 +525,25 @@ impl ConnectionGate {
 
 /// One admitted connection; gives its place back when dropped.
 struct GateTicket(Rc<ConnectionGate>, Option<std::net::IpAddr>);
+
+thread_local! {
+    /// The connections this shard serves, by id (for figures summed over them).
+    static LIVE: RefCell<std::collections::HashMap<u64, std::rc::Weak<Connection>>> =
+        RefCell::default();
+}
+
+/// Over the connections this shard serves: (bytes of output waiting, bytes their buffers
+/// hold); see `Connection::buffered_bytes`.
+pub fn connection_buffers() -> (u64, u64) {
+    LIVE.with(|live| {
+        let live = live.borrow();
+        let each = live.values().filter_map(std::rc::Weak::upgrade);
+        each.fold((0, 0), |(waiting, memory), connection| {
+            let (w, m) = connection.buffered_bytes();
+            (waiting + w as u64, memory + m as u64)
+        })
+    })
+}
 
 thread_local! {
     /// Connections this shard closed since its memory was last given back (`trim_memory`).
@@ -664,6 +756,7 @@ async fn serve_connection(
         },
     };
     let connection = Connection::new(id, peer, local, limits);
+    LIVE.with(|live| live.borrow_mut().insert(id, Rc::downgrade(&connection)));
     let writer_task = runtime::spawn(write_loop(writer, connection.clone(), session.clone()));
     let transport = Transport {
         reader,
@@ -680,6 +773,7 @@ async fn serve_connection(
     connection.room_freed();
     handler.connection_closed(&connection);
     writer_task.await;
+    LIVE.with(|live| live.borrow_mut().remove(&id));
 }
 
 /// Read buffer of a connection until a read fills it (then: `read_chunk_bytes`).
@@ -780,6 +874,7 @@ async fn read_loop(
             reads_since_check = 0;
             needed = 0;
         }
+        connection.read_buffer_bytes.set(buffer.capacity());
         // Finished commitlog flushes are collected after every frame (`decode_and_dispatch`)
         // and here. No yield between reads: glommio's I/O poll each time the preemption timer
         // fired cost ~20% more broker CPU per message and gained no throughput (A/B, 512 in
@@ -850,8 +945,8 @@ thread_local! {
     static PARTIAL_FRAME_LOG: RefCell<shards::throttle::LogThrottle> = RefCell::default();
 }
 
-/// Hands one request to the handler, timing it for `rocketmq_rpc_latency`: an answer given
-/// during the call is recorded here, a later one by the `InFlight` guard the handler took.
+/// Hands one request to the handler, timing it for `rocketmq_rpc_latency` until its answer
+/// is written (`Connection::time_answers`), during the call or later.
 fn dispatch(
     command: &RemotingCommand<'_>,
     connection: &Rc<Connection>,
@@ -860,12 +955,15 @@ fn dispatch(
     if command.is_oneway() {
         return handler.handle(command, connection);
     }
-    let started = std::time::Instant::now();
-    connection.dispatching.set(Some((command.code, started)));
+    connection.dispatching.set(Some(Timing {
+        request_code: command.code,
+        opaque: command.opaque,
+        started: std::time::Instant::now(),
+        suspended: false,
+    }));
     handler.handle(command, connection);
-    if let Some((request_code, started)) = connection.dispatching.take() {
-        crate::metrics::rpc_latency::record(request_code, started);
-    }
+    // Neither answered nor taken by an in_flight guard: nothing to time.
+    connection.dispatching.set(None);
 }
 
 /// Decodes and dispatches every whole frame in `input`; returns the bytes consumed.

@@ -87,6 +87,8 @@ pub struct BrokerStats {
     /// The samples RocketMQ's rates and VIEW_BROKER_STATS_DATA are computed from.
     pub history: RefCell<store_stats::StatsHistory>,
     pub day_marks: Cell<store_stats::DayMarks>,
+    /// Sends refused, by reason (`shardmq_refused_sends_total`).
+    pub refused_sends: Cell<crate::metrics::RefusedSends>,
 }
 
 pub struct Broker {
@@ -124,6 +126,8 @@ pub struct Broker {
     pub acl_enabled: bool,
     /// Bumped by each UPDATE_BROKER_CONFIG (GET_BROKER_CONFIG's data version counter).
     pub config_version: std::cell::Cell<u64>,
+    /// UPDATE_BROKER_CONFIG's saved settings (`config/broker.properties`).
+    pub live_config: handlers::broker_config::LiveConfig,
     /// SYNC_FLUSH answers waiting for their group commit (durable.rs).
     pub durable_replies: Rc<durable::DurableReplies>,
     /// The namesrv replica of this shard when the node runs both roles, and the number of
@@ -203,7 +207,7 @@ impl Broker {
         store.set_segment_listener(retention.waker());
         store_stats::register_put_sink(&stats.put_latency);
         let durable_replies = Rc::default();
-        Broker {
+        let broker = Broker {
             identity,
             store,
             clock,
@@ -224,6 +228,7 @@ impl Broker {
             stats,
             acl_enabled: options.acl_enabled,
             config_version: Default::default(),
+            live_config: Default::default(),
             durable_replies,
             local_routes: None,
             namesrv_credentials: options.namesrv_credentials,
@@ -232,12 +237,22 @@ impl Broker {
             next_unique_id: Cell::new(0),
             next_queue: Cell::new(0),
             next_retry_queue: Cell::new(0),
-        }
+        };
+        broker.apply_saved_live_config();
+        broker
     }
 
     pub fn handle(self: &Rc<Self>, request: &RemotingCommand<'_>, connection: &Rc<Connection>) {
         self.note_request();
         if let Err(error) = self.dispatch(request, connection) {
+            if matches!(
+                request.code,
+                rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE
+            ) {
+                let mut refused = self.stats.refused_sends.get();
+                refused.note(crate::metrics::RefusalReason::of(&error));
+                self.stats.refused_sends.set(refused);
+            }
             let (code, remark) = error.code_and_remark();
             connection.respond(request, code, Some(&remark));
         }

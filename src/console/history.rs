@@ -57,9 +57,10 @@ impl Sample {
                     *sample.out_by_group.entry(group.clone()).or_default() += flow.messages;
                 }
             }
-            for (code, histogram) in &shard.rpc_latency {
+            for series in &shard.rpc_latency {
+                let code = series.request_code;
                 if code.is_some_and(|code| SEND_REQUEST_CODES.contains(&code)) {
-                    sample.send_latency.merge(histogram);
+                    sample.send_latency.merge(&series.histogram);
                 }
             }
         }
@@ -157,6 +158,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::rpc_latency::RpcSeries;
     use crate::remoting::request_code as rc;
 
     fn shard(stored: u64, send_ms: &[u64]) -> ShardSnapshot {
@@ -169,8 +171,14 @@ mod tests {
         for ms in send_ms {
             sends.record(*ms);
         }
-        shard.rpc_latency.push((Some(rc::SEND_MESSAGE_V2), sends));
-        shard.rpc_latency.push((Some(rc::PULL_MESSAGE), sends));
+        for code in [rc::SEND_MESSAGE_V2, rc::PULL_MESSAGE] {
+            shard.rpc_latency.push(RpcSeries {
+                request_code: Some(code),
+                response_code: 0,
+                long_polling: false,
+                histogram: sends,
+            });
+        }
         shard
     }
 

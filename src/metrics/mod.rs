@@ -6,7 +6,8 @@
 //! RocketMQ 5's names and labels (`rocketmq_messages_in_total{cluster, node_type, node_id,
 //! topic}`, …) so existing dashboards work, and `shardmq_` figures per shard.
 //!
-//! `rocketmq_rpc_latency` (`rpc_latency.rs`) times every answered request by request code.
+//! `rocketmq_rpc_latency` (`rpc_latency.rs`) times every answered request by request code,
+//! response code and long polling.
 //!
 //! Cardinality is bounded: a shard keeps at most `SERIES_MAX` topic and topic × group series;
 //! what goes past it is still in the shard's totals and counted in
@@ -55,15 +56,7 @@ pub struct SizeHistogram {
     pub count: u64,
 }
 
-/// The bucket of `value` among upper `bounds` (inclusive, ascending): the first bound it does
-/// not pass, or `bounds.len()` (the open last bucket) past them all. Every bucketed figure
-/// here (message sizes, request latencies, put latencies) counts with it.
-pub fn bucket_of(bounds: &[u64], value: u64) -> usize {
-    bounds
-        .iter()
-        .position(|bound| value <= *bound)
-        .unwrap_or(bounds.len())
-}
+pub use shards::histogram::bucket_of;
 
 impl SizeHistogram {
     pub fn record(&mut self, bytes: u64) {
@@ -154,6 +147,89 @@ impl Flows {
     }
 }
 
+/// Why a send was refused (`shardmq_refused_sends_total{reason}`), as its answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE]: the shard's requests waited too long.
+    TimeInQueue,
+    /// SYSTEM_BUSY [PC_SYNCHRONIZED]: the disk is behind (a long flush, no room ahead).
+    DiskBehind,
+    /// SYSTEM_BUSY [TRANSACTION]: too many half messages wait for their end.
+    Transactions,
+    /// SERVICE_NOT_AVAILABLE: the disk is full or the store cannot write.
+    ServiceNotAvailable,
+    /// MESSAGE_ILLEGAL, or a malformed request (too large, bad properties, missing fields).
+    BadMessage,
+    NoPermission,
+    TopicNotExist,
+    Other,
+}
+
+impl RefusalReason {
+    pub const ALL: [RefusalReason; 8] = [
+        RefusalReason::TimeInQueue,
+        RefusalReason::DiskBehind,
+        RefusalReason::Transactions,
+        RefusalReason::ServiceNotAvailable,
+        RefusalReason::BadMessage,
+        RefusalReason::NoPermission,
+        RefusalReason::TopicNotExist,
+        RefusalReason::Other,
+    ];
+
+    pub fn of(error: &crate::error::RequestError) -> RefusalReason {
+        use crate::error::RequestError as E;
+        match error {
+            E::SystemBusy(remark) if remark.starts_with("[TIMEOUT_CLEAN_QUEUE]") => {
+                RefusalReason::TimeInQueue
+            }
+            E::SystemBusy(remark) if remark.starts_with("[TRANSACTION]") => {
+                RefusalReason::Transactions
+            }
+            E::SystemBusy(_) => RefusalReason::DiskBehind,
+            E::ServiceNotAvailable(_) => RefusalReason::ServiceNotAvailable,
+            E::MessageIllegal(_) | E::InvalidParameter(_) | E::Field(_) | E::Body(_) => {
+                RefusalReason::BadMessage
+            }
+            E::NoPermission(_) => RefusalReason::NoPermission,
+            E::TopicNotExist(_) => RefusalReason::TopicNotExist,
+            _ => RefusalReason::Other,
+        }
+    }
+
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            RefusalReason::TimeInQueue => "time_in_queue",
+            RefusalReason::DiskBehind => "disk_behind",
+            RefusalReason::Transactions => "transactions",
+            RefusalReason::ServiceNotAvailable => "service_not_available",
+            RefusalReason::BadMessage => "bad_message",
+            RefusalReason::NoPermission => "no_permission",
+            RefusalReason::TopicNotExist => "topic_not_exist",
+            RefusalReason::Other => "other",
+        }
+    }
+}
+
+/// Sends refused, by reason (indexed as `RefusalReason::ALL`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RefusedSends(pub [u64; RefusalReason::ALL.len()]);
+
+impl RefusedSends {
+    pub fn note(&mut self, reason: RefusalReason) {
+        self.0[reason as usize] += 1;
+    }
+}
+
+/// Memory a shard holds, by holder (`shardmq_memory_bytes{holder}`), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardMemory {
+    pub store: shards::store::StoreMemory,
+    /// Connections' read and output buffers.
+    pub connection_buffers: u64,
+}
+
 /// One shard's figures at one moment, as the endpoint renders them.
 #[derive(Debug, Clone, Default)]
 pub struct ShardSnapshot {
@@ -171,6 +247,12 @@ pub struct ShardSnapshot {
     /// (topic, group) → ms since the oldest message the group has not consumed was stored
     /// (rocketmq_consumer_lag_latency; only groups with a lag).
     pub consumer_lag_latency_ms: Vec<(String, String, u64)>,
+    /// (topic, group) → messages pulled and not yet committed
+    /// (rocketmq_consumer_inflight_messages, RocketMQ's ConsumerLagCalculator: last pull's
+    /// end less the committed offset, per queue).
+    pub consumer_inflight: Vec<(String, String, u64)>,
+    /// (topic, group) → messages stored and not yet pulled (rocketmq_consumer_ready_messages).
+    pub consumer_ready: Vec<(String, String, u64)>,
     /// Delay-level and timer messages waiting for their time (rocketmq_timing_messages).
     pub timing_messages: u64,
     pub half_messages: u64,
@@ -183,11 +265,20 @@ pub struct ShardSnapshot {
     pub group_committed_messages: u64,
     pub durable_write_micros: u64,
     pub parked_pulls: u64,
-    pub refused_sends_busy: u64,
+    pub refused_sends: RefusedSends,
     pub connections: u64,
+    /// Bytes of answers waiting in connections' output (buffered, being written, promised).
+    pub output_waiting_bytes: u64,
+    pub memory: ShardMemory,
+    /// Durable writes by latency (bounds `shards::store::FLUSH_LATENCY_BUCKETS_US`).
+    pub durable_write_buckets: [u64; shards::store::FLUSH_LATENCY_BUCKETS_US.len() + 1],
+    /// Entries the shard gave io_uring, and io_uring_enter calls, by ring ("commitlog":
+    /// the store's own; "executor": glommio's file reads and writes, whose enters it does
+    /// not count).
+    pub io_uring: Vec<(&'static str, u64, Option<u64>)>,
     pub connections_refused: u64,
-    /// Request latencies by request code (None: codes without a row of their own).
-    pub rpc_latency: Vec<(rpc_latency::RequestCode, rpc_latency::LatencyHistogram)>,
+    /// Request latencies by request code, response code and long polling.
+    pub rpc_latency: Vec<rpc_latency::RpcSeries>,
 }
 
 /// The latest snapshot of every shard; shared by the shards (which publish) and the

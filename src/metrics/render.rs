@@ -109,23 +109,41 @@ fn request_code_label(code: super::rpc_latency::RequestCode) -> String {
     }
 }
 
-/// `rocketmq_rpc_latency`: one histogram per shard and request code, in milliseconds.
+/// `response_code` as RemotingHelper.getResponseCodeDesc gives it: the name in lower case
+/// (`system_busy`), else the number.
+fn response_code_label(code: i32) -> String {
+    match crate::remoting::response_code_name(code) {
+        Some(name) => name.to_ascii_lowercase(),
+        None => code.to_string(),
+    }
+}
+
+/// `rocketmq_rpc_latency`: one histogram per shard, request code, response code and long
+/// polling, in milliseconds.
 fn rpc_latency(out: &mut Out, shards: &[ShardSnapshot]) {
     out.family(
         "rocketmq_rpc_latency",
         "histogram",
-        "Time from a request's dispatch to its answer, by request code, in milliseconds.",
+        "Time from a request's dispatch to its answer, by request and response code, in \
+         milliseconds.",
     );
     for shard in shards {
         let [cluster, node_type, node_id] = node_labels(shard);
-        for (code, histogram) in &shard.rpc_latency {
-            let code = request_code_label(*code);
+        for series in &shard.rpc_latency {
+            let code = request_code_label(series.request_code);
+            let response = response_code_label(series.response_code);
+            let histogram = &series.histogram;
             let labels = [
                 cluster,
                 node_type,
                 node_id,
                 ("protocol_type", "remoting"),
                 ("request_code", code.as_str()),
+                ("response_code", response.as_str()),
+                (
+                    "is_long_polling",
+                    if series.long_polling { "true" } else { "false" },
+                ),
             ];
             let mut cumulative = 0;
             for (index, count) in histogram.buckets.iter().enumerate() {
@@ -143,7 +161,34 @@ fn rpc_latency(out: &mut Out, shards: &[ShardSnapshot]) {
     }
 }
 
-/// The whole page.
+/// `shardmq_durable_write_seconds`: the durable writes (group commits) of each shard by how
+/// long each took, submission to completion.
+fn durable_write_seconds(out: &mut Out, shards: &[ShardSnapshot]) {
+    const NAME: &str = "shardmq_durable_write_seconds";
+    out.family(
+        NAME,
+        "histogram",
+        "Durable writes (group commits) by how long each took, submission to completion, in \
+         seconds.",
+    );
+    let bounds = shards::store::FLUSH_LATENCY_BUCKETS_US;
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        let mut cumulative = 0;
+        for (index, count) in shard.durable_write_buckets.iter().enumerate() {
+            cumulative += count;
+            let bound = bounds
+                .get(index)
+                .map_or("+Inf".to_string(), |us| format!("{}", *us as f64 / 1e6));
+            let labels = [cluster, node_type, node_id, ("le", bound.as_str())];
+            out.sample(&format!("{NAME}_bucket"), &labels, cumulative);
+        }
+        let sum = format!("{:.6}", shard.durable_write_micros as f64 / 1e6);
+        out.sample(&format!("{NAME}_sum"), &node_labels(shard), sum);
+        out.sample(&format!("{NAME}_count"), &node_labels(shard), cumulative);
+    }
+}
+
 /// A gauge by topic and consumer group, each shard's series under its node labels.
 fn topic_group_gauge(
     out: &mut Out,
@@ -251,6 +296,20 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         "rocketmq_consumer_lag_messages",
         "Messages a group has not consumed yet, by topic and group.",
         |s| &s.consumer_lag,
+    );
+    topic_group_gauge(
+        &mut out,
+        shards,
+        "rocketmq_consumer_inflight_messages",
+        "Messages pulled by a group and not yet committed, by topic and group.",
+        |s| &s.consumer_inflight,
+    );
+    topic_group_gauge(
+        &mut out,
+        shards,
+        "rocketmq_consumer_ready_messages",
+        "Messages stored and not yet pulled by a group, by topic and group.",
+        |s| &s.consumer_ready,
     );
     topic_group_gauge(
         &mut out,
@@ -379,14 +438,7 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         "Messages made durable by those writes (divide by the commits: messages per commit).",
         |s| s.group_committed_messages,
     );
-    per_node(
-        &mut out,
-        shards,
-        "shardmq_durable_write_seconds_total",
-        "counter",
-        "Time durable writes took, submission to completion, in seconds.",
-        |s| format!("{:.6}", s.durable_write_micros as f64 / 1e6),
-    );
+    durable_write_seconds(&mut out, shards);
     per_node(
         &mut out,
         shards,
@@ -395,14 +447,77 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         "Pulls waiting for messages (long polling).",
         |s| s.parked_pulls,
     );
+    out.family(
+        "shardmq_refused_sends_total",
+        "counter",
+        "Sends refused, by reason (time_in_queue, disk_behind, transactions: SYSTEM_BUSY; \
+         service_not_available: a full or failed disk; bad_message, no_permission, \
+         topic_not_exist, other).",
+    );
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        for reason in super::RefusalReason::ALL {
+            let labels = [cluster, node_type, node_id, ("reason", reason.label())];
+            let count = shard.refused_sends.0[reason as usize];
+            out.sample("shardmq_refused_sends_total", &labels, count);
+        }
+    }
     per_node(
         &mut out,
         shards,
-        "shardmq_refused_sends_busy_total",
-        "counter",
-        "Sends refused as overload (SYSTEM_BUSY).",
-        |s| s.refused_sends_busy,
+        "shardmq_output_waiting_bytes",
+        "gauge",
+        "Bytes of answers waiting in the shard's connections (buffered, being written, \
+         promised to answers being prepared).",
+        |s| s.output_waiting_bytes,
     );
+    out.family(
+        "shardmq_memory_bytes",
+        "gauge",
+        "Memory the shard holds, by holder (maps: file bytes mapped with blocks behind them, \
+         page cache they may hold resident).",
+    );
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        let memory = &shard.memory;
+        for (holder, bytes) in [
+            ("commitlog_tail", memory.store.commitlog_tail),
+            ("read_cache", memory.store.read_cache),
+            ("consume_queue_maps", memory.store.consume_queue_maps),
+            ("index_maps", memory.store.index_maps),
+            ("connection_buffers", memory.connection_buffers),
+        ] {
+            let labels = [cluster, node_type, node_id, ("holder", holder)];
+            out.sample("shardmq_memory_bytes", &labels, bytes);
+        }
+    }
+    out.family(
+        "shardmq_io_uring_submissions_total",
+        "counter",
+        "Entries the shard handed io_uring, by ring (commitlog: the store's own ring; \
+         executor: the runtime's file reads and writes).",
+    );
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        for (ring, entries, _) in &shard.io_uring {
+            let labels = [cluster, node_type, node_id, ("ring", ring)];
+            out.sample("shardmq_io_uring_submissions_total", &labels, entries);
+        }
+    }
+    out.family(
+        "shardmq_io_uring_enters_total",
+        "counter",
+        "io_uring_enter calls of the store's own ring (submissions and completion collection).",
+    );
+    for shard in shards {
+        let [cluster, node_type, node_id] = node_labels(shard);
+        for (ring, _, enters) in &shard.io_uring {
+            if let Some(enters) = enters {
+                let labels = [cluster, node_type, node_id, ("ring", ring)];
+                out.sample("shardmq_io_uring_enters_total", &labels, enters);
+            }
+        }
+    }
     per_node(
         &mut out,
         shards,
@@ -427,7 +542,28 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         "Updates of topic or group series past the series bound (counted in totals only).",
         |s| s.flows.series_dropped,
     );
+    if let (Some(resident), Some(shard)) = (resident_bytes(), shards.first()) {
+        out.family(
+            "shardmq_process_resident_bytes",
+            "gauge",
+            "Resident memory of the whole process (every shard and the threads beside them).",
+        );
+        out.sample(
+            "shardmq_process_resident_bytes",
+            &[("cluster", shard.cluster.as_str()), ("node_type", "broker")],
+            resident,
+        );
+    }
     out.text
+}
+
+/// The process's resident set, from /proc/self/statm (pages).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page_bytes).ok()?)
 }
 
 #[cfg(test)]
@@ -448,8 +584,16 @@ mod tests {
             .push(("Orders".into(), "billing".into(), 0));
         let mut sends = super::super::rpc_latency::LatencyHistogram::default();
         sends.record(2);
-        shard.rpc_latency.push((Some(310), sends));
-        shard.rpc_latency.push((None, sends));
+        for (request_code, response_code) in [(Some(310), 0), (None, 2)] {
+            shard
+                .rpc_latency
+                .push(super::super::rpc_latency::RpcSeries {
+                    request_code,
+                    response_code,
+                    long_polling: false,
+                    histogram: sends,
+                });
+        }
         let page = render(&[shard]);
         let node = r#"cluster="DefaultCluster",node_type="broker",node_id="broker-0""#;
         for line in [
@@ -467,15 +611,18 @@ mod tests {
             "# TYPE rocketmq_messages_in_total counter".to_string(),
             format!(
                 "rocketmq_rpc_latency_bucket{{{node},protocol_type=\"remoting\",\
-                 request_code=\"send_message_v2\",le=\"1\"}} 0"
+                 request_code=\"send_message_v2\",response_code=\"success\",\
+                 is_long_polling=\"false\",le=\"1\"}} 0"
             ),
             format!(
                 "rocketmq_rpc_latency_bucket{{{node},protocol_type=\"remoting\",\
-                 request_code=\"send_message_v2\",le=\"3\"}} 1"
+                 request_code=\"send_message_v2\",response_code=\"success\",\
+                 is_long_polling=\"false\",le=\"3\"}} 1"
             ),
             format!(
                 "rocketmq_rpc_latency_count{{{node},protocol_type=\"remoting\",\
-                 request_code=\"other\"}} 1"
+                 request_code=\"other\",response_code=\"system_busy\",\
+                 is_long_polling=\"false\"}} 1"
             ),
         ] {
             assert!(page.lines().any(|l| l == line), "missing {line}\n{page}");

@@ -1,16 +1,19 @@
 //! `rocketmq_rpc_latency`: how long requests take, from the moment their frame is dispatched
-//! to the moment their answer is in the connection's output buffer, by request code, as
-//! RocketMQ 5's `RemotingMetricsManager` counts it (milliseconds, its buckets).
+//! to the moment their answer is in the connection's output buffer, by request code, response
+//! code and whether the request was parked for long polling, as RocketMQ 5's
+//! `RemotingMetricsManager` counts it (`NettyRemotingAbstract.writeResponse`: milliseconds,
+//! its buckets, labels `request_code`, `response_code`, `is_long_polling`).
 //!
 //! Counted per shard on the shard's own thread, in a thread-local table of plain cells: the
-//! read loop (`server::decode_and_dispatch`) reads the clock before it hands a frame to the
-//! handler; an answer given during the call is recorded right after it, an answer given later
-//! is recorded when the request's `InFlight` guard drops (it is held until answered). The hot
-//! path costs one `Instant` read and one array increment; the shard's publisher copies the
-//! table into its snapshot once a second.
+//! read loop (`server::dispatch`) reads the clock before it hands a frame to the handler, and
+//! the connection records the latency when the answer's frame is written into its output
+//! (`Connection::time_answers` reads the code and opaque back from the frame), whether during
+//! the call or later. The hot path costs one `Instant` read, the read-back of the frame's
+//! head and one increment; the shard's publisher copies the table once a second.
 //!
 //! Codes below `REQUEST_CODE_SLOTS` get their own row; any other code is counted in the last
-//! row, rendered as `request_code="other"`. Oneway requests have no answer and are not counted
+//! row, rendered as `request_code="other"`. Each row holds one histogram per (response code,
+//! long polling) it has seen (a handful). Oneway requests have no answer and are not counted
 //! (RocketMQ records the latency when it writes a response).
 
 use std::cell::RefCell;
@@ -89,19 +92,23 @@ impl LatencyHistogram {
     }
 }
 
+/// One row's histograms: (response code, long polling, histogram), in the order first seen.
+type Row = Vec<(i32, bool, LatencyHistogram)>;
+
 /// One shard's histograms, one row per request code (see the module doc).
 struct RpcLatencyTable {
-    rows: Vec<LatencyHistogram>,
+    rows: Vec<Row>,
 }
 
 thread_local! {
     static TABLE: RefCell<RpcLatencyTable> = RefCell::new(RpcLatencyTable {
-        rows: vec![LatencyHistogram::default(); REQUEST_CODE_SLOTS + 1],
+        rows: vec![Row::new(); REQUEST_CODE_SLOTS + 1],
     });
 }
 
-/// A request of `request_code` dispatched at `started` has been answered now.
-pub fn record(request_code: i32, started: Instant) {
+/// A request of `request_code` dispatched at `started` has been answered now with
+/// `response_code`; `long_polling`: it was parked waiting for messages.
+pub fn record(request_code: i32, response_code: i32, long_polling: bool, started: Instant) {
     let elapsed = started.elapsed();
     let elapsed_ms = elapsed.as_millis() as u64;
     if SEND_CODES.contains(&request_code) {
@@ -111,23 +118,50 @@ pub fn record(request_code: i32, started: Instant) {
         .ok()
         .filter(|code| *code < REQUEST_CODE_SLOTS)
         .unwrap_or(OTHER_ROW);
-    TABLE.with(|table| table.borrow_mut().rows[row].record(elapsed_ms));
+    TABLE.with(|table| {
+        let row = &mut table.borrow_mut().rows[row];
+        let key = |(code, polling, _): &&mut (i32, bool, LatencyHistogram)| {
+            *code == response_code && *polling == long_polling
+        };
+        match row.iter_mut().find(key) {
+            Some((_, _, histogram)) => histogram.record(elapsed_ms),
+            None => {
+                let mut histogram = LatencyHistogram::default();
+                histogram.record(elapsed_ms);
+                row.push((response_code, long_polling, histogram));
+            }
+        }
+    });
 }
 
 /// The request code a row is rendered with (None: the row of other codes).
 pub type RequestCode = Option<i32>;
 
-/// This thread's histograms that counted something, by request code.
-pub fn snapshot() -> Vec<(RequestCode, LatencyHistogram)> {
+/// One histogram of the table: the requests of one code answered with one code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcSeries {
+    pub request_code: RequestCode,
+    pub response_code: i32,
+    pub long_polling: bool,
+    pub histogram: LatencyHistogram,
+}
+
+/// This thread's histograms, by request code, response code and long polling.
+pub fn snapshot() -> Vec<RpcSeries> {
     TABLE.with(|table| {
         let table = table.borrow();
-        table
-            .rows
-            .iter()
-            .enumerate()
-            .filter(|(_, row)| row.count > 0)
-            .map(|(index, row)| ((index != OTHER_ROW).then_some(index as i32), *row))
-            .collect()
+        let rows = table.rows.iter().enumerate();
+        rows.flat_map(|(index, row)| {
+            let request_code = (index != OTHER_ROW).then_some(index as i32);
+            row.iter()
+                .map(move |(response_code, long_polling, histogram)| RpcSeries {
+                    request_code,
+                    response_code: *response_code,
+                    long_polling: *long_polling,
+                    histogram: *histogram,
+                })
+        })
+        .collect()
     })
 }
 
@@ -159,15 +193,32 @@ mod tests {
     #[test]
     fn the_table_counts_by_code_with_one_row_for_others() {
         let started = Instant::now();
-        record(10, started);
-        record(10, started);
-        record(90_000, started);
-        record(-1, started);
+        record(10, 0, false, started);
+        record(10, 0, false, started);
+        record(10, 2, false, started);
+        record(11, 19, true, started);
+        record(90_000, 0, false, started);
+        record(-1, 0, false, started);
         let rows = snapshot();
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0].0, Some(10));
-        assert_eq!(rows[0].1.count, 2);
-        assert_eq!(rows[1].0, None);
-        assert_eq!(rows[1].1.count, 2);
+        let counts: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.request_code,
+                    r.response_code,
+                    r.long_polling,
+                    r.histogram.count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (Some(10), 0, false, 2),
+                (Some(10), 2, false, 1),
+                (Some(11), 19, true, 1),
+                (None, 0, false, 2)
+            ]
+        );
     }
 }

@@ -51,6 +51,8 @@ pub async fn publish_every_second(
         snapshot.connections = gate.open() as u64;
         snapshot.connections_refused = gate.refused();
         snapshot.rpc_latency = super::rpc_latency::snapshot();
+        let (reads, writes) = shards::runtime::executor_file_ops();
+        snapshot.io_uring.push(("executor", reads + writes, None));
         board.publish(shard, snapshot);
     }
 }
@@ -68,6 +70,9 @@ impl Broker {
             .map(|group| group.clients.len() as u64)
             .sum();
         drop(clients);
+        let (consumer_lag, consumer_inflight, consumer_ready) = self.consumer_positions();
+        let (output_waiting_bytes, connection_buffers) = crate::server::connection_buffers();
+        let refused_sends = self.stats.refused_sends.get();
         ShardSnapshot {
             cluster: self.identity.cluster_name.clone(),
             node_id: self.identity.broker_name.clone(),
@@ -76,7 +81,9 @@ impl Broker {
             consumer_group_number: self.groups.borrow().groups.len() as u64,
             producer_connections,
             consumer_connections,
-            consumer_lag: self.consumer_lag(),
+            consumer_lag,
+            consumer_inflight,
+            consumer_ready,
             half_messages: self.transactions.borrow().pending_len() as u64,
             committed_transactions: self.transactions.borrow().stats.committed,
             rolled_back_transactions: self.transactions.borrow().stats.rolled_back,
@@ -91,7 +98,14 @@ impl Broker {
             durable_write_micros: store.flush_micros,
             parked_pulls: self.pull_waiters.len() as u64,
             timing_messages: self.timing_messages(),
-            refused_sends_busy: self.load.refused_sends.get(),
+            refused_sends,
+            output_waiting_bytes,
+            memory: super::ShardMemory {
+                store: self.store.memory(),
+                connection_buffers,
+            },
+            durable_write_buckets: store.flush_latency_buckets,
+            io_uring: vec![("commitlog", store.ring.entries, Some(store.ring.enters))],
             ..ShardSnapshot::default()
         }
     }
@@ -149,27 +163,44 @@ impl Broker {
             .collect()
     }
 
-    /// (topic, group, messages behind) for every group that committed offsets here: the
-    /// queues' max offsets less the committed ones (at most SERIES_MAX entries).
-    fn consumer_lag(&self) -> Vec<(String, String, u64)> {
+    /// For every group that committed offsets here (at most SERIES_MAX): (topic, group,
+    /// messages) behind (queues' max offsets less the committed ones), in flight (pulled, not
+    /// committed) and ready (stored, not pulled), as RocketMQ's ConsumerLagCalculator counts
+    /// them (a queue never pulled counts from its committed offset).
+    #[allow(clippy::type_complexity)]
+    fn consumer_positions(
+        &self,
+    ) -> (
+        Vec<(String, String, u64)>,
+        Vec<(String, String, u64)>,
+        Vec<(String, String, u64)>,
+    ) {
         let offsets = self.offsets.borrow();
-        let mut lag = Vec::new();
+        let (mut lag, mut inflight, mut ready) = (Vec::new(), Vec::new(), Vec::new());
         for (key, queues) in offsets.entries().iter().take(SERIES_MAX) {
             let Some((topic, group)) = key.split_once('@') else {
                 continue;
             };
-            let behind: u64 = queues
-                .iter()
-                .map(|(queue_id, committed)| {
-                    let max = self
-                        .store
-                        .max_queue_offset(topic, shards::QueueId(*queue_id))
-                        .0;
-                    max.saturating_sub((*committed).max(0) as u64)
-                })
-                .sum();
-            lag.push((topic.to_string(), group.to_string(), behind));
+            let pulled = offsets.pulled(group, topic);
+            let (mut behind, mut pulled_not_committed, mut not_pulled) = (0, 0, 0);
+            for (queue_id, committed) in queues {
+                let max = self
+                    .store
+                    .max_queue_offset(topic, shards::QueueId(*queue_id))
+                    .0;
+                let committed = (*committed).max(0) as u64;
+                let pull = pulled
+                    .and_then(|queues| queues.get(queue_id))
+                    .map_or(committed, |pull| (*pull).max(committed));
+                behind += max.saturating_sub(committed);
+                pulled_not_committed += pull - committed;
+                not_pulled += max.saturating_sub(pull);
+            }
+            let (topic, group) = (topic.to_string(), group.to_string());
+            lag.push((topic.clone(), group.clone(), behind));
+            inflight.push((topic.clone(), group.clone(), pulled_not_committed));
+            ready.push((topic, group, not_pulled));
         }
-        lag
+        (lag, inflight, ready)
     }
 }

@@ -6,6 +6,7 @@ StoreStatsService.getRuntimeInfo, rates as "10 s 60 s 600 s" triples), VIEW_BROK
 """
 
 import json
+import os
 import re
 import time
 
@@ -43,8 +44,8 @@ JAVA_KEYS = [
 JAVA_DOUBLE = r"-?\d+\.\d+(E-?\d+)?"
 
 
-def call(node, code, ext=None, body=b""):
-    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+def call(node, code, ext=None, body=b"", shard=0):
+    with remoting.RemotingClient.connect(node.broker_addr(shard)) as client:
         return remoting.call_retrying_busy(client, code, ext or {}, body=body)
 
 
@@ -125,8 +126,8 @@ def test_view_broker_stats_data(shardmq):
     assert minute_sum("BROKER_PUT_NUMS", "DefaultCluster") >= MESSAGES
 
 
-def broker_config(node):
-    answer = call(node, GET_BROKER_CONFIG)
+def broker_config(node, shard=0):
+    answer = call(node, GET_BROKER_CONFIG, shard=shard)
     assert answer.code == remoting.SUCCESS, answer
     lines = answer.body.decode().splitlines()
     return dict(line.split("=", 1) for line in lines), answer
@@ -163,6 +164,22 @@ def test_get_and_update_broker_config(shardmq):
         assert named in refused.remark, refused.remark
     config, _ = broker_config(shardmq)
     assert config["fileReservedTime"] == "1", "a refused update applies nothing"
+
+    # The update was saved (shard 0's config/broker.properties) and outlives a restart;
+    # shard 1, not updated, keeps its flags.
+    saved = os.path.join(shardmq.data_dir, "shard-0", "config", "broker.properties")
+    with open(saved) as file:
+        text = file.read()
+    print(text)
+    assert "fileReservedTime=1\n" in text and "deleteWhen=03;15\n" in text, text
+    assert "listenPort" not in text and "diskMaxUsedSpaceRatio" not in text, text
+    shardmq.restart()
+    config, _ = broker_config(shardmq)
+    assert (config["fileReservedTime"], config["deleteWhen"]) == ("1", "03;15")
+    assert config["autoCreateTopicEnable"] == "false"
+    other, _ = broker_config(shardmq, shard=1)
+    assert other["fileReservedTime"] == "72", other["fileReservedTime"]
+    assert "UPDATE_BROKER_CONFIG of an earlier run" in shardmq.log_tail(200)
 
 
 GET_CONSUMER_RUNNING_INFO = 307

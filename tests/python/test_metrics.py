@@ -160,3 +160,97 @@ def test_lag_latency_and_timing_messages(shardmq_factory):
     assert sample_value(text, "rocketmq_consumer_lag_messages", *labels) == LAGGED_MESSAGES
     assert sample_value(text, "rocketmq_timing_messages", 'node_id="broker-0"') == 1, (
         [line for line in text.splitlines() if "timing" in line])
+
+
+PULLED = 3
+STORED = 8
+
+
+def test_inflight_refusals_latency_labels_and_shard_figures(shardmq_factory):
+    """rocketmq_consumer_inflight_messages / _ready_messages from a pull that took 3 of 8
+    messages with the committed offset at 0; a send to a forbidden topic counted as a refused
+    send (reason no_permission) and in rocketmq_rpc_latency under its response code; a
+    long-polled pull under is_long_polling="true"; the durable-write histogram, io_uring
+    submissions, output waiting, memory by holder and the process's RSS."""
+    import remoting
+    metrics_port = free_port()
+    node = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    topic = create_topic(node, "Tinflight")
+    group = unique("cg_inflight")
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        for index in range(STORED):
+            sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                               remoting.send_message_ext(topic),
+                                               body=b"m%d" % index)
+            assert sent.code == remoting.SUCCESS, sent
+        committed = client.call(UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": 0})
+        assert committed.code == remoting.SUCCESS, committed
+        pulled = client.call(remoting.PULL_MESSAGE, remoting.pull_message_ext(
+            group, topic, 0, queue_offset=0, max_msg_nums=PULLED))
+        assert pulled.code == remoting.SUCCESS, pulled
+        assert pulled.ext["nextBeginOffset"] == str(PULLED), pulled.ext
+        refused = client.call(remoting.SEND_MESSAGE,
+                              remoting.send_message_ext("SCHEDULE_TOPIC_XXXX"), body=b"x")
+        assert refused.code == 16, refused  # NO_PERMISSION
+        # A pull at the end that may wait: parked ~1 s, then answered PULL_NOT_FOUND.
+        parked = remoting.pull_message_ext(group, topic, 1, queue_offset=0,
+                                           suspend_timeout_ms=1000)
+        parked["sysFlag"] = 6  # SUBSCRIPTION | SUSPEND
+        started = time.monotonic()
+        answer = client.call(remoting.PULL_MESSAGE, parked, timeout_s=10)
+        assert answer.code == remoting.PULL_NOT_FOUND, answer
+        assert time.monotonic() - started >= 0.9
+        labels = ('topic="{}"'.format(topic), 'consumer_group="{}"'.format(group))
+        node0 = 'node_id="broker-0"'
+
+        def figures():
+            text = scrape(metrics_port)
+            inflight = sample_value(text, "rocketmq_consumer_inflight_messages", *labels)
+            polled = sample_value(text, "rocketmq_rpc_latency_count", node0,
+                                  'request_code="pull_message"',
+                                  'response_code="pull_not_found"', 'is_long_polling="true"')
+            return text if inflight == PULLED and polled else None
+        wait_until(figures, SCRAPE_TIMEOUT_S, interval_s=0.5,
+                   message="the shard's snapshot to show the pull and the parked pull")
+        text = figures()
+        interesting = [line for line in text.splitlines() if not line.startswith("#") and (
+            "shardmq_" in line or "inflight" in line or "ready" in line
+            or "no_permission" in line or 'is_long_polling="true"' in line)]
+        print("\n".join(interesting))
+        assert sample_value(text, "rocketmq_consumer_ready_messages", *labels) == STORED - PULLED
+        assert sample_value(text, "rocketmq_consumer_lag_messages", *labels) == STORED
+        assert sample_value(text, "shardmq_refused_sends_total", node0,
+                            'reason="no_permission"') == 1
+        assert sample_value(text, "shardmq_refused_sends_total", node0,
+                            'reason="time_in_queue"') == 0
+        assert sample_value(text, "rocketmq_rpc_latency_count", node0,
+                            'request_code="send_message"', 'response_code="no_permission"',
+                            'is_long_polling="false"') == 1
+        assert sample_value(text, "rocketmq_rpc_latency_count", node0,
+                            'request_code="send_message"', 'response_code="success"',
+                            'is_long_polling="false"') >= STORED
+        parked_ms = sample_value(text, "rocketmq_rpc_latency_sum", node0,
+                                 'request_code="pull_message"',
+                                 'response_code="pull_not_found"', 'is_long_polling="true"')
+        assert 900 <= parked_ms <= 5000, parked_ms
+        commits = sample_value(text, "shardmq_durable_write_seconds_count", node0)
+        assert commits >= 1
+        assert sample_value(text, "shardmq_durable_write_seconds_bucket", node0,
+                            'le="+Inf"') == commits
+        assert sample_value(text, "shardmq_durable_write_seconds_sum", node0) > 0
+        assert sample_value(text, "shardmq_io_uring_submissions_total", node0,
+                            'ring="commitlog"') >= commits
+        assert sample_value(text, "shardmq_io_uring_enters_total", node0,
+                            'ring="commitlog"') >= 1
+        assert sample_value(text, "shardmq_io_uring_submissions_total", node0,
+                            'ring="executor"') is not None
+        assert sample_value(text, "shardmq_memory_bytes", node0,
+                            'holder="commitlog_tail"') > 0
+        # This client's connection holds a read buffer.
+        assert sample_value(text, "shardmq_memory_bytes", node0,
+                            'holder="connection_buffers"') >= 4096
+        assert sample_value(text, "shardmq_memory_bytes", node0,
+                            'holder="consume_queue_maps"') > 0
+        assert sample_value(text, "shardmq_output_waiting_bytes", node0) == 0
+        assert sample_value(text, "shardmq_process_resident_bytes") > 1 << 20

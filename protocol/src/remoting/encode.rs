@@ -162,6 +162,55 @@ impl Drop for FrameEncoder<'_> {
     }
 }
 
+/// The code, flag and opaque at the head of a frame this encoder wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodedHead {
+    pub code: i32,
+    pub flag: i32,
+    pub opaque: i32,
+    /// Bytes of the whole frame, length prefix included.
+    pub frame_size_bytes: usize,
+}
+
+impl EncodedHead {
+    pub fn is_response(&self) -> bool {
+        self.flag & FLAG_RESPONSE != 0
+    }
+}
+
+/// Reads back the head of a frame [`FrameEncoder`] wrote (`frame` starts at its length
+/// prefix; the body need not be there): a server times each answer by the code and opaque
+/// of what it writes, without a second path for answers. Relies on the fixed key order of
+/// the module docs; None for bytes laid out otherwise.
+pub fn encoded_head(frame: &[u8]) -> Option<EncodedHead> {
+    let length = u32::from_be_bytes(*frame.first_chunk::<LENGTH_PREFIX_BYTES>()?);
+    let mut rest = frame.get(FRAME_FIXED_PART_BYTES..)?;
+    let mut field = |key: &[u8]| -> Option<i32> {
+        rest = rest.strip_prefix(key)?;
+        let negative = rest.first() == Some(&b'-');
+        let digits = &rest[usize::from(negative)..];
+        let count = digits.iter().take_while(|b| b.is_ascii_digit()).count();
+        let mut value: i64 = 0;
+        for digit in &digits[..count] {
+            value = value
+                .checked_mul(10)?
+                .checked_add(i64::from(digit - b'0'))?;
+        }
+        rest = &digits[count..];
+        let value = if negative { -value } else { value };
+        (count > 0).then_some(i32::try_from(value).ok()?)
+    };
+    let code = field(b"{\"code\":")?;
+    let flag = field(b",\"flag\":")?;
+    let opaque = field(b",\"language\":\"JAVA\",\"opaque\":")?;
+    Some(EncodedHead {
+        code,
+        flag,
+        opaque,
+        frame_size_bytes: length as usize + LENGTH_PREFIX_BYTES,
+    })
+}
+
 /// Writes `text` as a JSON string literal.
 pub(crate) fn write_json_string(out: &mut Vec<u8>, text: &str) {
     const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";

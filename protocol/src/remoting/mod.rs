@@ -34,7 +34,7 @@ pub use command::{
     parse_bool_lenient, parse_number, ExtFields, FieldError, LanguageCode, RemotingCommand,
     SerializeType, FLAG_ONEWAY, FLAG_RESPONSE,
 };
-pub use encode::FrameEncoder;
+pub use encode::{encoded_head, EncodedHead, FrameEncoder};
 pub use frame::{
     decode_frame, peek_frame_size_bytes, DecodeError, FRAME_FIXED_PART_BYTES, FRAME_SIZE_MAX_BYTES,
     HEADER_SIZE_MAX_BYTES, LENGTH_PREFIX_BYTES,

@@ -78,6 +78,34 @@ fn request_encodes_remark_escapes_and_flags() {
 }
 
 #[test]
+fn the_head_of_an_encoded_frame_reads_back() {
+    let mut out = Vec::new();
+    let mut encoder = FrameEncoder::response(&mut out, response_code::SYSTEM_BUSY, -7);
+    encoder.remark("busy");
+    encoder.finish(b"body");
+    let head = encoded_head(&out).unwrap();
+    assert_eq!(
+        (head.code, head.opaque, head.is_response()),
+        (response_code::SYSTEM_BUSY, -7, true)
+    );
+    assert_eq!(head.frame_size_bytes, out.len());
+    let mut request = Vec::new();
+    FrameEncoder::request(&mut request, 40, i32::MAX, true).finish(b"");
+    let head = encoded_head(&request).unwrap();
+    assert_eq!(
+        (head.code, head.opaque, head.is_response()),
+        (40, i32::MAX, false)
+    );
+    // A header only (the body follows later) is enough; other layouts are not read.
+    assert_eq!(encoded_head(&out[..70]).map(|h| h.opaque), Some(-7));
+    assert_eq!(encoded_head(&out[..12]), None);
+    assert_eq!(
+        encoded_head(&frame(0, br#"{"flag":1,"code":0}"#, b"")),
+        None
+    );
+}
+
+#[test]
 fn dropped_encoder_leaves_no_partial_frame() {
     let mut out = b"kept".to_vec();
     {

@@ -395,6 +395,25 @@ pub async fn yield_now() {
     futures_lite::future::yield_now().await
 }
 
+thread_local! {
+    /// File reads and writes this shard's executor submitted to its io_uring rings so far
+    /// (glommio hands out what happened since its last report; this keeps the sum).
+    static FILE_OPS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// (reads, writes) of files this shard's executor submitted to io_uring since it started
+/// (DMA and buffered; network operations are not counted by glommio). Call on a shard.
+pub fn executor_file_ops() -> (u64, u64) {
+    let rings = glommio::executor().io_stats().all_rings();
+    let reads = rings.file_reads().0 + rings.file_buffered_reads().0;
+    let writes = rings.file_writes().0 + rings.file_buffered_writes().0;
+    FILE_OPS.with(|total| {
+        let (r, w) = total.get();
+        total.set((r + reads, w + writes));
+        total.get()
+    })
+}
+
 /// Sleeps on the current shard's timer.
 pub async fn sleep(duration: Duration) {
     glommio::timer::sleep(duration).await

@@ -146,6 +146,16 @@ pub(crate) struct CommitRing {
     chains: [Option<Chain>; 2],
     /// Chains start on an io_uring worker (IOSQE_ASYNC) bound to other CPUs.
     offload: bool,
+    /// What this ring handed the kernel: entries, and io_uring_enter calls (submissions and
+    /// completion collections) — `shardmq_io_uring_*` metrics.
+    pub(crate) counts: RingCounts,
+}
+
+/// Work a ring handed the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingCounts {
+    pub entries: u64,
+    pub enters: u64,
 }
 
 /// user_data of a step: its slot and its index in the chain.
@@ -183,6 +193,7 @@ impl CommitRing {
                 wake_tx,
                 chains: [None, None],
                 offload,
+                counts: RingCounts::default(),
             },
             wake_rx,
         ))
@@ -284,7 +295,9 @@ impl CommitRing {
                 unsafe { queue.push(&entry) }.expect("a chain fits its half of the ring");
             }
         }
+        self.counts.entries += count as u64;
         loop {
+            self.counts.enters += 1;
             match self.ring.submit() {
                 Ok(_) => break,
                 Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
@@ -310,6 +323,7 @@ impl CommitRing {
         if self.ring.submission().taskrun() {
             // Completions are waiting for this thread to run their task work: enter the
             // kernel to post them (no waiting).
+            self.counts.enters += 1;
             // SAFETY: no submissions, no argument.
             let entered = unsafe {
                 self.ring

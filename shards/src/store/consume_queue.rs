@@ -414,6 +414,21 @@ pub(crate) struct QueueTable {
 }
 
 impl QueueTable {
+    /// Bytes of the mapped queue files that have blocks behind them (what the maps can make
+    /// resident), over every queue.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        let queues = self.topics.values().flat_map(BTreeMap::values);
+        queues
+            .map(|queue| {
+                let maps = [&queue.active, &queue.cached];
+                maps.iter()
+                    .filter_map(|map| map.as_ref())
+                    .map(|map| map.reserved_bytes)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Opens every queue found under `root` (`<root>/<topic>/<queueId>/`).
     pub(crate) fn load(root: PathBuf, units_per_file: u64) -> io::Result<QueueTable> {
         fs::create_dir_all(&root)?;

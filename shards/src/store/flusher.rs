@@ -774,7 +774,11 @@ pub(crate) fn reap(inner: &Inner) {
         let (data, zeros) = match slot {
             Slot::Data => {
                 if let Some(started) = log.flush.flush_started_at.take() {
-                    log.stats.flush_micros += micros(started.elapsed());
+                    let took = micros(started.elapsed());
+                    log.stats.flush_micros += took;
+                    let bucket =
+                        crate::histogram::bucket_of(&super::FLUSH_LATENCY_BUCKETS_US, took);
+                    log.stats.flush_latency_buckets[bucket] += 1;
                 }
                 (log.flush.data_in_flight.take(), None)
             }

@@ -624,6 +624,11 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// Bytes of the mapped index files that have blocks behind them.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.files.iter().map(|file| file.reserved_bytes).sum()
+    }
+
     /// Opens the index under `root`, trusting what `mark` (from a checkpoint taken at
     /// commitlog offset `marked_offset`) covers; see the module docs. `clean`: the previous
     /// stop wrote that checkpoint last.

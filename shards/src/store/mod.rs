@@ -73,6 +73,7 @@ pub use retention::{
 pub use space::{ALLOCATION_RETRY_MS, ALLOCATION_WINDOW_DEFAULT_BYTES, FLUSH_RETRY_MS};
 
 use commit_ring::CommitRing;
+pub use commit_ring::RingCounts;
 use consume_queue::{QueueTable, Unit};
 use error::Poison;
 use flusher::{FlushState, Notify};
@@ -275,6 +276,12 @@ pub struct AppendResult {
     pub end_offset: CommitLogOffset,
 }
 
+/// Upper bounds (µs, inclusive) of the buckets durable writes are counted in: a virtio or
+/// NVMe write with its cache flush takes 0.1–2 ms, a struggling disk tens to hundreds.
+pub const FLUSH_LATENCY_BUCKETS_US: [u64; 12] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
 /// Counters of one store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -290,6 +297,11 @@ pub struct StoreStats {
     /// Time flushes took from submission to reaping (their writes, fdatasyncs and the
     /// wake-up of the reaper: where a SYNC_FLUSH send's wait goes), in microseconds.
     pub flush_micros: u64,
+    /// Those flushes by how long each took (bounds `FLUSH_LATENCY_BUCKETS_US`; the last
+    /// bucket: longer than all).
+    pub flush_latency_buckets: [u64; FLUSH_LATENCY_BUCKETS_US.len() + 1],
+    /// What the commitlog's io_uring ring handed the kernel (commit_ring.rs).
+    pub ring: commit_ring::RingCounts,
     /// Commitlog segments deleted by retention.
     pub segments_deleted: u64,
     /// Damaged records a pull met and did not serve (`pull::record_fault`).
@@ -309,6 +321,21 @@ impl StoreStats {
             self.flushed_messages as f64 / self.flushes as f64
         }
     }
+}
+
+/// Memory one store holds, by holder, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    /// Commitlog tail chunks: appended bytes not yet durable or kept for readers, the chunk
+    /// being filled, spares (heap, DMA-aligned).
+    pub commitlog_tail: u64,
+    /// Windows of cold commitlog kept for pulls (heap).
+    pub read_cache: u64,
+    /// Consume-queue file bytes mapped with blocks behind them (page cache the maps may hold
+    /// resident).
+    pub consume_queue_maps: u64,
+    /// Index file bytes mapped likewise.
+    pub index_maps: u64,
 }
 
 /// Commitlog state shared by the append path, the readers and the flusher.
@@ -947,7 +974,18 @@ impl Store {
             write_offset: log.tail.end(),
             read_cache_hits: cache.hits,
             read_cache_misses: cache.misses,
+            ring: log.ring.counts,
             ..log.stats
+        }
+    }
+
+    /// Memory this store holds, by holder.
+    pub fn memory(&self) -> StoreMemory {
+        StoreMemory {
+            commitlog_tail: self.inner.log.borrow().tail.held_bytes(),
+            read_cache: self.inner.read_cache.borrow().held_bytes(),
+            consume_queue_maps: self.inner.queues.borrow().mapped_bytes(),
+            index_maps: self.inner.index.borrow().mapped_bytes(),
         }
     }
 

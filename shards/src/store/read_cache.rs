@@ -48,6 +48,14 @@ pub(crate) struct ReadCache {
 }
 
 impl ReadCache {
+    /// Bytes of the windows held.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.windows
+            .values()
+            .map(|(bytes, _)| bytes.len() as u64)
+            .sum()
+    }
+
     /// Looks up the window at `start`; a miss registers the caller as its reader, who must
     /// then call [`ReadCache::finish`].
     pub(crate) fn lookup(&mut self, start: u64) -> Lookup {

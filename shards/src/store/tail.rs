@@ -96,6 +96,11 @@ pub(crate) struct Tail {
 const SPARE_CHUNKS_MAX: usize = 16;
 
 impl Tail {
+    /// Bytes of the chunks the tail holds, spares included.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        (self.chunks.len() + self.spare.len()) as u64 * TAIL_CHUNK_BYTES
+    }
+
     /// A tail starting at commitlog offset `end`, holding `prefix`: the bytes of
     /// `[align_down(end, TAIL_CHUNK_BYTES), end)` (read back from disk on recovery).
     pub(crate) fn new(end: u64, prefix: &[u8]) -> Tail {

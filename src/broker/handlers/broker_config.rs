@@ -6,8 +6,11 @@
 //! port), as properties text (`key=value` lines, MixAll.properties2String) and the config's
 //! data version in the `version` ext field. An update changes only what can change while the
 //! shard runs (retention and topic auto-creation); any other key is refused naming it, and
-//! nothing is applied unless every key is. The change lasts until a restart: the settings a
-//! node starts with are its flags or `-c` file.
+//! nothing is applied unless every key is. An update is saved before it is applied, as
+//! RocketMQ's Configuration.persist saves it, in the shard's `config/broker.properties` (the
+//! keys changed live, nothing else), and the shard applies that file when it starts again,
+//! over its flags and `-c` file (logged, one line per key); deleting the file goes back to
+//! them.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -16,6 +19,9 @@ use crate::broker::Broker;
 use crate::error::RequestError;
 use crate::remoting::{response_code, FrameEncoder, RemotingCommand};
 use crate::server::Connection;
+
+/// The file of a shard's live updates, under its config directory (RocketMQ's name).
+pub const LIVE_CONFIG_FILE: &str = "broker.properties";
 
 /// Keys UPDATE_BROKER_CONFIG changes live.
 pub const LIVE_KEYS: [&str; 9] = [
@@ -143,7 +149,7 @@ impl Broker {
     }
 
     pub(crate) fn update_broker_config(
-        &self,
+        self: &Rc<Self>,
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
@@ -158,20 +164,122 @@ impl Broker {
                 .map_err(|why| RequestError::SystemError(format!("{key}={value}: {why}")))?;
         }
         retention.validate().map_err(RequestError::SystemError)?;
+        if self.live_config.saving.get() {
+            return Err(RequestError::SystemBusy(
+                "another UPDATE_BROKER_CONFIG is being saved, try again".into(),
+            ));
+        }
+        let mut saved = self.live_config.saved.borrow().clone();
+        for entry in &entries {
+            saved.insert(entry.key.clone(), entry.value.clone());
+        }
+        let path = self.live_config_path();
+        let bytes = live_config_text(&saved).into_bytes();
+        let keys: Vec<String> = entries.iter().map(|entry| entry.key.clone()).collect();
+        let (broker, connection) = (self.clone(), connection.clone());
+        let (in_flight, opaque) = (connection.in_flight(), request.opaque);
+        self.live_config.saving.set(true);
+        shards::runtime::spawn_detached(async move {
+            let _in_flight = in_flight;
+            let target = path.clone();
+            let written = shards::runtime::blocking(move || {
+                crate::persist::write_file_durably(&target, &bytes)
+            })
+            .await;
+            broker.live_config.saving.set(false);
+            if let Err(why) = written {
+                let error = RequestError::SystemError(format!(
+                    "the update could not be saved in {} ({why}); nothing was changed",
+                    path.display()
+                ));
+                return error.respond(&connection, opaque);
+            }
+            *broker.live_config.saved.borrow_mut() = saved;
+            broker.retention.set_config(retention);
+            broker
+                .topics
+                .borrow_mut()
+                .set_auto_create_topic_enable(auto_create);
+            broker.config_version.set(broker.config_version.get() + 1);
+            log::info!(
+                "{}: UPDATE_BROKER_CONFIG from {} changed {} (saved in {})",
+                broker.identity.broker_name,
+                connection.peer,
+                keys.join(", "),
+                path.display()
+            );
+            connection.respond_body_to(opaque, b"");
+        });
+        Ok(())
+    }
+
+    fn live_config_path(&self) -> std::path::PathBuf {
+        self.identity
+            .shard_dir
+            .join("config")
+            .join(LIVE_CONFIG_FILE)
+    }
+
+    /// Applies the live updates saved by an earlier run (`config/broker.properties`) over
+    /// the settings the shard started with; a key that no longer applies is logged and left.
+    pub(crate) fn apply_saved_live_config(&self) {
+        let path = self.live_config_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return,
+            Err(error) => {
+                return log::warn!(
+                    "{}: cannot read {}: {error}",
+                    self.identity.broker_name,
+                    path.display()
+                )
+            }
+        };
+        let entries = match crate::conf::parse_properties(&text) {
+            Ok(entries) => entries,
+            Err(why) => {
+                return log::warn!(
+                    "{}: {} left unread: {why}",
+                    self.identity.broker_name,
+                    path.display()
+                )
+            }
+        };
+        let mut retention = self.retention.config();
+        let mut auto_create = self.topics.borrow().auto_create_topic_enable();
+        let mut saved = BTreeMap::new();
+        for entry in entries {
+            let (mut r, mut a) = (retention.clone(), auto_create);
+            let applied =
+                apply_live(&entry.key, &entry.value, &mut r, &mut a).and_then(|()| r.validate());
+            match applied {
+                Ok(()) => {
+                    log::info!(
+                        "{}: {}={} from {}:{} (an UPDATE_BROKER_CONFIG of an earlier run)",
+                        self.identity.broker_name,
+                        entry.key,
+                        entry.value,
+                        path.display(),
+                        entry.line
+                    );
+                    (retention, auto_create) = (r, a);
+                    saved.insert(entry.key, entry.value);
+                }
+                Err(why) => log::warn!(
+                    "{}: {}:{}: {}={} not applied: {why}",
+                    self.identity.broker_name,
+                    path.display(),
+                    entry.line,
+                    entry.key,
+                    entry.value
+                ),
+            }
+        }
         self.retention.set_config(retention);
         self.topics
             .borrow_mut()
             .set_auto_create_topic_enable(auto_create);
-        self.config_version.set(self.config_version.get() + 1);
-        let keys: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
-        log::info!(
-            "{}: UPDATE_BROKER_CONFIG from {} changed {} (until restart)",
-            self.identity.broker_name,
-            connection.peer,
-            keys.join(", ")
-        );
-        connection.respond_body(request, b"");
-        Ok(())
+        *self.live_config.saved.borrow_mut() = saved;
     }
 
     /// VIEW_BROKER_STATS_DATA (315): one BrokerStatsManager item's minute, hour and day.
@@ -242,6 +350,25 @@ fn apply_live(
         }
     }
     Ok(())
+}
+
+/// The live updates saved so far, and whether a save is under way.
+#[derive(Default)]
+pub struct LiveConfig {
+    saved: std::cell::RefCell<BTreeMap<String, String>>,
+    saving: std::cell::Cell<bool>,
+}
+
+/// `config/broker.properties` as written: a comment saying what it is, then `key=value`.
+fn live_config_text(saved: &BTreeMap<String, String>) -> String {
+    let mut text = String::from(
+        "# Settings changed by UPDATE_BROKER_CONFIG (mqadmin updateBrokerConfig); applied at\n\
+         # start over the flags and -c file. Delete this file to go back to them.\n",
+    );
+    for (key, value) in saved {
+        text.push_str(&format!("{key}={value}\n"));
+    }
+    text
 }
 
 /// messageDelayLevel as RocketMQ writes it: each delay in its largest whole unit.

@@ -256,6 +256,7 @@ impl Broker {
                     "[PULL]too many pulls are waiting on this broker, try again later: {full}"
                 ))
             })?;
+        connection.note_suspended(pull.opaque);
         Ok(self.pull_waiters.wait(id).await)
     }
 
@@ -332,6 +333,12 @@ impl Broker {
                 &pull.group,
                 u64::from(found.message_count),
                 found.body.len() as u64,
+            );
+            self.offsets.borrow_mut().note_pulled(
+                &pull.group,
+                &pull.topic,
+                pull.queue_id,
+                found.next_begin_offset.0,
             );
         }
         connection.send_with(|out| {

@@ -16,7 +16,15 @@ pub struct OffsetTable {
     pub persisted: Rc<persist::Persisted>,
     pub(crate) offsets: BTreeMap<String, BTreeMap<u32, i64>>,
     pub(crate) dirty: bool,
+    /// Where each group's last pull of each queue ended (topic → group → queue →
+    /// nextBeginOffset): RocketMQ's pullOffsetTable, in memory only. Pulled and not yet
+    /// committed is in flight (rocketmq_consumer_inflight_messages).
+    pulled: std::collections::HashMap<String, std::collections::HashMap<String, PulledQueues>>,
+    pulled_series: usize,
 }
+
+/// Queue → where the group's last pull of it ended.
+pub(crate) type PulledQueues = std::collections::HashMap<u32, u64>;
 
 pub(crate) fn key(topic: &str, group: &str) -> String {
     format!("{topic}@{group}")
@@ -32,7 +40,35 @@ impl OffsetTable {
             persisted: persist::Persisted::new(path),
             offsets,
             dirty: false,
+            pulled: Default::default(),
+            pulled_series: 0,
         }
+    }
+
+    /// A pull of `group` on `topic`'s queue answered messages up to `next_offset`. At most
+    /// `metrics::SERIES_MAX` topic × group entries are kept.
+    pub fn note_pulled(&mut self, group: &str, topic: &str, queue_id: u32, next_offset: u64) {
+        let queues = self
+            .pulled
+            .get_mut(topic)
+            .and_then(|groups| groups.get_mut(group));
+        match queues {
+            Some(queues) => {
+                queues.insert(queue_id, next_offset);
+            }
+            None if self.pulled_series < crate::metrics::SERIES_MAX => {
+                self.pulled_series += 1;
+                let groups = self.pulled.entry(topic.to_string()).or_default();
+                let queues = groups.entry(group.to_string()).or_default();
+                queues.insert(queue_id, next_offset);
+            }
+            None => {}
+        }
+    }
+
+    /// Where `group`'s pulls of `topic` ended, by queue.
+    pub(crate) fn pulled(&self, group: &str, topic: &str) -> Option<&PulledQueues> {
+        self.pulled.get(topic)?.get(group)
     }
 
     pub fn query(&self, group: &str, topic: &str, queue_id: u32) -> Option<i64> {
@@ -59,6 +95,9 @@ impl OffsetTable {
         let before = self.offsets.len();
         self.offsets.retain(|k, _| !k.starts_with(&prefix));
         self.dirty |= self.offsets.len() != before;
+        if let Some(groups) = self.pulled.remove(topic) {
+            self.pulled_series -= groups.len();
+        }
     }
 
     /// Drops every offset of `group` (DELETE_SUBSCRIPTIONGROUP with cleanOffset).
@@ -67,6 +106,11 @@ impl OffsetTable {
         let before = self.offsets.len();
         self.offsets.retain(|k, _| !k.ends_with(&suffix));
         self.dirty |= self.offsets.len() != before;
+        for groups in self.pulled.values_mut() {
+            if groups.remove(group).is_some() {
+                self.pulled_series -= 1;
+            }
+        }
     }
 
     /// All (topic@group, queue → offset) entries, for admin.
