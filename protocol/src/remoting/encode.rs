@@ -185,30 +185,43 @@ impl EncodedHead {
 pub fn encoded_head(frame: &[u8]) -> Option<EncodedHead> {
     let length = u32::from_be_bytes(*frame.first_chunk::<LENGTH_PREFIX_BYTES>()?);
     let mut rest = frame.get(FRAME_FIXED_PART_BYTES..)?;
-    let mut field = |key: &[u8]| -> Option<i32> {
-        rest = rest.strip_prefix(key)?;
-        let negative = rest.first() == Some(&b'-');
-        let digits = &rest[usize::from(negative)..];
-        let count = digits.iter().take_while(|b| b.is_ascii_digit()).count();
-        let mut value: i64 = 0;
-        for digit in &digits[..count] {
-            value = value
-                .checked_mul(10)?
-                .checked_add(i64::from(digit - b'0'))?;
-        }
-        rest = &digits[count..];
-        let value = if negative { -value } else { value };
-        (count > 0).then_some(i32::try_from(value).ok()?)
-    };
-    let code = field(b"{\"code\":")?;
-    let flag = field(b",\"flag\":")?;
-    let opaque = field(b",\"language\":\"JAVA\",\"opaque\":")?;
+    let code = head_field(&mut rest, b"{\"code\":")?;
+    let flag = head_field(&mut rest, b",\"flag\":")?;
+    let opaque = head_field(&mut rest, b",\"language\":\"JAVA\",\"opaque\":")?;
     Some(EncodedHead {
         code,
         flag,
         opaque,
         frame_size_bytes: length as usize + LENGTH_PREFIX_BYTES,
     })
+}
+
+/// `key` (a fixed literal: compared inline, without a call) then a decimal i32, consumed from
+/// `rest`. This runs for every answer a shard writes.
+fn head_field<const N: usize>(rest: &mut &[u8], key: &[u8; N]) -> Option<i32> {
+    let (found, after) = rest.split_first_chunk::<N>()?;
+    if found != key {
+        return None;
+    }
+    let (negative, digits) = match after.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, after),
+    };
+    let mut value: i64 = 0;
+    let mut count = 0;
+    for digit in digits.iter().take(11) {
+        if !digit.is_ascii_digit() {
+            break;
+        }
+        value = value * 10 + i64::from(digit - b'0');
+        count += 1;
+    }
+    *rest = &digits[count..];
+    let value = if negative { -value } else { value };
+    if count == 0 {
+        return None;
+    }
+    i32::try_from(value).ok()
 }
 
 /// Writes `text` as a JSON string literal.
