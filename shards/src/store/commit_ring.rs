@@ -43,6 +43,9 @@ use super::tail::{TailPiece, TAIL_CHUNK_BYTES};
 /// Ring entries: two chains of a few writes (a flush splits at `FLUSH_WRITE_MAX_BYTES` and at
 /// segment ends), an fdatasync per file and a wake-up send each.
 const RING_ENTRIES: u32 = 64;
+/// Entries one chain may take: its half of the ring (a flush over many small segments is cut
+/// to fit, `flusher::start_flush`).
+pub(crate) const CHAIN_ENTRIES_MAX: usize = RING_ENTRIES as usize / 2;
 
 /// io_uring_enter flag: collect completions (the kernel's uapi value).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -222,7 +225,7 @@ impl CommitRing {
         assert!(!writes.is_empty());
         let count = writes.len() + sync_fds.len() + 1;
         assert!(
-            count <= RING_ENTRIES as usize / 2,
+            count <= CHAIN_ENTRIES_MAX,
             "a chain fits its half of the ring"
         );
         let mut steps = Vec::with_capacity(count);

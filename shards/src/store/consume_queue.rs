@@ -18,6 +18,19 @@
 //!
 //! Invariants: units `[min_offset, max_offset)` are all written and their commitlog offsets
 //! increase; units at or past `max_offset` are zero on disk after recovery.
+//!
+//! A queue may start past the first unit of its first file: a replica that joins its master
+//! mid-log takes each queue at the master's offsets (`ConsumeQueue::start_at`). The first unit
+//! of that file then holds a start mark (never a unit of a record: its size is 0, so every
+//! reader takes it for a unit never written) naming the queue's first offset, which `open`
+//! reads back as `min_offset`; the units between the mark and the start are a hole that holds
+//! no disk blocks and is never written.
+//!
+//! | Offset | Size | Start mark field |
+//! |---|---|---|
+//! | 0 | 8 | the queue's first offset (i64), inside this file |
+//! | 8 | 4 | 0 |
+//! | 12 | 8 | `QUEUE_START_MARK` |
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
@@ -97,6 +110,39 @@ fn file_name(start_unit: u64) -> String {
 /// `units_per_file` units (a sparse file) but holds disk only for what it holds, plus this.
 pub const CQ_RESERVE_CHUNK_BYTES: u64 = 32 * 1024;
 
+/// Tags code of a start mark (see the module doc): "SHMQSTRT", which no record's unit needs
+/// to be told apart from, since a record's unit never has size 0.
+pub const QUEUE_START_MARK: i64 = i64::from_be_bytes(*b"SHMQSTRT");
+
+impl Unit {
+    /// The start mark at `file_start` naming `first` as the queue's first offset.
+    fn start_mark(first: u64) -> Unit {
+        Unit {
+            physical_offset: first,
+            size_bytes: 0,
+            tags_code: QUEUE_START_MARK,
+        }
+    }
+
+    /// The first offset a start mark in the file starting at `file_start` names, if this is one.
+    fn marked_start(&self, file_start: u64, units_per_file: u64) -> Option<u64> {
+        let mark = self.size_bytes == 0 && self.tags_code == QUEUE_START_MARK;
+        let inside =
+            self.physical_offset > file_start && self.physical_offset < file_start + units_per_file;
+        (mark && inside).then_some(self.physical_offset)
+    }
+}
+
+/// The first offset a start mark at the head of the file `path` (starting at unit
+/// `file_start`) names; None when the file starts with anything else (or is shorter).
+fn read_start_mark(path: &std::path::Path, file_start: u64, units_per_file: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; CQ_UNIT_BYTES as usize];
+    let file = std::fs::File::open(path).ok()?;
+    file.read_exact_at(&mut head, 0).ok()?;
+    Unit::decode(&head).marked_start(file_start, units_per_file)
+}
+
 /// Allocates the blocks of `[from, size_bytes)` of the file: a store through a memory map into
 /// a hole of a full disk would be a SIGBUS; an error here is an ordinary `DiskFull`, returned
 /// before the record is appended.
@@ -134,7 +180,10 @@ impl ConsumeQueue {
             }
             files.insert(start_byte / CQ_UNIT_BYTES);
         }
-        let min_offset = files.first().copied().unwrap_or(0);
+        // A queue a replica started mid-file begins where its first file's mark says.
+        let min_offset = files.first().map_or(0, |&first| {
+            read_start_mark(&dir.join(file_name(first)), first, units_per_file).unwrap_or(first)
+        });
         Ok(ConsumeQueue {
             dir,
             units_per_file,
@@ -153,6 +202,11 @@ impl ConsumeQueue {
 
     pub(crate) fn max_offset(&self) -> u64 {
         self.max_offset
+    }
+
+    /// Whether no file of this queue exists (a queue created just now).
+    pub(crate) fn holds_no_files(&self) -> bool {
+        self.files.is_empty()
     }
 
     fn file_start(&self, index: u64) -> u64 {
@@ -286,11 +340,13 @@ impl ConsumeQueue {
     pub(crate) fn count_units_below(&mut self, end: u64) -> io::Result<u64> {
         let starts: Vec<u64> = self.files.iter().rev().copied().collect();
         for start in starts {
-            let first_ok = self.read_unit(start)?.is_some_and(|u| u.points_below(end));
+            // The first file of a queue started mid-file holds units from `min_offset` on.
+            let first = start.max(self.min_offset);
+            let first_ok = self.read_unit(first)?.is_some_and(|u| u.points_below(end));
             if !first_ok {
                 continue;
             }
-            let (mut low, mut high) = (start + 1, start + self.units_per_file);
+            let (mut low, mut high) = (first + 1, start + self.units_per_file);
             while low < high {
                 let mid = low + (high - low) / 2;
                 if self.read_unit(mid)?.is_some_and(|u| u.points_below(end)) {
@@ -302,6 +358,53 @@ impl ConsumeQueue {
             return Ok(low);
         }
         Ok(self.min_offset)
+    }
+
+    /// Makes this empty queue start at `index` (a replica taking a queue at its master's
+    /// offsets): its files go (they hold no unit still in the queue), and when `index` is not
+    /// the first unit of its file, that file starts with a start mark (module doc). Only the
+    /// blocks from `index`'s own on are reserved: the hole before it is never written (units
+    /// are written from `min_offset` on). Afterwards `min_offset == max_offset == index`; a
+    /// failure leaves the queue empty at `index` without its mark (a reopen then takes it for
+    /// empty from its file's start: harmless, since it holds nothing).
+    pub(crate) fn start_at(&mut self, index: u64) -> io::Result<()> {
+        assert_eq!(
+            self.min_offset, self.max_offset,
+            "only an empty queue moves its start"
+        );
+        self.active = None;
+        self.cached = None;
+        for start in std::mem::take(&mut self.files) {
+            match fs::remove_file(self.dir.join(file_name(start))) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+        }
+        self.dirty_files.clear();
+        self.min_offset = index;
+        self.max_offset = index;
+        let file_start = self.file_start(index);
+        if file_start == index {
+            return Ok(());
+        }
+        let units_per_file = self.units_per_file;
+        let file = self
+            .slot(index, true)?
+            .ok_or_else(|| io::Error::other("file vanished"))?;
+        let at = (index % units_per_file) * CQ_UNIT_BYTES;
+        let size_bytes = units_per_file * CQ_UNIT_BYTES;
+        let want = (at + CQ_UNIT_BYTES + CQ_RESERVE_CHUNK_BYTES)
+            .next_multiple_of(4096)
+            .min(size_bytes);
+        if want > file.reserved_bytes {
+            let from = (at - at % 4096).max(file.reserved_bytes);
+            reserve_blocks(&file.file, from, want)?;
+            // Below `from` only the mark's first blocks are held; nothing is written there.
+            file.reserved_bytes = want;
+        }
+        Unit::start_mark(index).encode(&mut file.map[..CQ_UNIT_BYTES as usize]);
+        self.dirty_files.insert(file_start);
+        Ok(())
     }
 
     /// Drops every unit at or past `new_max`: zeroes the rest of its file, deletes later files.
@@ -485,6 +588,11 @@ impl QueueTable {
         }
         self.get_mut(topic, queue_id)
             .ok_or_else(|| io::Error::other("queue just inserted"))
+    }
+
+    /// Whether the table holds no queue at all (a store that never held a message).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.topics.is_empty()
     }
 
     pub(crate) fn queue_ids(&self, topic: &str) -> Vec<u32> {

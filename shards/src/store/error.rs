@@ -54,6 +54,30 @@ pub enum StoreError {
     Io(io::Error),
     #[error("corrupt record at {offset}: {reason}")]
     Corrupt { offset: u64, reason: String },
+    /// A read of the raw log (`read_log`) outside `[min, max]`: below the first byte still
+    /// held (retention deleted it), or past the end (a replica ahead of this log).
+    #[error("commitlog offset {offset} lies outside the log [{min}, {max}]")]
+    OutOfRange { offset: u64, min: u64, max: u64 },
+    /// Replicated bytes (`append_replicated`) that do not start where this log ends.
+    #[error("replicated bytes start at commitlog offset {got}, but this log ends at {expected}")]
+    ReplicaMismatch { expected: u64, got: u64 },
+    /// A replicated record whose queue offset does not continue its queue here: the replica's
+    /// queue and its master's have parted (the master re-created the topic, or this store's
+    /// queue files were lost). Nothing of the record is stored.
+    #[error(
+        "replicated record at commitlog offset {offset} has queue offset {got} in \
+         {topic}/{queue_id}, whose next offset here is {expected}"
+    )]
+    ReplicaQueueMismatch {
+        offset: u64,
+        topic: String,
+        queue_id: u32,
+        expected: u64,
+        got: u64,
+    },
+    /// `start_empty_at` refused: the offset is not a segment start, or the store is not empty.
+    #[error("cannot start the commitlog at {offset}: {reason}")]
+    StartRefused { offset: u64, reason: String },
 }
 
 /// Why the store stopped taking writes; kept so every later call reports the first cause.

@@ -76,6 +76,13 @@ pub const SYNCFS_FILES_MIN: usize = 16;
 /// ASYNC_FLUSH: zero-filling waits until no flush has run for this long.
 pub const ZERO_FILL_IDLE_MS: u64 = 20;
 
+/// Writes one flush of data hands the ring at most: its chain's entries less the wake-up send
+/// and an injected fdatasync failure's stand-in. Binds only when the dirty range spans more
+/// segments than that (small segments, or a replica's batch of many records): the flush
+/// then ends at the last write that fits and the next one goes on from there.
+const FLUSH_CHAIN_WRITES_MAX: usize = super::commit_ring::CHAIN_ENTRIES_MAX - 2;
+
+const _: () = assert!(FLUSH_CHAIN_WRITES_MAX >= 2);
 const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_PACE_LEAD_BYTES.is_multiple_of(BLOCK_BYTES));
@@ -180,6 +187,20 @@ impl FlushState {
                 first_dirty || end - self.durable_end >= dirty_max_bytes
             }
         }
+    }
+
+    /// A store that never held anything starts its log at `offset` (`Store::start_empty_at`):
+    /// everything below it counts as durable, and zero-fill goes on from there (zeros already
+    /// written past it stay valid). No flush can be in flight: nothing was ever dirty.
+    pub(crate) fn start_at(&mut self, offset: u64) {
+        assert!(
+            self.data_in_flight.is_none() && offset >= self.durable_end,
+            "an empty log moves its start forward, with no flush in flight"
+        );
+        self.durable_end = offset;
+        self.zero_fill_next = self.zero_fill_next.max(offset);
+        self.dirty_since = None;
+        self.checkpoint_wanted = true;
     }
 
     fn wake_waiters_up_to(&mut self, end: u64) {
@@ -570,6 +591,10 @@ pub(crate) async fn allocate_ahead(inner: &Inner) {
 /// Makes `[segment, stop)` of a segment file allocated, creating the file if needed.
 async fn allocate_in_segment(inner: &Inner, segment: u64, stop: u64) -> io::Result<()> {
     let size = inner.config.segment_size_bytes;
+    if segment < inner.log.borrow().min_physical_offset {
+        // The log's start moved past it while allocation was under way (`start_empty_at`).
+        return Ok(());
+    }
     ensure_segments(inner, segment, segment + 1)
         .await
         .map_err(store_io)?;
@@ -607,15 +632,35 @@ fn allocation_failed(inner: &Inner, from: u64, error: &io::Error) {
     }
 }
 
-/// Creates the segment files covering `[start, end)` that do not exist yet.
-async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), StoreError> {
+/// Creates the segment files covering `[start, end)` that do not exist yet. None is created
+/// below the log's start: `start_empty_at` may move it past a creation under way (such a
+/// file is removed again), and a file there would become the log's first on a reopen. A file
+/// another caller created meanwhile (`start_empty_at` allocates beside the flusher) is kept,
+/// and this one's descriptor closed: replacing it could close a descriptor a chain writes.
+pub(crate) async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), StoreError> {
     let size = inner.config.segment_size_bytes;
-    let mut segment = align_down(start, size);
+    let mut segment = align_down(start, size).max(inner.log.borrow().min_physical_offset);
     while segment < end {
         let missing = inner.log.borrow().segments.file_for(segment).is_none();
         if missing {
             let dir = inner.log.borrow().segments.dir.clone();
             let file = create_segment(&dir, size, segment).await?;
+            let (below_start, created_meanwhile) = {
+                let log = inner.log.borrow();
+                (
+                    segment < log.min_physical_offset,
+                    log.segments.files.contains_key(&segment),
+                )
+            };
+            if below_start || created_meanwhile {
+                DirectFile::close_shared(Rc::new(file)).await;
+                if below_start {
+                    let path = inner.log.borrow().segments.path_of(segment);
+                    std::fs::remove_file(path)?;
+                }
+                segment += size;
+                continue;
+            }
             inner
                 .log
                 .borrow_mut()
@@ -694,7 +739,7 @@ fn start_flush(inner: &Inner) -> Started {
     let mut writes: Vec<ChainWrite> = Vec::new();
     let mut pos = start;
     // Straight from the tail's chunks: one write per segment and per FLUSH_WRITE_MAX_BYTES.
-    for piece in state.tail.flush_pieces(start) {
+    'pieces: for piece in state.tail.flush_pieces(start) {
         let (mut offset, mut left) = (piece.offset, piece.len);
         while left > 0 {
             let Some((segment, file)) = state.segments.file_for(pos) else {
@@ -708,6 +753,10 @@ fn start_flush(inner: &Inner) -> Started {
                     && last.len() + len <= FLUSH_WRITE_MAX_BYTES as usize
             });
             if !extends {
+                if writes.len() == FLUSH_CHAIN_WRITES_MAX {
+                    // A new write starts at a segment or chunk boundary: block-aligned.
+                    break 'pieces;
+                }
                 let mut write = ChainWrite::new(fd, position);
                 write.fail_with = take_fault(&mut state.flush, true);
                 writes.push(write);
@@ -721,7 +770,9 @@ fn start_flush(inner: &Inner) -> Started {
             (offset, left, pos) = (offset + len, left - len, pos + len as u64);
         }
     }
-    debug_assert_eq!(pos, stop);
+    // The flush covers `[start, written_end)`: all that is dirty, unless the chain was cut.
+    assert!(pos == stop || (pos < end && pos.is_multiple_of(BLOCK_BYTES)));
+    let written_end = pos.min(end);
     // Durable writes need no fdatasync; an injected fdatasync failure stands in for the
     // sync part of the first one.
     let sync_fault: Vec<_> = take_fault(&mut log.flush, false)
@@ -734,7 +785,7 @@ fn start_flush(inner: &Inner) -> Started {
         return Started::Poisoned;
     }
     let messages = log.stats.put_messages;
-    log.flush.data_in_flight = Some((end, messages));
+    log.flush.data_in_flight = Some((written_end, messages));
     log.flush.flush_started_at.get_or_insert_with(Instant::now);
     drop(log);
     note_submitted(inner);
@@ -835,7 +886,7 @@ fn chain_failed(inner: &Inner, slot: Slot, context: &str, error: &io::Error) {
 }
 
 /// Resolves once the chain in `slot` has ended (reaped; a failed chain ends too).
-async fn chain_ended(inner: &Inner, slot: Slot) {
+pub(crate) async fn chain_ended(inner: &Inner, slot: Slot) {
     poll_fn(|cx| {
         let mut log = inner.log.borrow_mut();
         if !log.ring.busy(slot) {

@@ -19,6 +19,9 @@
 //!    checkpoint (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
 //! 5. `append` also files the record's keys (UNIQ_KEY, KEYS) in the message index
 //!    (`index.rs`), which QUERY_MESSAGE reads (`index_query.rs`); the checkpoint syncs it too.
+//! 6. Replication (`replica.rs`): a master serves raw commitlog bytes (`read_log`); a slave
+//!    appends them at the same offsets (`append_replicated`, with every limit `append` keeps)
+//!    and files them in its queues and index as recovery does.
 //!
 //! Invariants (asserted, kept in release): the commitlog end, the durable end and every queue's
 //! max offset never go backwards; a record's size equals its computed size; flushed ranges are
@@ -44,6 +47,7 @@ mod pull;
 mod read_cache;
 pub use shardmq_protocol::record;
 mod recovery;
+mod replica;
 mod retention;
 mod segments;
 mod space;
@@ -66,6 +70,7 @@ pub use index_query::{MessageQuery, QueryMessageResult, QUERY_MESSAGES_MAX};
 pub use pull::{
     GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
 };
+pub use replica::{REPLICA_READ_MAX_BYTES, REPLICA_UNIT_MAX_BYTES};
 pub use retention::{
     parse_delete_when, DeletedSegment, DiskVerdict, RetentionConfig, SealedSegment,
     DELETE_FILES_BATCH_MAX, MANUAL_DELETE_RUNS,

@@ -551,6 +551,13 @@ fn dispatch(
         .queues
         .get_or_create(message.topic, message.queue_id)
         .map_err(|e| context("opening the queue", e))?;
+    if queue.holds_no_files() && message.queue_offset != queue.max_offset() {
+        // A queue rebuilt from a log that starts past its beginning (retention, or a
+        // replica that joined mid-log) starts at its first record's offset.
+        queue
+            .start_at(message.queue_offset)
+            .map_err(|e| context("starting the queue", e))?;
+    }
     queue
         .write_unit(message.queue_offset, unit)
         .map_err(|e| context("writing the unit", e))?;
