@@ -12,6 +12,7 @@ pub mod conf;
 pub mod console;
 pub mod error;
 pub mod filter;
+pub mod ha;
 pub mod limits;
 pub mod logging;
 pub mod metrics;

@@ -245,6 +245,48 @@ struct BrokerOptions {
     /// Key of --tls-client-cert-path (tls.client.keyPath).
     #[arg(long, requires = "tls_client_cert_path")]
     tls_client_key_path: Option<PathBuf>,
+    /// Replication role of every shard (RocketMQ's brokerRole): ASYNC_MASTER, SYNC_MASTER
+    /// (a send is answered once the slave has it) or SLAVE (shard i copies shard i of its
+    /// master node and serves reads).
+    #[arg(long = "brokerRole", visible_alias = "broker-role", default_value = "ASYNC_MASTER",
+          value_parser = parse_broker_role)]
+    broker_role: shardmq::ha::BrokerRole,
+    /// 0 for a master, > 0 for a slave (RocketMQ's brokerId).
+    #[arg(long = "brokerId", visible_alias = "broker-id", default_value_t = 0)]
+    broker_id: u64,
+    /// A slave's master: the HA address (host:port) of the master node's shard 0 (its broker
+    /// port + 1); shard i adds --port-stride × i. Without it a slave learns its master from
+    /// the namesrv (RocketMQ's haMasterAddress).
+    #[arg(long = "haMasterAddress", visible_alias = "ha-master-address")]
+    ha_master_address: Option<String>,
+    /// ms between a slave's offset reports and an idle master's heartbeats
+    /// (haSendHeartbeatInterval).
+    #[arg(long = "haSendHeartbeatInterval", default_value_t = 5_000)]
+    ha_send_heartbeat_interval: u64,
+    /// ms of silence after which either side of an HA connection closes it
+    /// (haHousekeepingInterval).
+    #[arg(long = "haHousekeepingInterval", default_value_t = 20_000)]
+    ha_housekeeping_interval: u64,
+    /// Most bytes one HA transfer carries (haTransferBatchSize; larger is allowed and
+    /// catches up faster).
+    #[arg(long = "haTransferBatchSize", default_value_t = 32 * 1024)]
+    ha_transfer_batch_size: usize,
+    /// A slave further behind than this many bytes does not count for SYNC_MASTER
+    /// (haMaxGapNotInSync, 4.x haSlaveFallbehindMax).
+    #[arg(long = "haMaxGapNotInSync", default_value_t = 256 << 20)]
+    ha_max_gap_not_in_sync: u64,
+    /// How long a SYNC_MASTER send waits for the slave before FLUSH_SLAVE_TIMEOUT
+    /// (slaveTimeout), ms.
+    #[arg(long = "slaveTimeout", default_value_t = 3_000)]
+    slave_timeout: u64,
+    /// The master suggests the slave (suggestWhichBrokerId 1) for pulls of data no longer in
+    /// memory (slaveReadEnable).
+    #[arg(long = "slaveReadEnable", default_value_t = false, action = clap::ArgAction::Set)]
+    slave_read_enable: bool,
+    /// Where a slave with an empty store starts: newest (the master's newest segment, as
+    /// RocketMQ) or oldest (everything the master still holds).
+    #[arg(long = "ha-start-from", default_value = "newest", value_parser = ["newest", "oldest"])]
+    ha_start_from: String,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden, and only in builds with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -316,6 +358,10 @@ fn tuning(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Result<T
     Ok(profile.resolve(&shards::runtime::online_cpus())?)
 }
 
+fn parse_broker_role(text: &str) -> Result<shardmq::ha::BrokerRole, String> {
+    shardmq::ha::BrokerRole::parse(text)
+}
+
 fn parse_namesrv_list(text: &str) -> anyhow::Result<Vec<SocketAddr>> {
     let mut addrs = Vec::new();
     for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
@@ -372,6 +418,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         metrics: None,
         auto_create: Default::default(),
         console_write: false,
+        ha: Default::default(),
     })
 }
 
@@ -439,6 +486,31 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         default_topic_queue_nums: options.default_topic_queue_nums,
     };
     config.console_write = options.console_write;
+    config.ha = shardmq::ha::HaConfig {
+        role: options.broker_role,
+        broker_id: options.broker_id,
+        master_address: options
+            .ha_master_address
+            .as_deref()
+            .map(|text| {
+                text.to_socket_addrs()
+                    .ok()
+                    .and_then(|mut addrs| addrs.next())
+                    .with_context(|| format!("--haMasterAddress {text:?}: want host:port"))
+            })
+            .transpose()?,
+        heartbeat_interval_ms: options.ha_send_heartbeat_interval,
+        housekeeping_interval_ms: options.ha_housekeeping_interval,
+        transfer_batch_bytes: options.ha_transfer_batch_size,
+        max_gap_bytes: options.ha_max_gap_not_in_sync,
+        slave_timeout_ms: options.slave_timeout,
+        slave_read_enable: options.slave_read_enable,
+        start_from: match options.ha_start_from.as_str() {
+            "oldest" => shardmq::ha::StartFrom::Oldest,
+            _ => shardmq::ha::StartFrom::Newest,
+        },
+    };
+    config.ha.validate().map_err(anyhow::Error::msg)?;
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {
         (Some(access_key), Some(secret_key)) => Some(
             shardmq::remoting::signature::Credentials::new(access_key, secret_key),

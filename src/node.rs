@@ -88,6 +88,9 @@ pub struct NodeConfig {
     /// What this node's brokers sign their namesrv requests with (RocketMQ 5's
     /// innerClientAuthenticationCredentials); none: unsigned.
     pub inner_credentials: Option<crate::remoting::signature::Credentials>,
+    /// brokerRole, brokerId and the HA settings of every shard (`crate::ha`);
+    /// `master_address` is shard 0's, shard i adds `port_stride` × i.
+    pub ha: crate::ha::HaConfig,
 }
 
 impl NodeConfig {
@@ -552,6 +555,13 @@ async fn open_broker(
         namesrv_tls: config.namesrv_tls.clone(),
         auto_create: config.auto_create,
         acl_enabled: config.acl.is_some(),
+        ha: crate::ha::HaConfig {
+            master_address: config.ha.master_address.map(|shard0| {
+                let port = shard0.port() + (shard_id as u16) * config.port_stride;
+                SocketAddr::new(shard0.ip(), port)
+            }),
+            ..config.ha.clone()
+        },
     };
     Ok(Rc::new(Broker::new(identity, store, broadcast, options)))
 }
@@ -586,6 +596,13 @@ fn start_listeners(
     }
     if shard.broker.is_some() {
         let port = config.shard_port(shard_id);
+        // The HA port (RocketMQ's haListenPort: the broker port + 1): slaves connect to it.
+        if let Some(broker) = &shard.broker {
+            let addr = crate::ha::ha_address_of(SocketAddr::from((ip, port)));
+            let listener = bind(addr, "HA")?;
+            runtime::spawn_detached(crate::ha::master::serve(listener, broker.clone()));
+            listening.push(format!("HA {addr}"));
+        }
         // The main port, and port − 2: the "VIP" channel of Java clients older than 4.5.1.
         for (port, what) in [(port, "broker"), (port - 2, "broker-vip")] {
             let addr = SocketAddr::from((ip, port));
@@ -683,6 +700,10 @@ fn start_broker_tasks(
         });
     };
     runtime::spawn_detached(registration::run(broker.clone(), namesrv_addrs, on_ready));
+    if broker.ha.is_slave() {
+        runtime::spawn_detached(crate::ha::slave::run(broker.clone()));
+        runtime::spawn_detached(crate::ha::metadata::run(broker.clone()));
+    }
     runtime::spawn_detached(broker.clone().run_schedule());
     let every = |broker: &Rc<Broker>, period_ms: u64, work: fn(&Broker)| {
         let broker = broker.clone();

@@ -126,6 +126,8 @@ pub struct Broker {
     pub acl_enabled: bool,
     /// Bumped by each UPDATE_BROKER_CONFIG (GET_BROKER_CONFIG's data version counter).
     pub config_version: std::cell::Cell<u64>,
+    /// Replication: role, slaves, master (`crate::ha`).
+    pub ha: crate::ha::HaState,
     /// UPDATE_BROKER_CONFIG's saved settings (`config/broker.properties`).
     pub live_config: handlers::broker_config::LiveConfig,
     /// SYNC_FLUSH answers waiting for their group commit (durable.rs).
@@ -162,6 +164,8 @@ pub struct BrokerOptions {
     pub auto_create: topics::AutoCreate,
     /// RocketMQ's aclEnable (GET_BROKER_CONFIG shows it).
     pub acl_enabled: bool,
+    /// brokerRole, brokerId and the HA settings (`crate::ha`).
+    pub ha: crate::ha::HaConfig,
 }
 
 impl Broker {
@@ -194,12 +198,18 @@ impl Broker {
             pull::PARKED_PULLS_MAX,
             clock.monotonic_ms(),
         )));
-        // Every message the store appends wakes the pulls parked on its queue.
+        // Every message the store appends wakes the pulls parked on its queue, and the HA
+        // streams waiting for the log to grow.
         let waiters = Rc::downgrade(&pull_waiters);
+        let ha = crate::ha::HaState::new(options.ha.clone());
+        let log_grew = Rc::downgrade(&ha.log_grew);
         store.set_arrival_listener(Rc::new(
             move |topic: &str, queue_id: shards::QueueId, _offset: shards::QueueOffset| {
                 if let Some(waiters) = waiters.upgrade() {
                     waiters.wake_queue(topic, queue_id.0);
+                }
+                if let Some(log_grew) = log_grew.upgrade() {
+                    log_grew.notify();
                 }
             },
         ));
@@ -229,6 +239,7 @@ impl Broker {
             acl_enabled: options.acl_enabled,
             config_version: Default::default(),
             live_config: Default::default(),
+            ha,
             durable_replies,
             local_routes: None,
             namesrv_credentials: options.namesrv_credentials,
@@ -336,6 +347,7 @@ impl Broker {
             loop {
                 let Some(broker) = weak.upgrade() else { return };
                 broker.sample_stats(seconds);
+                broker.ha.sample_transfer_rate();
                 drop(broker);
                 seconds += 1;
                 shards::runtime::sleep(std::time::Duration::from_secs(1)).await;

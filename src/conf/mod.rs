@@ -10,7 +10,7 @@
 //! but that mean nothing here (JVM thread pools, page-cache settings, …) are accepted with one
 //! line each saying why they are ignored (`keys.rs` lists every key RocketMQ 4.9 and 5.3 read);
 //! anything else is refused as unknown, since RocketMQ would drop a misspelt key silently.
-//! A value that would ask for what this build does not do (`brokerRole=SLAVE`,
+//! A value that would ask for what this build does not do (`brokerId=-1`,
 //! `enableDLegerCommitLog=true`) is refused rather than ignored.
 //!
 //! Runs once at start, before the logger, on the main thread.
@@ -213,24 +213,27 @@ fn map_key(key: &str, value: &str, role: Role, base_dir: &Path) -> Option<Result
     match key {
         "brokerClusterName" => set("cluster_name"),
         "brokerName" => set("broker_name"),
-        "brokerId" => Some(match value {
-            "0" => Ok(Nothing),
-            _ => Err(format!(
-                "{value}: this build runs every node as a master (brokerId 0); \
-                 slaves (brokerId > 0) and controller mode (-1) need replication, which it \
-                 does not have"
+        "brokerId" => Some(match value.parse::<u64>() {
+            Ok(_) => Ok(Set("broker_id", value.to_string())),
+            Err(_) => Err(format!(
+                "{value}: a brokerId is 0 (a master) or more (a slave); controller mode (-1) \
+                 is not served: classic master/slave replication is"
             )),
         }),
-        "brokerRole" => Some(match value {
-            "ASYNC_MASTER" => Ok(Nothing),
-            "SYNC_MASTER" | "SLAVE" => Err(format!(
-                "{value}: this build has no replication; only ASYNC_MASTER \
-                 (a single copy) can run"
-            )),
-            _ => Err(format!(
-                "{value:?} is not a role (ASYNC_MASTER, SYNC_MASTER or SLAVE)"
-            )),
-        }),
+        "brokerRole" => {
+            Some(crate::ha::BrokerRole::parse(value).map(|_| Set("broker_role", value.to_string())))
+        }
+        "haMasterAddress" => set("ha_master_address"),
+        "haSendHeartbeatInterval" => number("ha_send_heartbeat_interval"),
+        "haHousekeepingInterval" => number("ha_housekeeping_interval"),
+        "haTransferBatchSize" => number("ha_transfer_batch_size"),
+        "haMaxGapNotInSync" | "haSlaveFallbehindMax" => number("ha_max_gap_not_in_sync"),
+        "slaveTimeout" => number("slave_timeout"),
+        "slaveReadEnable" => switch("slave_read_enable"),
+        "haListenPort" => Some(Ok(Ignore(
+            "each shard's HA port is its broker port + 1 (RocketMQ's default for \
+             haListenPort)",
+        ))),
         "listenPort" => port(value, "broker_port"),
         "namesrvAddr" => match role {
             Role::Broker => set("namesrv"),
@@ -286,7 +289,8 @@ fn map_key(key: &str, value: &str, role: Role, base_dir: &Path) -> Option<Result
             Some(java_bool(value).and_then(|on| match on {
                 false => Ok(Nothing),
                 true => Err(format!(
-                    "{key}=true needs replication, which this build does not have"
+                    "{key}=true asks for DLedger or controller replication; this build runs \
+                     RocketMQ's classic master/slave (brokerRole, brokerId)"
                 )),
             }))
         }
@@ -459,7 +463,9 @@ fn ignored_reason(key: &str) -> &'static str {
             "dLeger",
         ])
     {
-        "a replication setting: this build runs each node as a single copy"
+        "a replication setting of RocketMQ's other HA modes (DLedger, controller, acting \
+         master, flow control) or of the JVM broker's HA threads: classic master/slave runs \
+         with brokerRole, brokerId, haMasterAddress and the ha* intervals"
     } else if has(&["Pop", "pop", "revive", "Revive"]) {
         "RocketMQ 5's POP consumption is not served"
     } else if has(&[
@@ -522,8 +528,10 @@ mod tests {
             vec![
                 ("cluster_name", "DefaultCluster".to_string()),
                 ("broker_name", "broker-a".to_string()),
+                ("broker_id", "0".to_string()),
                 ("delete_when", "04".to_string()),
                 ("file_reserved_time", "48".to_string()),
+                ("broker_role", "ASYNC_MASTER".to_string()),
                 ("flush", "async".to_string()),
             ]
         );
@@ -538,8 +546,8 @@ mod tests {
             translate(&entries, Role::Serve, Path::new("/nonexistent")).unwrap_err()
         };
         assert!(refuse("listenPort=abc").contains("line 1, listenPort"));
-        assert!(refuse("brokerRole=SLAVE").contains("no replication"));
-        assert!(refuse("brokerId=1").contains("brokerId: 1: "));
+        assert!(refuse("brokerRole=slave").contains("is not a broker role"));
+        assert!(refuse("brokerId=-1").contains("controller mode"));
         assert!(refuse("brokerNmae=x").contains("unknown key \"brokerNmae\""));
         assert!(refuse("autoCreateTopicEnable=yes").contains("not true or false"));
         assert!(refuse("mappedFileSizeCommitLog=1000").contains("whole MiB"));

@@ -230,7 +230,6 @@ impl NamesrvHandler {
             peer_ip: registration.peer_ip,
         };
         let (broker_name, broker_id) = (registration.broker_name.clone(), registration.broker_id);
-        let ha_server_addr = registration.ha_server_addr.clone();
         self.apply(RouteUpdate::Register(registration));
         let mut by_connection = self.registered_by_connection.borrow_mut();
         let registered = by_connection.entry(connection.id).or_default();
@@ -238,20 +237,25 @@ impl NamesrvHandler {
             registered.push(unregister);
         }
         drop(by_connection);
-        let master_addr = match broker_id {
-            0 => None,
-            _ => self
-                .table
-                .borrow()
-                .master_addr_of(&broker_name)
-                .map(String::from),
+        // A slave is told its master's address and HA address (RouteInfoManager).
+        let (master_addr, ha_server_addr) = match broker_id {
+            0 => (None, String::new()),
+            _ => {
+                let table = self.table.borrow();
+                let master = table.master_addr_of(&broker_name).map(String::from);
+                let ha = master.as_deref().and_then(|m| table.ha_server_addr_of(m));
+                let ha = ha.unwrap_or_default().to_string();
+                (master, ha)
+            }
         };
         if request.is_oneway() {
             return Ok(());
         }
         connection.send_with(|out| {
             let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
-            frame.ext("haServerAddr", &ha_server_addr);
+            if !ha_server_addr.is_empty() {
+                frame.ext("haServerAddr", &ha_server_addr);
+            }
             if let Some(master_addr) = &master_addr {
                 frame.ext("masterAddr", master_addr);
             }

@@ -1,7 +1,7 @@
 //! One shard's replica of the route table (pure data, no I/O; unit-tested below).
 //!
-//! Invariants: a broker name appears in `topic_queues` only while it has a live address with
-//! broker id 0 or a slave; a topic with no queue data left is gone (TOPIC_NOT_EXIST).
+//! Invariants: a broker name appears in `topic_queues` only while it has a live address (its
+//! master or a slave); a topic with no queue data left is gone (TOPIC_NOT_EXIST).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +62,7 @@ struct LiveBroker {
     timeout_ms: i64,
     data_version: DataVersion,
     peer_ip: Option<std::net::IpAddr>,
+    ha_server_addr: String,
 }
 
 /// The replica.
@@ -160,6 +161,7 @@ impl RouteTable {
                 timeout_ms,
                 data_version: registration.data_version.clone(),
                 peer_ip: registration.peer_ip,
+                ha_server_addr: registration.ha_server_addr.clone(),
             },
         );
     }
@@ -194,11 +196,10 @@ impl RouteTable {
                 }
             }
         }
-        let master_gone = self
-            .brokers
-            .get(broker_name)
-            .is_none_or(|(_, addrs)| !addrs.contains_key(&0));
-        if master_gone {
+        // The queues stay routed while a slave of the name is live (RocketMQ's
+        // RouteInfoManager removes a broker name's topics only with its last address):
+        // consumers read from the slave when the master is gone.
+        if name_gone {
             self.topic_queues.retain(|_, queues| {
                 queues.remove(broker_name);
                 !queues.is_empty()
@@ -372,6 +373,12 @@ impl RouteTable {
 
     pub fn master_addr_of(&self, broker_name: &str) -> Option<&str> {
         self.brokers.get(broker_name)?.1.get(&0).map(String::as_str)
+    }
+
+    /// The haServerAddr a live broker registered with.
+    pub fn ha_server_addr_of(&self, broker_addr: &str) -> Option<&str> {
+        let live = self.live.get(broker_addr)?;
+        Some(live.ha_server_addr.as_str()).filter(|addr| !addr.is_empty())
     }
 
     /// Refreshes a broker's liveness (QUERY_DATA_VERSION does this without a full register).

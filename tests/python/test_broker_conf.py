@@ -195,13 +195,22 @@ def test_bad_files_are_refused_naming_the_key(binary, tmp_path, lines, refusal):
     assert not os.path.exists(tmp_path / "d"), "nothing is started or written"
 
 
-@pytest.mark.parametrize("name", ["2m-2s-async/broker-a-s.properties",
-                                  "2m-2s-sync/broker-a.properties"])
-def test_replicated_roles_are_refused_with_the_reason(binary, tmp_path, name):
-    done = subprocess.run([binary, "serve", "-c", os.path.join(FIXTURES, name), "--data-dir",
-                           str(tmp_path / "d")], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1
-    assert "replication" in done.stderr, done.stderr
+@pytest.mark.parametrize("name,role,broker_id", [
+    ("2m-2s-async/broker-a-s.properties", "SLAVE", "1"),
+    ("2m-2s-sync/broker-a.properties", "SYNC_MASTER", "0"),
+])
+def test_replicated_roles_are_read_from_the_file(binary, tmp_path, name, role, broker_id):
+    """RocketMQ's slave and SYNC_MASTER files set the role and id they say (replication
+    itself is test_replication's)."""
+    path = os.path.join(FIXTURES, name)
+    done = subprocess.run([binary, "serve", "-c", path, "--data-dir", str(tmp_path / "d"),
+                           "--print-config"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    role_line = [line for line in lines if "brokerRole" in line and "file" in line]
+    id_line = [line for line in lines if "brokerId" in line and "file" in line]
+    assert role_line and role in role_line[0], done.stdout
+    assert id_line and broker_id in id_line[0].split(), done.stdout
 
 
 def test_namesrv_properties(binary, tmp_path):

@@ -55,8 +55,37 @@ impl Broker {
         let pairs = [
             ("brokerClusterName", self.identity.cluster_name.clone()),
             ("brokerName", self.identity.broker_name.clone()),
-            ("brokerId", "0".into()),
-            ("brokerRole", "ASYNC_MASTER".into()),
+            ("brokerId", self.ha.broker_id().to_string()),
+            ("brokerRole", self.ha.role().name().into()),
+            (
+                "haMasterAddress",
+                self.ha
+                    .master
+                    .ha_address
+                    .borrow()
+                    .map_or(String::new(), |a| a.to_string()),
+            ),
+            (
+                "haSendHeartbeatInterval",
+                self.ha.config.heartbeat_interval_ms.to_string(),
+            ),
+            (
+                "haHousekeepingInterval",
+                self.ha.config.housekeeping_interval_ms.to_string(),
+            ),
+            (
+                "haTransferBatchSize",
+                self.ha.config.transfer_batch_bytes.to_string(),
+            ),
+            (
+                "haMaxGapNotInSync",
+                self.ha.config.max_gap_bytes.to_string(),
+            ),
+            ("slaveTimeout", self.ha.config.slave_timeout_ms.to_string()),
+            (
+                "slaveReadEnable",
+                self.ha.config.slave_read_enable.to_string(),
+            ),
             ("brokerIP1", self.identity.address.ip().to_string()),
             ("listenPort", self.identity.address.port().to_string()),
             ("storePathRootDir", store_root.clone()),

@@ -35,6 +35,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        self.refuse_write_if_slave()?;
         let ext = &request.ext_fields;
         let commit = match ext.required_i32("commitOrRollback")? {
             TRANSACTION_COMMIT_TYPE => true,

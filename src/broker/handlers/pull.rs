@@ -223,6 +223,26 @@ impl Broker {
         }
     }
 
+    /// suggestWhichBrokerId (PullMessageProcessor): with slaveReadEnable, a master suggests
+    /// its slave (whichBrokerWhenConsumeSlowly, 1) when what was pulled lies further behind
+    /// the log's end than 40% of the host's memory (accessMessageInMemoryMaxRatio: no longer
+    /// in memory on a JVM broker); otherwise the master (0).
+    fn suggest_broker_id(&self, found: &shards::store::GetMessageResult) -> i64 {
+        const PHYSICAL_OFFSET_AT: usize = 28;
+        if !self.ha.config.slave_read_enable || self.ha.is_slave() {
+            return 0;
+        }
+        let Some(bytes) = found.body.get(PHYSICAL_OFFSET_AT..PHYSICAL_OFFSET_AT + 8) else {
+            return 0;
+        };
+        let first = u64::from_be_bytes(bytes.try_into().expect("8 bytes"));
+        let behind = self.store.max_physical_offset().0.saturating_sub(first);
+        // SAFETY: sysconf reads constants of the system.
+        let memory = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 }
+            * unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 };
+        i64::from(behind > memory / 100 * 40)
+    }
+
     /// Parks a pull that found nothing until a message reaches its queue, its suspend
     /// timeout passes or its connection closes.
     pub(crate) async fn park_pull(
@@ -341,11 +361,12 @@ impl Broker {
                 found.next_begin_offset.0,
             );
         }
+        let suggest = self.suggest_broker_id(&found);
         connection.send_with(|out| {
             let mut frame = FrameEncoder::response(out, code, pull.opaque);
             frame
                 .remark(status_name(found.status))
-                .ext_i64("suggestWhichBrokerId", 0)
+                .ext_i64("suggestWhichBrokerId", suggest)
                 .ext_i64("nextBeginOffset", found.next_begin_offset.0 as i64)
                 .ext_i64("minOffset", found.min_offset.0 as i64)
                 .ext_i64("maxOffset", found.max_offset.0 as i64)

@@ -252,6 +252,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        self.refuse_write_if_slave()?;
         self.refuse_send_if_overloaded()?;
         let header = SendHeader::parse(request)?;
         validate_topic_name(header.topic)?;
@@ -342,17 +343,43 @@ impl Broker {
             });
             return Ok(());
         }
+        let end_offset = results.last().map_or(0, |r| r.end_offset.0);
+        // SYNC_MASTER: answered once the slave has the records; with no slave in sync, at
+        // once (or once durable) as SLAVE_NOT_AVAILABLE, the message stored (RocketMQ).
+        let mut code = response_code::SUCCESS;
+        if self.ha.role() == crate::ha::BrokerRole::SyncMaster {
+            if self.ha.slave_in_sync(end_offset) {
+                let replies = self.ha.sync_replies.clone();
+                replies.push(self, end_offset, connection, opaque, |out, code| {
+                    reply.encode(out, opaque, code)
+                });
+                return Ok(());
+            }
+            code = response_code::SLAVE_NOT_AVAILABLE;
+        }
         match self.store.flush_mode() {
-            FlushMode::Async => reply.send(connection, opaque, response_code::SUCCESS),
+            FlushMode::Async => reply.send(connection, opaque, code),
             FlushMode::Sync => {
-                let end_offset = results.last().map_or(0, |r| r.end_offset.0);
                 self.durable_replies
                     .push(&self.store, end_offset, connection, opaque, |out| {
-                        reply.encode(out, opaque, response_code::SUCCESS)
+                        reply.encode(out, opaque, code)
                     });
             }
         }
         Ok(())
+    }
+
+    /// A slave takes no writes (RocketMQ's checkBeforePutMessage: SERVICE_NOT_AVAILABLE).
+    pub(crate) fn refuse_write_if_slave(&self) -> Result<(), RequestError> {
+        if !self.ha.is_slave() {
+            return Ok(());
+        }
+        Err(RequestError::ServiceNotAvailable(format!(
+            "service not available now. It may be caused by one of the following reasons: the \
+             broker's disk is full, messages are put to the slave, message store has been shut \
+             down, etc. ({} is a SLAVE: send to its master)",
+            self.identity.broker_name
+        )))
     }
 
     /// Sends the answer `encode` writes once the topics file is on disk up to `version` and,

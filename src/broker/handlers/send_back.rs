@@ -48,6 +48,7 @@ impl Broker {
         request: &RemotingCommand<'_>,
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
+        self.refuse_write_if_slave()?;
         let ext = &request.ext_fields;
         let back = SendBack {
             opaque: request.opaque,

@@ -380,6 +380,9 @@ impl Broker {
         put("storeCorruptRecords", store.corrupt_records.to_string());
         put("parkedPulls", self.pull_waiters.len().to_string());
         put("sendRefusedBusy", self.load.refused_sends.get().to_string());
+        for (key, value) in self.ha.runtime_info(self.store.max_physical_offset().0) {
+            put(key, value);
+        }
         let transactions = self.transactions.borrow();
         put(
             "transactionHalfPending",

@@ -289,6 +289,13 @@ impl Broker {
         });
         let wakeup = self.schedule.borrow().wakeup.clone();
         loop {
+            if self.ha.is_slave() {
+                // A slave's copies are delivered by its master (whose deliveries replicate
+                // here); promoted, it delivers them itself.
+                let idle = Duration::from_millis(DELIVER_IDLE_WAKE_MS as u64);
+                shards::runtime::sleep(idle).await;
+                continue;
+            }
             let now = self.now_ms();
             let levels_due = self.deliver_due_levels(now).await;
             let timers_due = self.deliver_due_timers(now).await;

@@ -57,6 +57,16 @@ impl NamesrvConnection {
         &mut self,
         build: impl Fn(&mut Vec<u8>, i32),
     ) -> Result<(i32, Option<String>), String> {
+        self.call_for_fields(build)
+            .await
+            .map(|answer| (answer.code, answer.remark))
+    }
+
+    /// [`NamesrvConnection::call`], with the answer's ext fields.
+    pub async fn call_for_fields(
+        &mut self,
+        build: impl Fn(&mut Vec<u8>, i32),
+    ) -> Result<NamesrvAnswer, String> {
         let timeout = Duration::from_millis(NAMESRV_REQUEST_TIMEOUT_MS);
         let result = runtime::timeout(timeout, self.call_inner(build)).await;
         let result = result.unwrap_or_else(|| Err(format!("no answer from {} in time", self.addr)));
@@ -69,7 +79,7 @@ impl NamesrvConnection {
     pub(crate) async fn call_inner(
         &mut self,
         build: impl Fn(&mut Vec<u8>, i32),
-    ) -> Result<(i32, Option<String>), String> {
+    ) -> Result<NamesrvAnswer, String> {
         if self.stream.is_none() {
             let mut stream = runtime::connect(self.addr)
                 .await
@@ -120,11 +130,32 @@ impl NamesrvConnection {
             {
                 consumed += length;
                 if command.is_response() && command.opaque == opaque {
-                    return Ok((command.code, command.remark.map(|r| r.into_owned())));
+                    let ext = command.ext_fields.iter();
+                    return Ok(NamesrvAnswer {
+                        code: command.code,
+                        remark: command.remark.map(|r| r.into_owned()),
+                        ext: ext.map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                        body: command.body.to_vec(),
+                    });
                 }
             }
             buffer.drain(..consumed);
         }
+    }
+}
+
+/// A namesrv's answer.
+pub struct NamesrvAnswer {
+    pub code: i32,
+    pub remark: Option<String>,
+    pub ext: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl NamesrvAnswer {
+    pub fn ext(&self, key: &str) -> Option<&str> {
+        let found = self.ext.iter().find(|(k, _)| k == key);
+        found.map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 }
 
@@ -221,7 +252,7 @@ impl Broker {
             ("brokerAddr", identity.address.to_string()),
             ("clusterName", identity.cluster_name.clone()),
             ("haServerAddr", ha_addr(identity)),
-            ("brokerId", "0".to_string()),
+            ("brokerId", self.ha.broker_id().to_string()),
             ("heartbeatTimeoutMillis", HEARTBEAT_TIMEOUT_MS.to_string()),
             ("compressed", "false".to_string()),
             ("bodyCrc32", crc.to_string()),
@@ -235,13 +266,13 @@ impl Broker {
             ("brokerName", identity.broker_name.clone()),
             ("brokerAddr", identity.address.to_string()),
             ("clusterName", identity.cluster_name.clone()),
-            ("brokerId", "0".to_string()),
+            ("brokerId", self.ha.broker_id().to_string()),
         ];
         self.encode_namesrv_request(out, request_code::UNREGISTER_BROKER, opaque, fields, &[]);
     }
 
     /// One request to a namesrv, signed when this broker has namesrv credentials.
-    fn encode_namesrv_request(
+    pub(crate) fn encode_namesrv_request(
         &self,
         out: &mut Vec<u8>,
         code: i32,
@@ -282,8 +313,14 @@ impl Broker {
         .encode();
         for namesrv in namesrvs.iter_mut() {
             let result = namesrv
-                .call(|out, opaque| self.encode_registration(out, opaque, &body))
+                .call_for_fields(|out, opaque| self.encode_registration(out, opaque, &body))
                 .await;
+            if let Ok(answer) = &result {
+                if answer.code == response_code::SUCCESS {
+                    self.learn_master(answer);
+                }
+            }
+            let result = result.map(|answer| (answer.code, answer.remark));
             all_accepted &= matches!(result, Ok((response_code::SUCCESS, _)));
             match result {
                 Ok((response_code::SUCCESS, _)) => {}
@@ -301,6 +338,29 @@ impl Broker {
             }
         }
         all_accepted
+    }
+
+    /// A slave learns its master's addresses from the namesrv's answer (`masterAddr`,
+    /// `haServerAddr`), as RocketMQ's BrokerController.updateMasterHAServerAddrPeriodically
+    /// does, unless haMasterAddress was given.
+    fn learn_master(&self, answer: &NamesrvAnswer) {
+        if !self.ha.is_slave() {
+            return;
+        }
+        let parse = |key: &str| answer.ext(key).and_then(|v| v.parse::<SocketAddr>().ok());
+        let master = &self.ha.master;
+        if let Some(address) = parse("masterAddr") {
+            let changed = *master.broker_address.borrow() != Some(address);
+            if changed {
+                log::info!("{}: master is {address}", self.identity.broker_name);
+                *master.broker_address.borrow_mut() = Some(address);
+            }
+            if self.ha.config.master_address.is_none() {
+                // The namesrv gives the master's haServerAddr; RocketMQ's is its port + 1.
+                let ha = parse("haServerAddr").unwrap_or(crate::ha::ha_address_of(address));
+                *master.ha_address.borrow_mut() = Some(ha);
+            }
+        }
     }
 
     /// Unregisters from every namesrv (best effort, at shutdown).

@@ -47,6 +47,9 @@ pub async fn run_checks(broker: Rc<Broker>) {
     loop {
         let interval = broker.transactions.borrow().config.check_interval_ms;
         shards::runtime::sleep(Duration::from_millis(interval)).await;
+        if broker.ha.is_slave() {
+            continue; // its master checks (and writes the op records that replicate here)
+        }
         broker.check_transactions().await;
         broker.persist_transactions().await;
     }

@@ -1,0 +1,140 @@
+//! A slave shard's copy of its master's metadata (RocketMQ's SlaveSynchronize): every
+//! `SYNC_INTERVAL_MS` it asks the master shard's broker port for GET_ALL_TOPIC_CONFIG (21),
+//! GET_ALL_CONSUMER_OFFSET (43), GET_ALL_DELAY_OFFSET (45) and
+//! GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) and takes what it is given: topics and groups are
+//! upserted, each queue's committed offset and each delay level's progress replaced by the
+//! master's (as RocketMQ's putAll), so consumers that move to the slave resume near where
+//! they were. Offsets committed on the slave while its master is away stay until the master
+//! answers again; consumers commit to the master again once it is back.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::body::{ConsumerOffsetTable, SubscriptionGroupTable, TopicConfigTable};
+use crate::broker::registration::NamesrvConnection;
+use crate::broker::Broker;
+use crate::remoting::{request_code, response_code};
+
+/// How often a slave copies its master's metadata (RocketMQ: every 10 s).
+pub const SYNC_INTERVAL_MS: u64 = 10_000;
+
+/// Copies the master's metadata for as long as this shard is a slave.
+pub async fn run(broker: Rc<Broker>) {
+    let mut connection: Option<NamesrvConnection> = None;
+    let mut failures = 0u64;
+    // The first copy comes soon after the master is known.
+    let mut wait = Duration::from_millis(1_000);
+    while broker.ha.is_slave() {
+        shards::runtime::sleep(wait).await;
+        let master = *broker.ha.master.broker_address.borrow();
+        let Some(master) = master else {
+            continue;
+        };
+        wait = Duration::from_millis(SYNC_INTERVAL_MS);
+        if connection.as_ref().is_none_or(|c| c.addr != master) {
+            connection = Some(NamesrvConnection::new(master, broker.namesrv_tls.clone()));
+        }
+        let Some(connection) = connection.as_mut() else {
+            continue;
+        };
+        match sync_all(&broker, connection).await {
+            Ok(()) => failures = 0,
+            Err(why) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(30) {
+                    log::warn!(
+                        "{}: cannot copy the master's metadata from {master}: {why}",
+                        broker.identity.broker_name
+                    );
+                }
+            }
+        }
+    }
+}
+
+async fn fetch(
+    broker: &Broker,
+    connection: &mut NamesrvConnection,
+    code: i32,
+) -> Result<Vec<u8>, String> {
+    let answer = connection
+        .call_for_fields(|out, opaque| {
+            broker.encode_namesrv_request(out, code, opaque, Vec::new(), &[])
+        })
+        .await?;
+    if answer.code != response_code::SUCCESS {
+        return Err(format!(
+            "request {code}: code {} {}",
+            answer.code,
+            answer.remark.unwrap_or_default()
+        ));
+    }
+    Ok(answer.body)
+}
+
+/// One copy of all four tables.
+pub async fn sync_all(broker: &Broker, connection: &mut NamesrvConnection) -> Result<(), String> {
+    let topics = fetch(broker, connection, request_code::GET_ALL_TOPIC_CONFIG).await?;
+    let topics = TopicConfigTable::parse(&topics).map_err(|e| format!("topics: {e}"))?;
+    {
+        let mut table = broker.topics.borrow_mut();
+        let mut changed = Vec::new();
+        for config in topics.topics.into_values() {
+            let name = config.topic_name.clone();
+            if table.upsert(config) {
+                changed.push(name);
+            }
+        }
+        if !changed.is_empty() {
+            table.persist();
+        }
+        drop(table);
+        // The namesrv routes these topics to this slave too (clients read from it when
+        // the master is gone).
+        for topic in &changed {
+            broker.registration.topic_changed(topic);
+        }
+    }
+    let offsets = fetch(broker, connection, request_code::GET_ALL_CONSUMER_OFFSET).await?;
+    let offsets = ConsumerOffsetTable::parse(&offsets).map_err(|e| format!("offsets: {e}"))?;
+    {
+        let mut table = broker.offsets.borrow_mut();
+        for (key, queues) in offsets.offsets {
+            let Some((topic, group)) = key.split_once('@') else {
+                continue;
+            };
+            for (queue_id, offset) in queues {
+                table.commit(group, topic, queue_id, offset);
+            }
+        }
+    }
+    let delays = fetch(broker, connection, request_code::GET_ALL_DELAY_OFFSET).await?;
+    let delays: serde_json::Value =
+        serde_json::from_slice(&delays).map_err(|e| format!("delay offsets: {e}"))?;
+    if let Some(levels) = delays.get("offsetTable").and_then(|t| t.as_object()) {
+        let mut schedule = broker.schedule.borrow_mut();
+        for (level, offset) in levels {
+            if let (Ok(level), Some(offset)) = (level.parse::<u32>(), offset.as_u64()) {
+                if schedule.level_offsets.insert(level, offset) != Some(offset) {
+                    schedule.dirty = true;
+                }
+            }
+        }
+    }
+    let groups = fetch(
+        broker,
+        connection,
+        request_code::GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+    )
+    .await?;
+    let groups = SubscriptionGroupTable::parse(&groups).map_err(|e| format!("groups: {e}"))?;
+    {
+        let mut table = broker.groups.borrow_mut();
+        for config in groups.groups.into_values() {
+            if table.get(&config.group_name) != Some(&config) {
+                table.upsert(config).map_err(|e| format!("group: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
