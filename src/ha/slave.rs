@@ -24,6 +24,9 @@ use crate::broker::Broker;
 /// HAClient waits 5 s; a shorter wait loses less time after a master restart).
 const RECONNECT_MS: u64 = 1_000;
 
+/// How long a slave shard waits to learn its master before it says so.
+const NO_MASTER_WARN_MS: u64 = 30_000;
+
 /// Wait before appending again when the store has no space ready (or the disk is full).
 const SPACE_RETRY_MS: u64 = 20;
 
@@ -34,9 +37,19 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 pub async fn run(broker: Rc<Broker>) {
     let name = broker.identity.broker_name.clone();
     let mut failures = 0u64;
+    let mut waited_ms = 0u64;
     while broker.ha.is_slave() {
         let address = *broker.ha.master.ha_address.borrow();
         let Some(address) = address else {
+            waited_ms += RECONNECT_MS;
+            if waited_ms == NO_MASTER_WARN_MS {
+                log::warn!(
+                    "{name}: no master known after {} s: the namesrv lists no brokerId 0 of \
+                     this name (is the master node up, with as many shards as this one?), \
+                     and no haMasterAddress was given",
+                    NO_MASTER_WARN_MS / 1000
+                );
+            }
             runtime::sleep(Duration::from_millis(RECONNECT_MS)).await;
             continue;
         };

@@ -331,3 +331,118 @@ def test_a_stopped_slave_catches_up(cluster):
         end = int(runtime_info(master.broker_addr(shard))["commitLogMaxOffset"])
         time.sleep(0.5)
         assert segment_checksums(master, shard, end) == segment_checksums(slave, shard, end)
+
+
+LINK_DELAY_S = 0.005
+
+
+class DelayedLink:
+    """A TCP relay that holds every chunk LINK_DELAY_S before passing it on, each way: the
+    replication link of a slave 5 ms away. `tc netem` would do this in the kernel; this
+    machine's kernel has no netem qdisc (the test says which one it used)."""
+
+    def __init__(self, target):
+        import queue
+        self.queue = queue
+        self.target = target
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.address = "127.0.0.1:{}".format(self.listener.getsockname()[1])
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            host, port = self.target.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)))
+            for source, sink in ((client, upstream), (upstream, client)):
+                self._pump(source, sink)
+
+    def _pump(self, source, sink):
+        pending = self.queue.Queue()
+
+        def read():
+            while True:
+                try:
+                    data = source.recv(256 * 1024)
+                except OSError:
+                    data = b""
+                pending.put((time.monotonic() + LINK_DELAY_S, data))
+                if not data:
+                    return
+
+        def write():
+            while True:
+                due, data = pending.get()
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                if not data:
+                    try:
+                        sink.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    return
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    return
+        threading.Thread(target=read, daemon=True).start()
+        threading.Thread(target=write, daemon=True).start()
+
+    def close(self):
+        self.closed = True
+        self.listener.close()
+
+
+def sync_sends(address, topic, count, in_flight=64):
+    """`count` sends pipelined `in_flight` deep; (codes seen, seconds, latencies in ms)."""
+    codes, latencies = {}, []
+    with remoting.RemotingClient.connect(address, timeout_s=20) as client:
+        sent_at, opaque, done = {}, 0, 0
+        started = time.monotonic()
+        while done < count:
+            while len(sent_at) < in_flight and opaque < count:
+                opaque += 1
+                client.send_raw(remoting.encode_request(
+                    remoting.SEND_MESSAGE, opaque, remoting.send_message_ext(topic), b"d" * 1024))
+                sent_at[opaque] = time.monotonic()
+            answer = client.read_frame()
+            at = sent_at.pop(answer.opaque, None)
+            if at is None:
+                continue
+            latencies.append((time.monotonic() - at) * 1000)
+            codes[answer.code] = codes.get(answer.code, 0) + 1
+            done += 1
+        return codes, time.monotonic() - started, sorted(latencies)
+
+
+def test_sync_master_over_a_delayed_link(cluster):
+    master = cluster("master", MASTER_IP, role_args=["--brokerRole", "SYNC_MASTER"])
+    topic = create_topic(master, "Tdelay")
+    host, port = master.broker_addr(0).rsplit(":", 1)
+    # Shard 0's HA port through the relay; shard 1 (port + stride) is not used by this test.
+    link = DelayedLink("{}:{}".format(host, int(port) + 1))
+    print("link delay: a userspace relay, {} ms each way (works where tc netem is missing, as "
+          "on kernels without sch_netem)".format(
+        LINK_DELAY_S * 1000))
+    try:
+        cluster("slave", SLAVE_IP, role_args=[
+            "--brokerRole", "SLAVE", "--brokerId", "1", "--ha-start-from", "oldest",
+            "--haMasterAddress", link.address])
+        wait_until(lambda: runtime_info(master.broker_addr(0))["haSlaveInSync"] == "true", 30,
+                   message="the slave to connect through the relay")
+        codes, seconds, latencies = sync_sends(master.broker_addr(0), topic, 3000)
+        p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+        print("SYNC_MASTER over a 5 ms link: {} sends in {:.2f} s ({:.0f}/s), codes {}, latency "
+              "p50 {:.1f} ms p99 {:.1f} ms".format(3000, seconds, 3000 / seconds, codes, p50, p99))
+        assert codes == {remoting.SUCCESS: 3000}, codes
+        assert p50 >= LINK_DELAY_S * 2 * 1000, "every answer waited for the slave's report"
+    finally:
+        link.close()

@@ -128,6 +128,12 @@ impl Broker {
                 )))
             }
             Some(config) => config.read_queue_nums,
+            // A slave serves the queues it holds copies of before it has copied the topic's
+            // config from its master (every 10 s): the master may be gone by then.
+            None if self.ha.is_slave() && !self.store.queue_ids(topic).is_empty() => {
+                let ids = self.store.queue_ids(topic);
+                ids.iter().map(|id| id.0 + 1).max().unwrap_or(0)
+            }
             None => {
                 return Err(RequestError::TopicNotExist(format!(
                     "topic[{topic}] not exist, apply first please!"
