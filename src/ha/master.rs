@@ -171,11 +171,17 @@ async fn write_stream(
     link.sent_offset.set(next);
     let batch = broker.ha.config.transfer_batch_bytes;
     let mut last_write = std::time::Instant::now();
+    // The next batch, read while the one before it is written to the socket: a slave catching
+    // up from disk otherwise waits for each DMA read and each socket write in turn.
+    let mut ahead: Option<Vec<u8>> = None;
     loop {
         let grew = broker.ha.log_grew.wait();
-        let data = match broker.store.read_log(next, batch).await {
-            Ok(data) => data,
-            Err(error) => return format!("reading the commitlog at {next}: {error}"),
+        let data = match ahead.take() {
+            Some(data) => data,
+            None => match broker.store.read_log(next, batch).await {
+                Ok(data) => data,
+                Err(error) => return format!("reading the commitlog at {next}: {error}"),
+            },
         };
         if data.is_empty() {
             let waited = last_write.elapsed();
@@ -196,14 +202,22 @@ async fn write_stream(
             writer.write_all(&data).await?;
             writer.flush().await
         };
-        if let Err(error) = sent.await {
+        let following = next + data.len() as u64;
+        let read_ahead = broker.store.read_log(following, batch);
+        let (sent, read) = futures_lite::future::zip(sent, read_ahead).await;
+        if let Err(error) = sent {
             return error.to_string();
         }
         last_write = std::time::Instant::now();
-        next += data.len() as u64;
+        next = following;
         link.sent_offset.set(next);
         let ha = &broker.ha;
         ha.bytes_transferred
             .set(ha.bytes_transferred.get() + data.len() as u64);
+        match read {
+            Ok(data) if !data.is_empty() => ahead = Some(data),
+            Ok(_) => {}
+            Err(error) => return format!("reading the commitlog at {next}: {error}"),
+        }
     }
 }
