@@ -21,7 +21,9 @@ ticks() { awk '{print $14 + $15}' /proc/"$1"/task/*/stat | awk '{s += $1} END {p
 wait_log() { until grep -q "$2" "$1" 2>/dev/null; do sleep 0.1; done; }
 status() { # addr key
     "$bin" admin -n "$ns" --json brokerStatus -b "$1" 2>/dev/null |
-        python3 -c "import json,sys; print(json.load(sys.stdin)['brokers'][0]['runtime'].get('$2', ''))"
+        python3 -c "import json,sys
+try: print(json.load(sys.stdin)['brokers'][0]['runtime'].get('$2', ''))
+except (KeyError, IndexError, ValueError): print('')"
 }
 
 "$bin" namesrv --namesrv-port 39976 --shards 1 --cpus 1 --data-dir "$dir/ns" \
@@ -92,8 +94,7 @@ for batch in 32768 1048576; do
     start_broker slave 127.0.0.2 1 --brokerRole SLAVE --brokerId 1 \
         --ha-start-from oldest --haTransferBatchSize "$batch"
     slave=$started
-    wait_log "$dir/slave.log" "ready"
-    until [ "$(status 127.0.0.2:40911 commitLogMaxOffset)" = "$end" ]; do sleep 0.05; done
+    until [ "$(status 127.0.0.2:40911 commitLogMaxOffset)" = "$end" ]; do sleep 0.2; done
     stop=$(date +%s.%N)
     echo "haTransferBatchSize $batch: $end bytes in $(awk -v a="$start" -v b="$stop" \
         'BEGIN {printf "%.2f s: %.0f MB/s", b - a, '"$end"' / (b - a) / 1e6}') (includes the slave's start)"
