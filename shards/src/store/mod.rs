@@ -545,19 +545,7 @@ impl Store {
             0
         };
         let physical_offset = end + filler;
-        if let Some(refusal) = log.space.refusal(physical_offset + size as u64) {
-            drop(log);
-            // The flusher allocates when space is due; make sure it looks now.
-            inner.notify.signal();
-            return Err(refusal);
-        }
-        let unflushed = physical_offset + size as u64 - log.flush.durable_end;
-        if unflushed > TAIL_UNDURABLE_MAX_BYTES {
-            return Err(StoreError::Busy {
-                unflushed_bytes: unflushed,
-                limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
-            });
-        }
+        self.room_for(&log, physical_offset + size as u64)?;
         let keys = if index::indexes_sys_flag(msg.sys_flag) {
             keys
         } else {
@@ -766,8 +754,15 @@ impl Store {
             return Err(poison.to_error());
         }
         let needed_end = log.tail.end() + bytes + RECORD_SIZE_MAX_BYTES as u64;
+        self.room_for(&log, needed_end)
+    }
+
+    /// Whether the log may grow to `needed_end` now, as `append` decides: within the allocated
+    /// space (else the flusher is told to look at allocation now), and within
+    /// `TAIL_UNDURABLE_MAX_BYTES` of the durable end.
+    pub(crate) fn room_for(&self, log: &LogState, needed_end: u64) -> Result<(), StoreError> {
         if let Some(refusal) = log.space.refusal(needed_end) {
-            drop(log);
+            // Only marks the flusher runnable: nothing here runs while the log is borrowed.
             self.inner.notify.signal();
             return Err(refusal);
         }

@@ -304,25 +304,6 @@ impl Store {
         }
     }
 
-    /// Whether the log may grow to `needed_end` now, as `append` decides: within the allocated
-    /// space (else the flusher is told to look at allocation now), and within
-    /// `TAIL_UNDURABLE_MAX_BYTES` of the durable end.
-    fn room_for(&self, log: &LogState, needed_end: u64) -> Result<(), StoreError> {
-        if let Some(refusal) = log.space.refusal(needed_end) {
-            // Only marks the flusher runnable: nothing here runs while the log is borrowed.
-            self.inner.notify.signal();
-            return Err(refusal);
-        }
-        let unflushed = needed_end - log.flush.durable_end;
-        if unflushed > TAIL_UNDURABLE_MAX_BYTES {
-            return Err(StoreError::Busy {
-                unflushed_bytes: unflushed,
-                limit_bytes: TAIL_UNDURABLE_MAX_BYTES,
-            });
-        }
-        Ok(())
-    }
-
     /// Files a checked record at the log's end: its queue's unit and its index keys, then its
     /// bytes into the tail. What can fail (its queue, the index's room, the queue file) comes
     /// before the first byte is pushed.
