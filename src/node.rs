@@ -703,6 +703,15 @@ fn start_broker_tasks(
     if broker.ha.is_slave() {
         runtime::spawn_detached(crate::ha::slave::run(broker.clone()));
         runtime::spawn_detached(crate::ha::metadata::run(broker.clone()));
+        if broker.identity.broker_name.ends_with("-0") {
+            let (namesrvs, base) = (config.namesrv_addrs.clone(), config.broker_name.clone());
+            runtime::spawn_detached(crate::ha::metadata::check_shard_count(
+                broker.clone(),
+                namesrvs,
+                base,
+                shard_count,
+            ));
+        }
     }
     runtime::spawn_detached(broker.clone().run_schedule());
     let every = |broker: &Rc<Broker>, period_ms: u64, work: fn(&Broker)| {

@@ -52,6 +52,64 @@ pub async fn run(broker: Rc<Broker>) {
     }
 }
 
+/// How long after start a slave compares its shard count with its master's (both have
+/// registered by then).
+const SHARD_CHECK_DELAY_MS: u64 = 15_000;
+
+/// Shard i of a slave copies shard i of its master: a master node with another number of
+/// shards leaves shards uncopied or slave shards without a master. Shard 0 of a slave node
+/// compares, once its master is known, the masters of `<base>-<i>` the namesrv lists with its
+/// own shard count, and says so (an error line, and `haShardCountMismatch` in brokerStatus)
+/// while they differ.
+pub async fn check_shard_count(
+    broker: Rc<Broker>,
+    namesrvs: Vec<std::net::SocketAddr>,
+    base: String,
+    shards: usize,
+) {
+    shards::runtime::sleep(Duration::from_millis(SHARD_CHECK_DELAY_MS)).await;
+    let prefix = format!("{base}-");
+    while broker.ha.is_slave() {
+        for namesrv in &namesrvs {
+            let mut connection = NamesrvConnection::new(*namesrv, broker.namesrv_tls.clone());
+            let Ok(body) = fetch(
+                &broker,
+                &mut connection,
+                request_code::GET_BROKER_CLUSTER_INFO,
+            )
+            .await
+            else {
+                continue;
+            };
+            let Ok(info) = crate::body::ClusterInfo::parse(&body) else {
+                continue;
+            };
+            let masters = info
+                .broker_addr_table
+                .iter()
+                .filter(|(name, data)| {
+                    let index = name.strip_prefix(&prefix);
+                    index.is_some_and(|i| i.parse::<usize>().is_ok())
+                        && data.broker_addrs.contains_key(&0)
+                })
+                .count();
+            let note = (masters != shards && masters > 0).then(|| {
+                format!(
+                    "the master node runs {masters} shard(s) ({prefix}N with brokerId 0), this \
+                     slave node {shards}: shard i copies shard i, so run both with the same \
+                     --shards"
+                )
+            });
+            if let Some(note) = &note {
+                log::error!("{}: {note}", broker.identity.broker_name);
+            }
+            *broker.ha.master.shard_mismatch.borrow_mut() = note;
+            break;
+        }
+        shards::runtime::sleep(Duration::from_millis(60_000)).await;
+    }
+}
+
 async fn fetch(
     broker: &Broker,
     connection: &mut NamesrvConnection,

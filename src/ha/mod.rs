@@ -164,6 +164,8 @@ pub struct MasterView {
     /// The master's log starts past this slave's end: the slave cannot catch up by
     /// replication (RocketMQ's #3388); set from the offset the master sent.
     pub fell_behind: RefCell<Option<String>>,
+    /// The master node runs another number of shards (`metadata::check_shard_count`).
+    pub shard_mismatch: RefCell<Option<String>>,
 }
 
 /// One shard's replication state (on the broker).
@@ -284,6 +286,10 @@ impl HaState {
                 (
                     "slaveFallBehindMuch",
                     master.fell_behind.borrow().clone().unwrap_or_default(),
+                ),
+                (
+                    "haShardCountMismatch",
+                    master.shard_mismatch.borrow().clone().unwrap_or_default(),
                 ),
             ]);
         } else {

@@ -446,3 +446,15 @@ def test_sync_master_over_a_delayed_link(cluster):
         assert p50 >= LINK_DELAY_S * 2 * 1000, "every answer waited for the slave's report"
     finally:
         link.close()
+
+
+def test_a_slave_with_another_shard_count_says_so(cluster):
+    master = cluster("master", MASTER_IP)
+    slave = cluster("slave", SLAVE_IP, shards=1, role_args=["--brokerRole", "SLAVE",
+                                                            "--brokerId", "1"])
+    wait_until(lambda: "the master node runs {} shard(s)".format(master.shards)
+               in slave.log_tail(100), 60, interval_s=0.5,
+               message="the slave to say the shard counts differ")
+    note = runtime_info(slave.broker_addr(0))["haShardCountMismatch"]
+    print(note)
+    assert "same --shards" in note
