@@ -46,10 +46,7 @@ async fn serve_slave(stream: TcpStream, broker: Rc<Broker>) {
     let link = Rc::new(SlaveLink {
         peer,
         ack_offset: std::cell::Cell::new(0),
-        sent_offset: std::cell::Cell::new(0),
-        last_report_ms: std::cell::Cell::new(runtime::monotonic_ms()),
         caught_up_ms: std::cell::Cell::new(runtime::monotonic_ms()),
-        connected_ms: runtime::monotonic_ms(),
         reported: Default::default(),
     });
     log::info!("{name}: slave {peer} connected to the HA port");
@@ -94,7 +91,6 @@ async fn read_reports(
         kept = rest;
         let Some(offset) = report else { continue };
         let max = broker.store.max_physical_offset().0;
-        link.last_report_ms.set(runtime::monotonic_ms());
         if offset > max {
             // A report past what this master holds is no slave of its (apache/rocketmq#3015):
             // it must not count as an acknowledgement.
@@ -168,7 +164,6 @@ async fn write_stream(
         );
         next = min;
     }
-    link.sent_offset.set(next);
     let batch = broker.ha.config.transfer_batch_bytes;
     let mut last_write = std::time::Instant::now();
     // The next batch, read while the one before it is written to the socket: a slave catching
@@ -210,7 +205,6 @@ async fn write_stream(
         }
         last_write = std::time::Instant::now();
         next = following;
-        link.sent_offset.set(next);
         let ha = &broker.ha;
         ha.bytes_transferred
             .set(ha.bytes_transferred.get() + data.len() as u64);

@@ -138,13 +138,8 @@ pub struct SlaveLink {
     pub peer: SocketAddr,
     /// The offset the slave reported last: every byte below it is on the slave.
     pub ack_offset: Cell<u64>,
-    /// The offset the stream has sent up to.
-    pub sent_offset: Cell<u64>,
-    /// When (ms) the slave reported last.
-    pub last_report_ms: Cell<u64>,
     /// When (ms) it last reported this master's end (for the lag in ms).
     pub caught_up_ms: Cell<u64>,
-    pub connected_ms: u64,
     /// Told of each report.
     pub reported: Event,
 }
@@ -171,8 +166,6 @@ pub struct MasterView {
 /// One shard's replication state (on the broker).
 pub struct HaState {
     pub config: HaConfig,
-    /// Changes when an operator promotes a slave (`shardmq admin`).
-    role: Cell<BrokerRole>,
     /// Master side: the slaves connected now.
     pub slaves: RefCell<Vec<Rc<SlaveLink>>>,
     /// Told whenever the log grows (the store's arrival listener): wakes idle streams.
@@ -193,7 +186,6 @@ pub struct HaState {
 impl HaState {
     pub fn new(config: HaConfig) -> HaState {
         HaState {
-            role: Cell::new(config.role),
             master: MasterView {
                 ha_address: RefCell::new(config.master_address),
                 ..MasterView::default()
@@ -209,26 +201,16 @@ impl HaState {
     }
 
     pub fn role(&self) -> BrokerRole {
-        self.role.get()
+        self.config.role
     }
 
     pub fn is_slave(&self) -> bool {
-        self.role.get() == BrokerRole::Slave
+        self.config.role == BrokerRole::Slave
     }
 
-    /// brokerId as registered: 0 once promoted.
+    /// brokerId as registered.
     pub fn broker_id(&self) -> u64 {
-        if self.is_slave() {
-            self.config.broker_id
-        } else {
-            0
-        }
-    }
-
-    /// Makes this slave shard the master of its broker name (an operator's promotion).
-    pub fn promote(&self, role: BrokerRole) {
-        self.role.set(role);
-        self.master.connected.set(false);
+        self.config.broker_id
     }
 
     /// The highest offset any connected slave has reported (RocketMQ's push2SlaveMaxOffset).

@@ -177,7 +177,7 @@ async fn accept_transfer(
                 let note = format!(
                     "{why}: the master no longer holds this slave's next bytes (its log \
                      starts later); replication cannot close the gap — start this slave with \
-                     an empty store, or promote it if its data is needed"
+                     an empty store, or restart it as a master (brokerId 0) if its data is needed"
                 );
                 log::error!("{}: {note}", broker.identity.broker_name);
                 *broker.ha.master.fell_behind.borrow_mut() = Some(note);

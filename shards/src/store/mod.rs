@@ -343,6 +343,20 @@ pub struct StoreMemory {
     pub index_maps: u64,
 }
 
+impl LogState {
+    /// Whether appends may go on: not after a failed write (its first cause), not while the
+    /// store closes.
+    pub(crate) fn writable(&self) -> Result<(), StoreError> {
+        if let Some(poison) = &self.poison {
+            return Err(poison.to_error());
+        }
+        if self.closing {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+}
+
 /// Commitlog state shared by the append path, the readers and the flusher.
 pub(crate) struct LogState {
     pub(crate) tail: Tail,
@@ -523,12 +537,7 @@ impl Store {
         let size = record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
         let segment_size = inner.config.segment_size_bytes;
         let mut log = inner.log.borrow_mut();
-        if let Some(poison) = &log.poison {
-            return Err(poison.to_error());
-        }
-        if log.closing {
-            return Err(StoreError::Closed);
-        }
+        log.writable()?;
         if (size + record::BLANK_HEADER_BYTES) as u64 > segment_size {
             // Only with segments smaller than a largest record (tests).
             return Err(StoreError::MessageTooLarge {

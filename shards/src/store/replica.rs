@@ -275,12 +275,7 @@ impl Store {
         let inner = &*self.inner;
         let segment_size = inner.config.segment_size_bytes;
         let mut log = inner.log.borrow_mut();
-        if let Some(poison) = &log.poison {
-            return Err(poison.to_error());
-        }
-        if log.closing {
-            return Err(StoreError::Closed);
-        }
+        log.writable()?;
         assert_eq!(
             log.tail.end(),
             here,
@@ -435,12 +430,7 @@ impl Store {
         let inner = &*self.inner;
         let refuse = |reason: String| StoreError::StartRefused { offset, reason };
         let mut log = inner.log.borrow_mut();
-        if let Some(poison) = &log.poison {
-            return Err(poison.to_error());
-        }
-        if log.closing {
-            return Err(StoreError::Closed);
-        }
+        log.writable()?;
         let (min, end) = (log.min_physical_offset, log.tail.end());
         let never_held = end == min
             && inner.queues.borrow().is_empty()

@@ -130,14 +130,16 @@ impl Broker {
             Some(config) => config.read_queue_nums,
             // A slave serves the queues it holds copies of before it has copied the topic's
             // config from its master (every 10 s): the master may be gone by then.
-            None if self.ha.is_slave() && !self.store.queue_ids(topic).is_empty() => {
-                let ids = self.store.queue_ids(topic);
-                ids.iter().map(|id| id.0 + 1).max().unwrap_or(0)
-            }
             None => {
-                return Err(RequestError::TopicNotExist(format!(
-                    "topic[{topic}] not exist, apply first please!"
-                )))
+                let held = self.ha.is_slave().then(|| {
+                    let ids = self.store.queue_ids(topic);
+                    ids.iter().map(|id| id.0 + 1).max()
+                });
+                held.flatten().ok_or_else(|| {
+                    RequestError::TopicNotExist(format!(
+                        "topic[{topic}] not exist, apply first please!"
+                    ))
+                })?
             }
         };
         if queue_id < 0 || queue_id as u32 >= read_queues {

@@ -291,7 +291,7 @@ impl Broker {
         loop {
             if self.ha.is_slave() {
                 // A slave's copies are delivered by its master (whose deliveries replicate
-                // here); promoted, it delivers them itself.
+                // here).
                 let idle = Duration::from_millis(DELIVER_IDLE_WAKE_MS as u64);
                 shards::runtime::sleep(idle).await;
                 continue;
