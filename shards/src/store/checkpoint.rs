@@ -56,6 +56,18 @@ pub(crate) fn read(root: &Path) -> Option<Checkpoint> {
     }
 }
 
+/// Removes the checkpoint and a temp file left by an interrupted write (a store emptied by a
+/// reset: its checkpoint describes the log that is gone). The caller syncs the directory.
+pub(crate) fn remove(root: &Path) -> io::Result<()> {
+    for name in [FILE_NAME, TEMP_FILE_NAME] {
+        match std::fs::remove_file(root.join(name)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Writes the checkpoint durably and atomically.
 pub(crate) async fn write(root: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
     let bytes = serde_json::to_vec(checkpoint).map_err(io::Error::other)?;

@@ -532,6 +532,16 @@ impl QueueTable {
             .sum()
     }
 
+    /// A table with no queue, under `root`, touching no file (a store emptied by a reset,
+    /// which removes the files itself).
+    pub(crate) fn empty(root: PathBuf, units_per_file: u64) -> QueueTable {
+        QueueTable {
+            root,
+            units_per_file,
+            topics: BTreeMap::new(),
+        }
+    }
+
     /// Opens every queue found under `root` (`<root>/<topic>/<queueId>/`).
     pub(crate) fn load(root: PathBuf, units_per_file: u64) -> io::Result<QueueTable> {
         fs::create_dir_all(&root)?;

@@ -75,9 +75,13 @@ pub enum StoreError {
         expected: u64,
         got: u64,
     },
-    /// `start_empty_at` refused: the offset is not a segment start, or the store is not empty.
+    /// `start_empty_at` or `reset_empty_at` refused: the offset is not a segment start, the
+    /// store is not empty (`start_empty_at`), or it does not take writes now.
     #[error("cannot start the commitlog at {offset}: {reason}")]
     StartRefused { offset: u64, reason: String },
+    /// A write refused while `reset_empty_at` empties the store.
+    #[error("the store is being emptied to start again at commitlog offset {offset}")]
+    Resetting { offset: u64 },
 }
 
 /// Why the store stopped taking writes; kept so every later call reports the first cause.

@@ -23,6 +23,7 @@
 //!
 //! | Action | When |
 //! |---|---|
+//! | reset (empty the store, `reset.rs`) | `Store::reset_empty_at` asked for one (a flush under way gives up) |
 //! | exit (final flush + clean checkpoint) | `close` was called |
 //! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
@@ -203,6 +204,34 @@ impl FlushState {
         self.checkpoint_wanted = true;
     }
 
+    /// A store emptied in process starts again at `offset` (`reset.rs`), below or above the
+    /// old end: nothing is dirty, the new segment files are holes (zero-fill starts at
+    /// `offset`), the checkpoint is due, and every `wait_durable` returns (what it waited
+    /// for is gone). `messages`: the appends counted so far. No chain may be in flight.
+    pub(crate) fn reset_to(&mut self, offset: u64, messages: u64) {
+        assert!(
+            self.data_in_flight.is_none() && self.zero_in_flight.is_none(),
+            "a reset waits for the chains in flight"
+        );
+        assert!(
+            offset.is_multiple_of(BLOCK_BYTES),
+            "a reset offset starts a segment"
+        );
+        self.durable_end = offset;
+        self.zero_fill_next = offset;
+        self.zero_fill_retry_at = None;
+        self.dirty_since = None;
+        self.flush_started_at = None;
+        self.messages_at_last_flush = messages;
+        self.checkpoint_wanted = true;
+        // Paths of files that are gone, or that a new file of the same name took.
+        self.unsynced_paths.clear();
+        self.unsynced_dir = None;
+        for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
+            waker.wake();
+        }
+    }
+
     fn wake_waiters_up_to(&mut self, end: u64) {
         let later = self.waiters.split_off(&(end + 1));
         for waker in std::mem::replace(&mut self.waiters, later)
@@ -245,7 +274,7 @@ impl Notify {
         }
     }
 
-    fn wait(&self) -> impl Future<Output = ()> + '_ {
+    pub(crate) fn wait(&self) -> impl Future<Output = ()> + '_ {
         poll_fn(move |cx| {
             if self.signalled.replace(false) {
                 Poll::Ready(())
@@ -258,6 +287,7 @@ impl Notify {
 }
 
 enum Action {
+    Reset,
     Exit,
     Allocate,
     Flush,
@@ -351,6 +381,7 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
         };
         let Some(inner) = weak.upgrade() else { return };
         match ran {
+            Action::Reset => super::reset::run(&inner).await,
             Action::Exit => return exit(&inner).await,
             Action::Allocate => allocate_ahead(&inner).await,
             Action::Flush => {
@@ -384,6 +415,11 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
 fn next_action(inner: &Inner) -> Action {
     let log = inner.log.borrow();
     let flush = &log.flush;
+    // Before the exit: a reset asked for before `close` is done first (it refuses to start
+    // after it).
+    if log.reset.is_some() {
+        return Action::Reset;
+    }
     if log.closing {
         return Action::Exit;
     }
@@ -531,7 +567,7 @@ fn fail(inner: &Inner, context: &str, error: &io::Error) -> bool {
     false
 }
 
-fn poison(inner: &Inner, context: &str, error: &io::Error) {
+pub(crate) fn poison(inner: &Inner, context: &str, error: &io::Error) {
     let poison = Poison::from_io(context, error);
     log::error!("store {}: {poison:?}", inner.config.root_dir.display());
     let mut log = inner.log.borrow_mut();
@@ -548,9 +584,9 @@ fn poison(inner: &Inner, context: &str, error: &io::Error) {
 /// `ALLOCATION_RETRY_MS`; success clears that. Other failures poison the store.
 pub(crate) async fn allocate_ahead(inner: &Inner) {
     let size = inner.config.segment_size_bytes;
-    let target = {
+    let (target, resets) = {
         let log = inner.log.borrow();
-        log.space.target(log.tail.end(), size)
+        (log.space.target(log.tail.end(), size), log.resets)
     };
     loop {
         let from = inner.log.borrow().space.allocated_end;
@@ -560,7 +596,7 @@ pub(crate) async fn allocate_ahead(inner: &Inner) {
         let segment = align_down(from, size);
         let mut stop = target.min(segment + size);
         let result = loop {
-            match allocate_in_segment(inner, segment, stop).await {
+            match allocate_in_segment(inner, segment, stop, resets).await {
                 Err(error)
                     if is_space_error(&error) && stop - from > ALLOCATION_PIECE_MIN_BYTES =>
                 {
@@ -571,6 +607,11 @@ pub(crate) async fn allocate_ahead(inner: &Inner) {
                 other => break other,
             }
         };
+        if inner.log.borrow().resets != resets {
+            // The store was emptied meanwhile (`start_empty_at` allocates beside the
+            // flusher, which runs resets): this space lies in files that are gone.
+            return;
+        }
         if let Err(error) = result {
             allocation_failed(inner, from, &error);
             return;
@@ -588,8 +629,14 @@ pub(crate) async fn allocate_ahead(inner: &Inner) {
     }
 }
 
-/// Makes `[segment, stop)` of a segment file allocated, creating the file if needed.
-async fn allocate_in_segment(inner: &Inner, segment: u64, stop: u64) -> io::Result<()> {
+/// Makes `[segment, stop)` of a segment file allocated, creating the file if needed; does
+/// nothing once the store was emptied since `resets` (`LogState::resets`).
+async fn allocate_in_segment(
+    inner: &Inner,
+    segment: u64,
+    stop: u64,
+    resets: u64,
+) -> io::Result<()> {
     let size = inner.config.segment_size_bytes;
     if segment < inner.log.borrow().min_physical_offset {
         // The log's start moved past it while allocation was under way (`start_empty_at`).
@@ -598,6 +645,9 @@ async fn allocate_in_segment(inner: &Inner, segment: u64, stop: u64) -> io::Resu
     ensure_segments(inner, segment, segment + 1)
         .await
         .map_err(store_io)?;
+    if inner.log.borrow().resets != resets {
+        return Ok(());
+    }
     let file = inner
         .log
         .borrow()
@@ -637,26 +687,44 @@ fn allocation_failed(inner: &Inner, from: u64, error: &io::Error) {
 /// file is removed again), and a file there would become the log's first on a reopen. A file
 /// another caller created meanwhile (`start_empty_at` allocates beside the flusher) is kept,
 /// and this one's descriptor closed: replacing it could close a descriptor a chain writes.
+/// Once the store was emptied meanwhile (a reset, `LogState::resets`) it stops: the file it
+/// made may be one the reset removed; one made after is left for the new log to open again.
 pub(crate) async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Result<(), StoreError> {
     let size = inner.config.segment_size_bytes;
-    let mut segment = align_down(start, size).max(inner.log.borrow().min_physical_offset);
+    let (mut segment, resets) = {
+        let log = inner.log.borrow();
+        (
+            align_down(start, size).max(log.min_physical_offset),
+            log.resets,
+        )
+    };
     while segment < end {
         let missing = inner.log.borrow().segments.file_for(segment).is_none();
         if missing {
             let dir = inner.log.borrow().segments.dir.clone();
             let file = create_segment(&dir, size, segment).await?;
-            let (below_start, created_meanwhile) = {
+            let (below_start, created_meanwhile, emptied) = {
                 let log = inner.log.borrow();
                 (
                     segment < log.min_physical_offset,
                     log.segments.files.contains_key(&segment),
+                    log.resets != resets,
                 )
             };
-            if below_start || created_meanwhile {
+            if below_start || created_meanwhile || emptied {
                 DirectFile::close_shared(Rc::new(file)).await;
                 if below_start {
                     let path = inner.log.borrow().segments.path_of(segment);
-                    std::fs::remove_file(path)?;
+                    match std::fs::remove_file(path) {
+                        // A reset's wipe may have removed it already.
+                        Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                            return Err(error.into())
+                        }
+                        _ => {}
+                    }
+                }
+                if emptied {
+                    return Ok(());
                 }
                 segment += size;
                 continue;
@@ -802,6 +870,7 @@ pub(crate) fn kick(inner: &Inner) -> bool {
         let retry_waits = log.space.flush_retry_at.is_some();
         if log.flush.test_flush_delay.is_some()
             || log.closing
+            || log.reset.is_some()
             || retry_waits
             || !flush_due(inner, &log)
         {
@@ -912,6 +981,11 @@ pub(crate) async fn flush(inner: &Inner) -> bool {
             }
             if log.flush.durable_end >= target {
                 return true;
+            }
+            if log.reset.is_some() {
+                // What is left to write is about to be thrown away; the reset waits for the
+                // flusher (a full disk could keep this loop going for long).
+                return false;
             }
         }
         let test_delay = inner.log.borrow().flush.test_flush_delay;

@@ -629,6 +629,20 @@ impl Index {
         self.files.iter().map(|file| file.reserved_bytes).sum()
     }
 
+    /// An index with no file under `root`, touching no file (a store emptied by a reset,
+    /// which removes the files itself), with every record below `indexed_end` counted as
+    /// indexed (the new log starts there).
+    pub(crate) fn empty(root: &Path, config: IndexConfig, indexed_end: u64) -> Index {
+        Index {
+            dir: root.join(DIR_NAME),
+            config,
+            files: VecDeque::new(),
+            indexed_end,
+            dirty: BTreeSet::new(),
+            dir_dirty: false,
+        }
+    }
+
     /// Opens the index under `root`, trusting what `mark` (from a checkpoint taken at
     /// commitlog offset `marked_offset`) covers; see the module docs. `clean`: the previous
     /// stop wrote that checkpoint last.

@@ -21,11 +21,14 @@
 //!    (`index.rs`), which QUERY_MESSAGE reads (`index_query.rs`); the checkpoint syncs it too.
 //! 6. Replication (`replica.rs`): a master serves raw commitlog bytes (`read_log`); a slave
 //!    appends them at the same offsets (`append_replicated`, with every limit `append` keeps)
-//!    and files them in its queues and index as recovery does.
+//!    and files them in its queues and index as recovery does. A slave whose log cannot
+//!    continue its master's empties the whole store in process and starts again at the
+//!    master's offset (`reset_empty_at`, `reset.rs`).
 //!
 //! Invariants (asserted, kept in release): the commitlog end, the durable end and every queue's
-//! max offset never go backwards; a record's size equals its computed size; flushed ranges are
-//! block-aligned; store timestamps never decrease.
+//! max offset never go backwards (a reset starts them anew: the old log and queues are gone); a
+//! record's size equals its computed size; flushed ranges are block-aligned; store timestamps
+//! never decrease.
 //!
 //! Failure (`error.rs`): a failed durable write poisons the store (`StoreError::Poisoned`):
 //! appends and `wait_durable` fail from then on, reads keep working, and only a restart
@@ -34,7 +37,8 @@
 //! allocated ahead of them, so an acknowledged message is always written, even on a full disk.
 //! Directory layout under `root_dir`:
 //! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
-//! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`).
+//! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`); `reset-in-progress`
+//! only while a reset removes files (`open` then finishes the reset first).
 
 mod checkpoint;
 mod commit_ring;
@@ -48,6 +52,7 @@ mod read_cache;
 pub use shardmq_protocol::record;
 mod recovery;
 mod replica;
+mod reset;
 mod retention;
 mod segments;
 mod space;
@@ -353,6 +358,11 @@ impl LogState {
         if self.closing {
             return Err(StoreError::Closed);
         }
+        if let Some(reset) = &self.reset {
+            return Err(StoreError::Resetting {
+                offset: reset.offset,
+            });
+        }
         Ok(())
     }
 }
@@ -372,6 +382,15 @@ pub(crate) struct LogState {
     /// The only path commitlog files are written through (see `commit_ring.rs`).
     pub(crate) ring: CommitRing,
     scratch: Vec<u8>,
+    /// A reset asked for (`Store::reset_empty_at`, reset.rs) and not yet past its wipe:
+    /// meanwhile appends are refused, `kick` starts no flush and retention picks no segment.
+    pub(crate) reset: Option<Rc<reset::ResetRequest>>,
+    /// Resets done so far: an allocation or segment creation begun before one (by
+    /// `start_empty_at`, beside the flusher) sees the count move and drops what it did.
+    pub(crate) resets: u64,
+    /// Retention is deleting a segment and the files that point into it (a reset waits
+    /// for that to end: its removals are by name).
+    pub(crate) deleting_segment: bool,
 }
 
 pub(crate) struct Inner {
@@ -385,7 +404,7 @@ pub(crate) struct Inner {
     /// weakly: it goes with the store).
     reap_hook: Rc<dyn Fn()>,
     /// Told of every message appended to a queue (`Store::set_arrival_listener`).
-    arrival_listener: RefCell<Option<ArrivalListener>>,
+    pub(crate) arrival_listener: RefCell<Option<ArrivalListener>>,
     /// Told whenever a commitlog segment file is created (`Store::set_segment_listener`).
     pub(crate) segment_listener: RefCell<Option<Rc<dyn Fn()>>>,
     /// Whether the ring's reaper task waits idle (flusher.rs).
@@ -469,6 +488,9 @@ impl Store {
             flush: FlushState::new(recovered.durable_end, recovered.zero_fill_next),
             ring,
             scratch: Vec::new(),
+            reset: None,
+            resets: 0,
+            deleting_segment: false,
         };
         let inner = Rc::new_cyclic(|weak: &std::rc::Weak<Inner>| {
             let weak = weak.clone();

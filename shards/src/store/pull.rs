@@ -507,10 +507,14 @@ async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, 
 /// Reads a window its caller registered as its reader (`ReadCache::lookup`,
 /// `start_read_ahead`) and hands it to the cache, which wakes whoever waits for it.
 async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, StoreError> {
+    let generation = inner.read_cache.borrow().generation();
     let read = read_range(inner, window.0, (window.1 - window.0) as usize).await;
     let bytes = read.map(Rc::new);
     let kept = bytes.as_ref().ok().cloned();
-    inner.read_cache.borrow_mut().finish(window.0, kept);
+    inner
+        .read_cache
+        .borrow_mut()
+        .finish(window.0, kept, generation);
     bytes
 }
 

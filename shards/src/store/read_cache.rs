@@ -43,6 +43,9 @@ pub(crate) struct ReadCache {
     windows: HashMap<u64, (Rc<Vec<u8>>, u64)>,
     reading: HashMap<u64, Rc<Event>>,
     uses: u64,
+    /// Moves when the store is emptied (`forget_all`): a read begun before brings back bytes
+    /// of the old log, which it must not leave here.
+    generation: u64,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
 }
@@ -87,9 +90,18 @@ impl ReadCache {
         true
     }
 
-    /// The read of the window at `start` ended: keeps its bytes (when it succeeded) and wakes
-    /// whoever waits for it.
-    pub(crate) fn finish(&mut self, start: u64, bytes: Option<Rc<Vec<u8>>>) {
+    /// What a reader passes to [`ReadCache::finish`]: taken when its read starts.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The read of the window at `start`, begun at `generation`, ended: keeps its bytes (when
+    /// it succeeded) and wakes whoever waits for it. A read begun before `forget_all` leaves
+    /// nothing (its waiters were woken then).
+    pub(crate) fn finish(&mut self, start: u64, bytes: Option<Rc<Vec<u8>>>, generation: u64) {
+        if generation != self.generation {
+            return;
+        }
         if let Some(bytes) = bytes {
             if self.windows.len() >= WINDOWS_MAX {
                 let oldest = self
@@ -113,6 +125,16 @@ impl ReadCache {
     pub(crate) fn forget_below(&mut self, offset: u64) {
         self.windows.retain(|start, _| *start >= offset);
     }
+
+    /// Forgets every window, and the reads under way (their waiters look again and read
+    /// the window themselves): the store was emptied, its log starts anew. Counts stay.
+    pub(crate) fn forget_all(&mut self) {
+        self.windows.clear();
+        for (_, event) in self.reading.drain() {
+            event.notify();
+        }
+        self.generation += 1;
+    }
 }
 
 #[cfg(test)]
@@ -127,19 +149,41 @@ mod tests {
             matches!(cache.lookup(0), Lookup::Reading(_)),
             "a second pull waits for the read under way"
         );
-        cache.finish(0, Some(Rc::new(vec![1])));
+        cache.finish(0, Some(Rc::new(vec![1])), 0);
         assert!(matches!(cache.lookup(0), Lookup::Cached(bytes) if bytes[0] == 1));
         assert!(cache.start_read_ahead(WINDOW_BYTES));
         assert!(!cache.start_read_ahead(WINDOW_BYTES));
-        cache.finish(WINDOW_BYTES, None);
+        cache.finish(WINDOW_BYTES, None, 0);
         assert!(!cache.holds(WINDOW_BYTES), "a failed read keeps nothing");
         for i in 1..=WINDOWS_MAX as u64 {
             assert!(matches!(cache.lookup(i * WINDOW_BYTES), Lookup::Missing));
-            cache.finish(i * WINDOW_BYTES, Some(Rc::new(vec![0])));
+            cache.finish(i * WINDOW_BYTES, Some(Rc::new(vec![0])), 0);
         }
         assert_eq!(cache.windows.len(), WINDOWS_MAX);
         assert!(!cache.holds(0), "the least recently used window went");
         cache.forget_below(4 * WINDOW_BYTES);
         assert!(cache.windows.keys().all(|start| *start >= 4 * WINDOW_BYTES));
+    }
+
+    #[test]
+    fn a_read_begun_before_the_store_was_emptied_leaves_nothing() {
+        let mut cache = ReadCache::default();
+        cache.finish(0, Some(Rc::new(vec![1])), cache.generation());
+        assert!(matches!(cache.lookup(WINDOW_BYTES), Lookup::Missing));
+        let before = cache.generation();
+        let Lookup::Reading(event) = cache.lookup(WINDOW_BYTES) else {
+            panic!("the window is being read");
+        };
+        let woken = event.wait();
+        cache.forget_all();
+        assert!(!cache.holds(0) && !cache.holds(WINDOW_BYTES));
+        assert!(
+            futures_lite::future::block_on(futures_lite::future::poll_once(woken)).is_some(),
+            "a waiter of the forgotten read looks again"
+        );
+        cache.finish(WINDOW_BYTES, Some(Rc::new(vec![2])), before);
+        assert!(matches!(cache.lookup(WINDOW_BYTES), Lookup::Missing));
+        cache.finish(WINDOW_BYTES, Some(Rc::new(vec![3])), cache.generation());
+        assert!(matches!(cache.lookup(WINDOW_BYTES), Lookup::Cached(bytes) if bytes[0] == 3));
     }
 }

@@ -2,6 +2,10 @@
 //!
 //! Runs once in `Store::open`, before the flusher exists, so it may write files itself.
 //!
+//! 0. A reset that a crash interrupted (its marker is there, `reset.rs`) is finished first:
+//!    every message, consume queue, index file and the checkpoint go, and the store opens
+//!    empty.
+//!
 //! 1. Prime glommio's io_uring poll-ring probe with a non-empty file (ARCHITECTURE §5): glommio
 //!    0.9 reads the first DMA file opened on a device (per thread) to decide whether the device
 //!    takes polled I/O; on an empty file the read "succeeds", the device is marked pollable,
@@ -71,6 +75,9 @@ pub(crate) struct Recovered {
 pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
     let root = &config.root_dir;
     let size = config.segment_size_bytes;
+    // A reset a crash interrupted may have removed part of the files: none of them is
+    // trusted, the store opens empty (reset.rs).
+    super::reset::finish_interrupted(root).await?;
     std::fs::create_dir_all(root.join("commitlog"))?;
     std::fs::create_dir_all(root.join("consumequeue"))?;
     prime_dma_probe(root).await?;

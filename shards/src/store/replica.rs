@@ -4,6 +4,9 @@
 //! way recovery's re-dispatch does (`Store::append_replicated`). A slave that never held
 //! anything first moves its log's start to one of the master's segment starts
 //! (`Store::start_empty_at`), as RocketMQ's slave creates its first file at the master's offset.
+//! A slave whose log cannot continue its master's (it fell behind the master's retained range,
+//! or its bytes diverge from the master's past some offset) throws away everything and starts
+//! again, empty, at one of the master's segment starts (`Store::reset_empty_at`, `reset.rs`).
 //!
 //! Lives on the store's shard, like the rest of the store. The HA stream cuts the log at
 //! arbitrary points (`[offset u64][size u32][bytes]` frames): `append_replicated` takes whole
@@ -421,6 +424,49 @@ impl Store {
         Ok(())
     }
 
+    /// Throws away everything the store holds — every message, consume queue, index file and
+    /// the checkpoint's positions — and leaves it as `start_empty_at(offset)` leaves a store
+    /// that never held anything: `min_physical_offset() == max_physical_offset() == offset`,
+    /// no queue (`queue_ids` empty, every `max_queue_offset` 0), no index entry, and
+    /// `append_replicated(offset, ..)` continues a master whose log is held from there. For a
+    /// slave whose log cannot continue its master's; `offset` (a multiple of
+    /// `segment_size_bytes`) may lie below, at or above the old end.
+    ///
+    /// The flusher does the work (`reset.rs`); meanwhile appends are refused
+    /// (`StoreError::Resetting`). Pulls parked on the old queues are woken through the arrival
+    /// listener and find nothing when they read again; `wait_durable` callers return (what
+    /// they waited for is gone). Returns once the files are gone and the segment at `offset`
+    /// is created with its allocation window, as `start_empty_at` does; a future dropped
+    /// before that does not stop the reset.
+    ///
+    /// Crash safety: a marker file is made durable before anything is removed, and
+    /// `Store::open` finishes an interrupted reset before recovery, so a crash reopens the old
+    /// store unchanged, an empty store at 0 (to be started again with `start_empty_at`), or
+    /// the reset store; never part of the old one.
+    ///
+    /// Refusals (`StartRefused`, the store unchanged): `offset` is not a segment start, the
+    /// store does not take writes (poisoned, closing), or another reset is under way. A marker
+    /// that cannot be written (a full disk) is refused with its I/O error, also unchanged. A
+    /// failure once files are being removed poisons the store (a restart finishes the reset).
+    pub async fn reset_empty_at(&self, offset: u64) -> Result<(), StoreError> {
+        let segment_size = self.inner.config.segment_size_bytes;
+        let refuse = |reason: String| StoreError::StartRefused { offset, reason };
+        if !offset.is_multiple_of(segment_size) {
+            return Err(refuse(format!(
+                "not a multiple of segment_size_bytes {segment_size}"
+            )));
+        }
+        let request = {
+            let mut log = self.inner.log.borrow_mut();
+            log.writable().map_err(|error| refuse(error.to_string()))?;
+            let request = super::reset::ResetRequest::new(offset);
+            log.reset = Some(request.clone());
+            request
+        };
+        self.inner.notify.signal();
+        request.outcome().await
+    }
+
     /// `start_empty_at`'s synchronous part: checks that the store is empty and moves every
     /// position to `offset`. Returns the segment files below `offset`, taken out of the table.
     fn move_empty_start(
@@ -476,7 +522,10 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::store::{FlushMode, MessageQuery, MessageToStore, StoreConfig};
+    use crate::store::reset::MARKER_FILE_NAME;
+    use crate::store::{
+        checkpoint, FlushMode, GetStatus, MessageQuery, MessageToStore, StoreConfig,
+    };
 
     /// Small segments, so a few hundred messages cross several of them (with fillers), and
     /// small queue files, so queues that start mid-log start inside a file.
@@ -936,6 +985,387 @@ mod tests {
             for store in [empty, other, slave, master] {
                 store.close().await.unwrap();
             }
+        });
+    }
+
+    /// Messages of this store's own, before a reset: topic "T" (keys k1000.., which no master
+    /// of these tests writes) and topic "OLD", in every queue, with their index entries.
+    async fn hold_old_messages(store: &Store) {
+        for i in 1000..1100 {
+            append_waiting(store, "T", i).await;
+            append_waiting(store, "OLD", i).await;
+        }
+        assert_eq!(store.queue_ids("OLD").len(), QUEUES as usize);
+        assert!(store.index_file_count() > 0);
+        assert_eq!(found_by_key(store, "k1050").await, 1);
+    }
+
+    /// A master holding `messages` records of topic "T" (keys k0..), and its last segment's
+    /// start, where a slave reset past its own end takes up.
+    async fn master_with(dir: &Path, messages: u64) -> (Store, u64) {
+        let master = Store::open(config(dir)).await.unwrap();
+        for i in 0..messages {
+            append_waiting(&master, "T", i).await;
+        }
+        let last_segment = align_down(master.max_physical_offset().0, SEGMENT_BYTES);
+        (master, last_segment)
+    }
+
+    fn segment_starts(dir: &Path) -> Vec<u64> {
+        let mut starts: Vec<u64> = std::fs::read_dir(dir.join("commitlog"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .map(|name| name.parse().unwrap())
+            .collect();
+        starts.sort_unstable();
+        starts
+    }
+
+    fn entries_in(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    /// What a store emptied at `offset` answers, and holds on disk.
+    async fn assert_empty_at(store: &Store, dir: &Path, offset: u64) {
+        assert_eq!(store.min_physical_offset().0, offset);
+        assert_eq!(store.max_physical_offset().0, offset);
+        assert_eq!(store.durable_offset().0, offset);
+        assert_eq!(store.stats().write_offset, offset);
+        for topic in ["T", "OLD"] {
+            assert!(store.queue_ids(topic).is_empty(), "{topic}");
+            for queue in 0..QUEUES {
+                let id = QueueId(queue);
+                assert_eq!(store.max_queue_offset(topic, id).0, 0);
+                assert_eq!(store.min_queue_offset(topic, id).0, 0);
+                let pulled = store
+                    .get_messages(topic, id, QueueOffset(5), 32, 1 << 20, &|_| true)
+                    .await
+                    .unwrap();
+                assert_eq!(pulled.status, GetStatus::NoMessageInQueue);
+                assert_eq!((pulled.message_count, pulled.max_offset.0), (0, 0));
+                assert!(pulled.body.is_empty());
+            }
+        }
+        assert_eq!(store.index_file_count(), 0);
+        assert_eq!(found_by_key(store, "k1050").await, 0);
+        assert!(store.read_log(offset, 10).await.unwrap().is_empty());
+        if offset > 0 {
+            assert!(matches!(
+                store.read_log(offset - 4096, 10).await,
+                Err(StoreError::OutOfRange { min, .. }) if min == offset
+            ));
+        }
+        let starts = segment_starts(dir);
+        assert_eq!(starts.first(), Some(&offset), "the first segment file");
+        assert_eq!(entries_in(&dir.join("consumequeue")), 0);
+        assert_eq!(entries_in(&dir.join("index")), 0);
+        assert!(!dir.join(MARKER_FILE_NAME).exists());
+        // A checkpoint written since describes the empty log, never the old one.
+        if let Some(saved) = checkpoint::read(dir) {
+            assert_eq!(saved.commitlog_offset, offset);
+            assert!(saved.queues.is_empty(), "{:?}", saved.queues);
+        }
+    }
+
+    /// The slave's queues hold exactly the master's records from the slave's log start on,
+    /// at the master's queue offsets.
+    async fn assert_queues_follow(slave: &Store, master: &Store, start: u64) {
+        assert!(slave.queue_ids("OLD").is_empty());
+        let ids: Vec<u32> = slave.queue_ids("T").into_iter().map(|id| id.0).collect();
+        assert_eq!(ids, (0..QUEUES).collect::<Vec<_>>());
+        for (queue, QueueView { min, max, body }) in queues_of(slave).await.into_iter().enumerate()
+        {
+            let id = QueueId(queue as u32);
+            assert_eq!(max, master.max_queue_offset("T", id).0, "queue {queue}");
+            let first = master
+                .queue_unit("T", id, QueueOffset(min))
+                .unwrap()
+                .unwrap();
+            assert!(
+                first.0 .0 >= start,
+                "queue {queue} starts in the slave's log"
+            );
+            if min > 0 {
+                let before = master.queue_unit("T", id, QueueOffset(min - 1)).unwrap();
+                assert!(before.unwrap().0 .0 < start, "queue {queue} misses nothing");
+            }
+            let from_master = master
+                .get_messages("T", id, QueueOffset(min), 1024, 16 << 20, &|_| true)
+                .await
+                .unwrap();
+            assert_eq!(from_master.message_count as u64, max - min);
+            assert_eq!(from_master.body, body, "queue {queue}");
+        }
+    }
+
+    #[test]
+    fn a_slave_reset_past_its_end_follows_its_master_from_there() {
+        let (master_dir, slave_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        crate::runtime::run_local(|| async {
+            let (master, start) = master_with(master_dir.path(), 600).await;
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            hold_old_messages(&slave).await;
+            let old_end = slave.max_physical_offset().0;
+            assert!(start > old_end, "{start} past the slave's end {old_end}");
+            let told = Rc::new(std::cell::RefCell::new(Vec::new()));
+            let telling = told.clone();
+            slave.set_arrival_listener(Rc::new(move |topic, id, offset| {
+                telling
+                    .borrow_mut()
+                    .push((topic.to_string(), id.0, offset.0));
+            }));
+
+            slave.reset_empty_at(start).await.unwrap();
+            // Pulls parked on every old queue are woken to read again.
+            let mut woken = told.take();
+            woken.sort();
+            let every_old_queue: Vec<_> = ["OLD", "T"]
+                .into_iter()
+                .flat_map(|topic| (0..QUEUES).map(move |id| (topic.to_string(), id, 0)))
+                .collect();
+            assert_eq!(woken, every_old_queue);
+            assert_empty_at(&slave, slave_dir.path(), start).await;
+            // Again, now at its end: the same store.
+            slave.reset_empty_at(start).await.unwrap();
+            assert_empty_at(&slave, slave_dir.path(), start).await;
+            assert_eq!(told.take().len(), 0, "no queue to wake");
+
+            replicate(&master, &slave).await;
+            assert_eq!(raw_log(&slave, start).await, raw_log(&master, start).await);
+            assert_eq!(slave.min_physical_offset().0, start);
+            assert_queues_follow(&slave, &master, start).await;
+            let arrived = told.take().len() as u64;
+            let queued: u64 = queues_of(&slave).await.iter().map(|q| q.max - q.min).sum();
+            assert_eq!(arrived, queued, "each new record wakes its pulls");
+            assert_eq!(found_by_key(&slave, "k599").await, 1);
+            assert_eq!(found_by_key(&slave, "k1050").await, 0, "an old key");
+            assert_eq!(
+                found_by_key(&slave, "k0").await,
+                0,
+                "below the reset offset"
+            );
+            slave.close().await.unwrap();
+            master.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_slave_reset_to_zero_or_below_its_end_takes_another_masters_log() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        crate::runtime::run_local(|| async {
+            // The old master's log and the new one's part at offset 0 (a promoted slave that
+            // never had the old master's records), or anywhere after.
+            let old_master = Store::open(config(dirs[0].path())).await.unwrap();
+            for i in 1000..1300 {
+                append_waiting(&old_master, "T", i).await;
+            }
+            let (new_master, _) = master_with(dirs[1].path(), 300).await;
+            let slave = Store::open(config(dirs[2].path())).await.unwrap();
+            replicate(&old_master, &slave).await;
+            assert_eq!(found_by_key(&slave, "k1050").await, 1);
+
+            slave.reset_empty_at(0).await.unwrap();
+            assert_empty_at(&slave, dirs[2].path(), 0).await;
+            replicate(&new_master, &slave).await;
+            assert_eq!(raw_log(&slave, 0).await, raw_log(&new_master, 0).await);
+            assert_eq!(queues_of(&slave).await, queues_of(&new_master).await);
+            assert_eq!(found_by_key(&slave, "k150").await, 1);
+            assert_eq!(found_by_key(&slave, "k1050").await, 0);
+
+            let inside = 2 * SEGMENT_BYTES;
+            assert!(inside < slave.max_physical_offset().0, "below the end");
+            slave.reset_empty_at(inside).await.unwrap();
+            assert_empty_at(&slave, dirs[2].path(), inside).await;
+            replicate(&new_master, &slave).await;
+            assert_eq!(
+                raw_log(&slave, inside).await,
+                raw_log(&new_master, inside).await
+            );
+            assert_queues_follow(&slave, &new_master, inside).await;
+            assert!(slave.min_queue_offset("T", QueueId(0)).0 > 0);
+            assert_eq!(found_by_key(&slave, "k299").await, 1);
+            assert_eq!(found_by_key(&slave, "k0").await, 0);
+            for store in [slave, new_master, old_master] {
+                store.close().await.unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn a_reset_store_reopens_reset() {
+        let (master_dir, slave_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        crate::runtime::run_local(|| async {
+            let (master, start) = master_with(master_dir.path(), 600).await;
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            hold_old_messages(&slave).await;
+            slave.reset_empty_at(start).await.unwrap();
+            slave.close().await.unwrap();
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            assert_empty_at(&slave, slave_dir.path(), start).await;
+            let recovered = slave.config().progress.recovered.get().unwrap();
+            assert_eq!((recovered.scan_from, recovered.end), (start, start));
+
+            replicate(&master, &slave).await;
+            slave.close().await.unwrap();
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            assert_eq!(raw_log(&slave, start).await, raw_log(&master, start).await);
+            assert_queues_follow(&slave, &master, start).await;
+            assert_eq!(found_by_key(&slave, "k599").await, 1);
+
+            // A crash just after a reset (below the end this time) reopens it reset too.
+            slave.reset_empty_at(SEGMENT_BYTES).await.unwrap();
+            drop(slave);
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            assert_empty_at(&slave, slave_dir.path(), SEGMENT_BYTES).await;
+            // And what it replicated since, once durable.
+            replicate(&master, &slave).await;
+            let end = slave.max_physical_offset();
+            slave.wait_durable(end).await.unwrap();
+            let queues = queues_of(&slave).await;
+            drop(slave);
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            assert_eq!(slave.max_physical_offset(), end);
+            assert_eq!(queues_of(&slave).await, queues);
+            assert_queues_follow(&slave, &master, SEGMENT_BYTES).await;
+            slave.close().await.unwrap();
+            master.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_reset_cut_short_by_a_crash_reopens_empty() {
+        let master_dir = tempfile::tempdir().unwrap();
+        // Where a crash can leave the files once the marker is durable: all of them still
+        // there, the queues and checkpoint gone (recovery would rebuild the queues from the
+        // log), the commitlog gone (the queues would point at removed records).
+        let cuts: [&[&str]; 3] = [&[], &["consumequeue", "checkpoint"], &["commitlog"]];
+        crate::runtime::run_local(|| async {
+            let (master, start) = master_with(master_dir.path(), 600).await;
+            for removed in cuts {
+                let slave_dir = tempfile::tempdir().unwrap();
+                let dir = slave_dir.path();
+                let slave = Store::open(config(dir)).await.unwrap();
+                hold_old_messages(&slave).await;
+                slave.close().await.unwrap();
+                std::fs::write(dir.join(MARKER_FILE_NAME), b"").unwrap();
+                for name in removed {
+                    let path = dir.join(name);
+                    if path.is_dir() {
+                        std::fs::remove_dir_all(path).unwrap();
+                    } else {
+                        std::fs::remove_file(path).unwrap();
+                    }
+                }
+
+                let slave = Store::open(config(dir)).await.unwrap();
+                assert_empty_at(&slave, dir, 0).await;
+                let recovered = slave.config().progress.recovered.get().unwrap();
+                assert_eq!(recovered.end, 0, "{removed:?}");
+                // The slave starts again as any empty one does.
+                slave.start_empty_at(start).await.unwrap();
+                replicate(&master, &slave).await;
+                assert_queues_follow(&slave, &master, start).await;
+                slave.close().await.unwrap();
+            }
+            master.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_reset_forgets_the_cold_windows_read_from_the_old_log() {
+        let (master_dir, slave_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Past the bytes the tail keeps in memory, so that pulls of the log's start read
+        // windows from disk into the read cache.
+        const LOG_BYTES: u64 = 6 << 20;
+        let pull_start = |store: &Store| {
+            let store = store.clone();
+            async move {
+                let found = store
+                    .get_messages("T", QueueId(0), QueueOffset(0), 32, 1 << 20, &|_| true)
+                    .await
+                    .unwrap();
+                assert_eq!(found.message_count, 32);
+                found.body
+            }
+        };
+        crate::runtime::run_local(|| async {
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            let mut i = 1_000_000;
+            while slave.max_physical_offset().0 < LOG_BYTES {
+                append_waiting(&slave, "T", i).await;
+                i += 1;
+            }
+            slave.close().await.unwrap();
+            let slave = Store::open(config(slave_dir.path())).await.unwrap();
+            let old_body = pull_start(&slave).await;
+            assert!(slave.stats().read_cache_misses > 0, "read from disk");
+
+            let master = Store::open(config(master_dir.path())).await.unwrap();
+            let mut i = 0;
+            while master.max_physical_offset().0 < LOG_BYTES {
+                append_waiting(&master, "T", i).await;
+                i += 1;
+            }
+            slave.reset_empty_at(0).await.unwrap();
+            replicate(&master, &slave).await;
+            let end = slave.max_physical_offset();
+            slave.wait_durable(end).await.unwrap();
+            let new_body = pull_start(&slave).await;
+            assert_ne!(new_body, old_body);
+            assert_eq!(new_body, pull_start(&master).await);
+            assert_eq!(slave.stats().corrupt_records, 0);
+            slave.close().await.unwrap();
+            master.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_reset_is_refused_unaligned_twice_at_once_or_closing() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::runtime::run_local(|| async {
+            let store = Store::open(config(dir.path())).await.unwrap();
+            hold_old_messages(&store).await;
+            let (end, queues) = (store.max_physical_offset(), queues_of(&store).await);
+            let unaligned = store.reset_empty_at(SEGMENT_BYTES + 4096).await;
+            assert!(
+                matches!(unaligned, Err(StoreError::StartRefused { offset, .. })
+                    if offset == SEGMENT_BYTES + 4096),
+                "{unaligned:?}"
+            );
+            assert_eq!(store.max_physical_offset(), end, "unchanged");
+            assert_eq!(queues_of(&store).await, queues);
+            assert_eq!(found_by_key(&store, "k1050").await, 1);
+
+            // While one reset runs, a second one and appends are refused.
+            let offset = 8 * SEGMENT_BYTES;
+            let (first, (second, appended)) =
+                futures_lite::future::zip(store.reset_empty_at(offset), async {
+                    (store.reset_empty_at(0).await, try_append(&store, "T", 7))
+                })
+                .await;
+            first.unwrap();
+            assert!(
+                matches!(&second, Err(StoreError::StartRefused { offset: 0, reason })
+                    if reason.contains("emptied")),
+                "{second:?}"
+            );
+            assert!(
+                matches!(appended, Err(StoreError::Resetting { offset: o }) if o == offset),
+                "{appended:?}"
+            );
+            assert_empty_at(&store, dir.path(), offset).await;
+            assert_eq!(
+                store.stats().put_messages,
+                200,
+                "the refused append is not counted"
+            );
+
+            store.close().await.unwrap();
+            let closed = store.reset_empty_at(0).await;
+            assert!(
+                matches!(closed, Err(StoreError::StartRefused { offset: 0, .. })),
+                "{closed:?}"
+            );
         });
     }
 }

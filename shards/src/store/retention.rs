@@ -226,7 +226,8 @@ pub struct DeletedSegment {
 /// the write position.
 pub(crate) fn oldest_sealed(inner: &Inner) -> Option<SealedSegment> {
     let log = inner.log.borrow();
-    if log.closing || log.poison.is_some() || log.segments.files.len() < 2 {
+    let resetting = log.reset.is_some();
+    if log.closing || log.poison.is_some() || resetting || log.segments.files.len() < 2 {
         return None;
     }
     let start = log.segments.first_start()?;
@@ -256,6 +257,7 @@ pub(crate) async fn delete_oldest(
     if oldest_sealed(inner).map(|s| s.start) != Some(expected.start) {
         return Ok(None);
     }
+    let _deleting = Deleting::start(inner);
     let start = expected.start.0;
     let (file, path, keep) = {
         let mut log = inner.log.borrow_mut();
@@ -306,6 +308,25 @@ pub(crate) async fn delete_oldest(
         index_files,
         unlink,
     }))
+}
+
+/// Marks a deletion under way for as long as it lives (`LogState::deleting_segment`): a reset
+/// waits for it, since the files it removes by name may otherwise be the reset log's.
+struct Deleting<'a>(&'a Inner);
+
+impl<'a> Deleting<'a> {
+    fn start(inner: &'a Inner) -> Deleting<'a> {
+        inner.log.borrow_mut().deleting_segment = true;
+        Deleting(inner)
+    }
+}
+
+impl Drop for Deleting<'_> {
+    fn drop(&mut self) {
+        self.0.log.borrow_mut().deleting_segment = false;
+        // The flusher runs resets: one may be waiting for this.
+        self.0.notify.signal();
+    }
 }
 
 /// Reads in flight hold the segment's file: give them `READERS_WAIT_MS` to finish.

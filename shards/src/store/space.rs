@@ -124,6 +124,15 @@ impl Space {
         })
     }
 
+    /// A store emptied in process starts again at `offset` (`reset.rs`): nothing is
+    /// allocated in its new files yet, and a data write the disk refused is gone with the
+    /// data (its refusal with it). A refusal of allocation and the disk monitor's stay.
+    pub(crate) fn reset_to(&mut self, offset: u64) {
+        self.allocated_end = offset;
+        self.flush_retry_at = None;
+        self.clear(FullCause::Write);
+    }
+
     /// Records that `cause` refuses writes; true when that is news (log it then, not on
     /// every retry).
     pub(crate) fn set_full(&mut self, cause: FullCause, why: String) -> bool {
