@@ -287,6 +287,12 @@ struct BrokerOptions {
     /// RocketMQ) or oldest (everything the master still holds).
     #[arg(long = "ha-start-from", default_value = "newest", value_parser = ["newest", "oldest"])]
     ha_start_from: String,
+    /// A slave whose log cannot continue its master's (it fell behind the master's retained
+    /// range, or holds bytes the master never had: an old master after a promotion)
+    /// discards its store and copies the master's from its oldest segment; without it the
+    /// slave says so and does not replicate (broker.conf haResetWhenBehind).
+    #[arg(long = "ha-reset-when-behind", default_value_t = false, action = clap::ArgAction::Set)]
+    ha_reset_when_behind: bool,
     /// TEST ONLY (fault injection): every commitlog flush first waits this long, as a slow
     /// disk would. Hidden, and only in builds with the `fault-injection` feature.
     #[cfg(feature = "fault-injection")]
@@ -509,6 +515,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
             "oldest" => shardmq::ha::StartFrom::Oldest,
             _ => shardmq::ha::StartFrom::Newest,
         },
+        reset_when_behind: options.ha_reset_when_behind,
     };
     config.ha.validate().map_err(anyhow::Error::msg)?;
     config.inner_credentials = match (&options.inner_access_key, &options.inner_secret_key) {

@@ -17,6 +17,7 @@
 //! | `queryMsgById` | an offset msgId (33), else a unique id (12) |
 //! | `queryMsgByOffset` | one queue position (11) |
 //! | `sendMessage` | a test message (310) |
+//! | `promote` | a slave becomes its broker name's master, after a warning of what may be lost (28, 25) |
 //!
 //! Output: aligned tables for people; with `--json` one JSON document on stdout for scripts
 //! (each command's shape is documented on its function). Warnings (a broker that did not
@@ -31,6 +32,7 @@ mod client;
 mod cluster;
 pub(crate) mod group;
 pub(crate) mod message;
+mod promote;
 mod table;
 pub(crate) mod topic;
 
@@ -214,6 +216,10 @@ pub enum AdminCommand {
     /// Send one test message and print where it went.
     #[command(name = "sendMessage")]
     SendMessage(message::SendArgs),
+    /// Make a slave the master of its broker name (what RocketMQ's operators do by
+    /// restarting it with brokerId 0); says first what the promotion may lose.
+    #[command(name = "promote")]
+    Promote(promote::PromoteArgs),
 }
 
 /// What a command produced: the JSON document and the text for people.
@@ -322,6 +328,7 @@ pub(crate) fn execute(admin: &mut Admin, command: &AdminCommand) -> anyhow::Resu
             offset,
         } => message::query_by_offset(admin, topic, broker, *queue, *offset),
         AdminCommand::SendMessage(args) => message::send_message(admin, args),
+        AdminCommand::Promote(args) => promote::promote(admin, args),
     }
 }
 

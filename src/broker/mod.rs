@@ -250,6 +250,7 @@ impl Broker {
             next_retry_queue: Cell::new(0),
         };
         broker.apply_saved_live_config();
+        broker.load_epoch();
         broker
     }
 

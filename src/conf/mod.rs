@@ -230,6 +230,7 @@ fn map_key(key: &str, value: &str, role: Role, base_dir: &Path) -> Option<Result
         "haMaxGapNotInSync" | "haSlaveFallbehindMax" => number("ha_max_gap_not_in_sync"),
         "slaveTimeout" => number("slave_timeout"),
         "slaveReadEnable" => switch("slave_read_enable"),
+        "haResetWhenBehind" => switch("ha_reset_when_behind"),
         "haListenPort" => Some(Ok(Ignore(
             "each shard's HA port is its broker port + 1 (RocketMQ's default for \
              haListenPort)",

@@ -4,8 +4,11 @@
 //! GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) and takes what it is given: topics and groups are
 //! upserted, each queue's committed offset and each delay level's progress replaced by the
 //! master's (as RocketMQ's putAll), so consumers that move to the slave resume near where
-//! they were. Offsets committed on the slave while its master is away stay until the master
-//! answers again; consumers commit to the master again once it is back.
+//! they were. Offsets clients committed on the slave while its master was away are kept over
+//! the master's older ones and handed back to it (UPDATE_CONSUMER_OFFSET, 15) once it answers
+//! again, so a group that stopped while reading from the slave resumes there on the master.
+//! It also asks for the master's GET_BROKER_RUNTIME_INFO (28): its role and log end, what
+//! `shardmq admin promote` tells the operator a promotion may lose.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -130,8 +133,26 @@ async fn fetch(
     Ok(answer.body)
 }
 
+/// The master's GET_BROKER_RUNTIME_INFO; keeps its role and log end (`last_runtime`).
+pub async fn master_runtime(
+    broker: &Broker,
+    connection: &mut NamesrvConnection,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let body = fetch(broker, connection, request_code::GET_BROKER_RUNTIME_INFO).await?;
+    let info = crate::body::parse_kv_table(&body).map_err(|e| format!("runtime info: {e}"))?;
+    let role = info.get("brokerRole").cloned().unwrap_or_default();
+    let end = info
+        .get("commitLogMaxOffset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    *broker.ha.master.last_runtime.borrow_mut() =
+        Some((role, end, shards::runtime::monotonic_ms()));
+    Ok(info)
+}
+
 /// One copy of all four tables.
 pub async fn sync_all(broker: &Broker, connection: &mut NamesrvConnection) -> Result<(), String> {
+    master_runtime(broker, connection).await?;
     let topics = fetch(broker, connection, request_code::GET_ALL_TOPIC_CONFIG).await?;
     let topics = TopicConfigTable::parse(&topics).map_err(|e| format!("topics: {e}"))?;
     {
@@ -155,15 +176,31 @@ pub async fn sync_all(broker: &Broker, connection: &mut NamesrvConnection) -> Re
     }
     let offsets = fetch(broker, connection, request_code::GET_ALL_CONSUMER_OFFSET).await?;
     let offsets = ConsumerOffsetTable::parse(&offsets).map_err(|e| format!("offsets: {e}"))?;
-    {
-        let mut table = broker.offsets.borrow_mut();
-        for (key, queues) in offsets.offsets {
-            let Some((topic, group)) = key.split_once('@') else {
-                continue;
-            };
-            for (queue_id, offset) in queues {
-                table.commit(group, topic, queue_id, offset);
-            }
+    let handed_back = take_offsets(broker, offsets);
+    for ((group, topic, queue_id), offset) in handed_back {
+        let fields = vec![
+            ("consumerGroup", group.clone()),
+            ("topic", topic.clone()),
+            ("queueId", queue_id.to_string()),
+            ("commitOffset", offset.to_string()),
+        ];
+        let answer = connection
+            .call_for_fields(|out, opaque| {
+                broker.encode_namesrv_request(
+                    out,
+                    request_code::UPDATE_CONSUMER_OFFSET,
+                    opaque,
+                    fields.clone(),
+                    &[],
+                )
+            })
+            .await?;
+        if answer.code == response_code::SUCCESS {
+            log::info!(
+                "{}: handed the offset {offset} of {group} on {topic}:{queue_id}, committed \
+                 here while the master was away, back to the master",
+                broker.identity.broker_name
+            );
         }
     }
     let delays = fetch(broker, connection, request_code::GET_ALL_DELAY_OFFSET).await?;
@@ -195,4 +232,35 @@ pub async fn sync_all(broker: &Broker, connection: &mut NamesrvConnection) -> Re
         }
     }
     Ok(())
+}
+
+/// Takes the master's committed offsets, except where a client committed a later one here
+/// while the master was away: those are kept, and returned to be handed back to the master.
+/// A local commit the master has caught up with is forgotten.
+fn take_offsets(
+    broker: &Broker,
+    offsets: ConsumerOffsetTable,
+) -> Vec<((String, String, u32), i64)> {
+    let mut local = broker.ha.master.local_commits.borrow_mut();
+    let mut table = broker.offsets.borrow_mut();
+    for (key, queues) in offsets.offsets {
+        let Some((topic, group)) = key.split_once('@') else {
+            continue;
+        };
+        for (queue_id, offset) in queues {
+            let key = (group.to_string(), topic.to_string(), queue_id);
+            match local.get(&key) {
+                Some(&ours) if ours > offset => continue,
+                Some(_) => {
+                    local.remove(&key);
+                }
+                None => {}
+            }
+            table.commit(group, topic, queue_id, offset);
+        }
+    }
+    local
+        .iter()
+        .map(|(key, &offset)| (key.clone(), offset))
+        .collect()
 }

@@ -15,8 +15,10 @@
 //! the shard: the master's stream reads what the store already holds (the tail in memory,
 //! older bytes with DMA reads) and adds no work to the produce path but a wake-up.
 
+pub mod epoch;
 pub mod master;
 pub mod metadata;
+pub mod promote;
 pub mod slave;
 pub mod sync;
 
@@ -89,6 +91,11 @@ pub struct HaConfig {
     /// slaveReadEnable: the master suggests the slave for pulls of cold data.
     pub slave_read_enable: bool,
     pub start_from: StartFrom,
+    /// A slave whose log cannot continue its master's (it fell behind the master's retained
+    /// range, or holds bytes past the master's epoch start that the master never had)
+    /// discards its store and copies again from the master's oldest segment (shardmq's
+    /// haResetWhenBehind; off: it says so and waits for the operator).
+    pub reset_when_behind: bool,
 }
 
 impl Default for HaConfig {
@@ -104,6 +111,7 @@ impl Default for HaConfig {
             slave_timeout_ms: 3_000,
             slave_read_enable: false,
             start_from: StartFrom::Newest,
+            reset_when_behind: false,
         }
     }
 }
@@ -161,11 +169,31 @@ pub struct MasterView {
     pub fell_behind: RefCell<Option<String>>,
     /// The master node runs another number of shards (`metadata::check_shard_count`).
     pub shard_mismatch: RefCell<Option<String>>,
+    /// This slave's log goes past the master's epoch start with bytes of another epoch
+    /// (`epoch::check`): replication would mix two logs, so it does not run.
+    pub diverged: RefCell<Option<String>>,
+    /// The master's brokerRole and commitlog end as its last GET_BROKER_RUNTIME_INFO said
+    /// (copied with the metadata): what a promotion may lose.
+    pub last_runtime: RefCell<Option<(String, u64, u64)>>,
+    /// Offsets clients committed to this slave (its master away), by (group, topic,
+    /// queue): kept over the master's older ones and handed back to it when it returns.
+    pub local_commits: RefCell<std::collections::BTreeMap<(String, String, u32), i64>>,
 }
 
 /// One shard's replication state (on the broker).
 pub struct HaState {
     pub config: HaConfig,
+    /// brokerRole and brokerId now: the configured ones until a promotion
+    /// (`promote.rs`) makes a slave its broker name's master.
+    role: Cell<BrokerRole>,
+    broker_id: Cell<u64>,
+    /// A promotion under way: the slave's stream appends nothing more.
+    pub halted: Cell<bool>,
+    /// Where this master's own log begins (`epoch.rs`).
+    pub epoch: Cell<epoch::Epoch>,
+    /// The namesrv refused this master's registration because another live master holds its
+    /// broker name (a slave promoted while this one was away): writes are refused.
+    pub replaced: RefCell<Option<String>>,
     /// Master side: the slaves connected now.
     pub slaves: RefCell<Vec<Rc<SlaveLink>>>,
     /// Told whenever the log grows (the store's arrival listener): wakes idle streams.
@@ -190,6 +218,11 @@ impl HaState {
                 ha_address: RefCell::new(config.master_address),
                 ..MasterView::default()
             },
+            role: Cell::new(config.role),
+            broker_id: Cell::new(config.broker_id),
+            halted: Cell::new(false),
+            epoch: Cell::new(epoch::Epoch::default()),
+            replaced: RefCell::new(None),
             config,
             slaves: RefCell::default(),
             log_grew: Rc::default(),
@@ -201,16 +234,27 @@ impl HaState {
     }
 
     pub fn role(&self) -> BrokerRole {
-        self.config.role
+        self.role.get()
     }
 
     pub fn is_slave(&self) -> bool {
-        self.config.role == BrokerRole::Slave
+        self.role.get() == BrokerRole::Slave
     }
 
     /// brokerId as registered.
     pub fn broker_id(&self) -> u64 {
-        self.config.broker_id
+        self.broker_id.get()
+    }
+
+    /// The slave's stream may append: it is a slave and no promotion is under way.
+    pub fn replicating(&self) -> bool {
+        self.is_slave() && !self.halted.get()
+    }
+
+    /// Takes brokerRole and brokerId (a promotion, or the saved one at start).
+    pub fn set_role(&self, role: BrokerRole, broker_id: u64) {
+        self.role.set(role);
+        self.broker_id.set(broker_id);
     }
 
     /// The highest offset any connected slave has reported (RocketMQ's push2SlaveMaxOffset).
@@ -243,6 +287,11 @@ impl HaState {
             ("brokerId", self.broker_id().to_string()),
             ("haTransferredByteInSecond", self.rate.get().1.to_string()),
         ];
+        if !self.is_slave() {
+            info.push(("haEpoch", self.epoch.get().to_string()));
+            let replaced = self.replaced.borrow().clone().unwrap_or_default();
+            info.push(("haReplacedBy", replaced));
+        }
         if self.is_slave() {
             let master = &self.master;
             let state = if master.connected.get() {
@@ -273,7 +322,17 @@ impl HaState {
                     "haShardCountMismatch",
                     master.shard_mismatch.borrow().clone().unwrap_or_default(),
                 ),
+                (
+                    "haDiverged",
+                    master.diverged.borrow().clone().unwrap_or_default(),
+                ),
             ]);
+            if let Some((role, end, age)) = master.last_runtime.borrow().clone() {
+                info.push(("haMasterRole", role));
+                info.push(("haMasterCommitLogMaxOffset", end.to_string()));
+                let seen = now.saturating_sub(age);
+                info.push(("haMasterSeenMsAgo", seen.to_string()));
+            }
         } else {
             let slaves = self.slaves.borrow();
             let ack = self.slave_ack_offset();

@@ -9,7 +9,12 @@
 //! "master pushed offset not equal the max phy offset in slave"; an empty slave instead moves
 //! its store's start to where the master begins (`Store::start_empty_at`). A master whose log
 //! starts past this slave's end is logged and shown in brokerStatus (`slaveFallBehindMuch`):
-//! replication cannot close that gap.
+//! replication cannot close that gap; with haResetWhenBehind the slave discards its store and
+//! continues empty from the master's offset (`Store::reset_empty_at`).
+//!
+//! Before each connection a slave holding bytes checks they are its master's
+//! (`epoch::divergence`): an old master brought back as the slave of its promoted slave does
+//! not stream the new log behind its own.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -17,7 +22,9 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpStream};
 
+use super::epoch::Epoch;
 use super::TRANSFER_HEADER_BYTES;
+use crate::broker::registration::NamesrvConnection;
 use crate::broker::Broker;
 
 /// Pause before connecting again after a session ended or a connect failed (RocketMQ's
@@ -33,11 +40,87 @@ const SPACE_RETRY_MS: u64 = 20;
 /// Bytes one read takes from the socket.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 
+/// Wait before checking the master's epoch again when it could not be checked or differs.
+const EPOCH_RETRY_MS: u64 = 5_000;
+
+/// Whether this slave's log may continue its master's (`epoch::divergence`); with
+/// haResetWhenBehind a log that may not is discarded, the store continuing empty at the
+/// master's oldest offset. Records the master's epoch once it may.
+async fn check_epoch(
+    broker: &Rc<Broker>,
+    connection: &mut Option<NamesrvConnection>,
+) -> Result<(), String> {
+    let store = &broker.store;
+    let empty = store.max_physical_offset().0 == store.min_physical_offset().0;
+    let master = *broker.ha.master.broker_address.borrow();
+    let Some(master) = master else {
+        // Its epoch is asked at its broker port, known from the namesrv.
+        return match empty {
+            true => Ok(()),
+            false => Err(
+                "the master's broker address is not known yet (from the namesrv's \
+                          answer): its epoch cannot be checked"
+                    .into(),
+            ),
+        };
+    };
+    if connection.as_ref().is_none_or(|c| c.addr != master) {
+        *connection = Some(NamesrvConnection::new(master, broker.namesrv_tls.clone()));
+    }
+    let connection = connection.as_mut().expect("set above");
+    let info = super::metadata::master_runtime(broker, connection)
+        .await
+        .map_err(|why| format!("cannot ask the master {master} for its epoch: {why}"))?;
+    // A RocketMQ master shows no epoch: it was never promoted by shardmq.
+    let epoch = info
+        .get("haEpoch")
+        .and_then(|text| Epoch::parse(text))
+        .unwrap_or_default();
+    let shard_dir = &broker.identity.shard_dir;
+    let copied_path = super::epoch::copied_epoch_path(shard_dir);
+    let copied = Epoch::load(&copied_path)?;
+    let end = store.max_physical_offset().0;
+    if let Some(why) = super::epoch::divergence(end, copied, epoch) {
+        if !broker.ha.config.reset_when_behind {
+            return Err(why);
+        }
+        let min: u64 = info
+            .get("commitLogMinOffset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let segment = store.config().segment_size_bytes;
+        let start = min - min % segment;
+        log::warn!(
+            "{}: {why}. haResetWhenBehind: discarding this shard's store (its log [{}, {end})) \
+             to copy the master's from {start}",
+            broker.identity.broker_name,
+            store.min_physical_offset().0
+        );
+        discard_store(broker, start).await?;
+    }
+    if copied != Some(epoch) {
+        runtime::blocking(move || epoch.save(&copied_path))
+            .await
+            .map_err(|error| format!("cannot record the master's epoch {epoch}: {error}"))?;
+    }
+    Ok(())
+}
+
+/// Discards everything the store holds; it continues empty at `offset` (a segment start).
+async fn discard_store(broker: &Broker, offset: u64) -> Result<(), String> {
+    broker
+        .store
+        .reset_empty_at(offset)
+        .await
+        .map_err(|error| format!("cannot discard the store to start at {offset}: {error}"))
+}
+
 /// Replicates from the master for as long as this shard is a slave.
 pub async fn run(broker: Rc<Broker>) {
     let name = broker.identity.broker_name.clone();
     let mut failures = 0u64;
     let mut waited_ms = 0u64;
+    let mut epoch_connection = None;
     while broker.ha.is_slave() {
         let address = *broker.ha.master.ha_address.borrow();
         let Some(address) = address else {
@@ -53,6 +136,15 @@ pub async fn run(broker: Rc<Broker>) {
             runtime::sleep(Duration::from_millis(RECONNECT_MS)).await;
             continue;
         };
+        if let Err(why) = check_epoch(&broker, &mut epoch_connection).await {
+            if broker.ha.master.diverged.borrow().as_deref() != Some(why.as_str()) {
+                log::error!("{name}: replication from {address} does not start: {why}");
+            }
+            *broker.ha.master.diverged.borrow_mut() = Some(why);
+            runtime::sleep(Duration::from_millis(EPOCH_RETRY_MS)).await;
+            continue;
+        }
+        *broker.ha.master.diverged.borrow_mut() = None;
         match runtime::connect(address).await {
             Ok(stream) => {
                 failures = 0;
@@ -96,6 +188,9 @@ async fn session(stream: TcpStream, broker: &Rc<Broker>) -> String {
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; READ_CHUNK_BYTES];
     loop {
+        if !broker.ha.replicating() {
+            return "this shard is being promoted to master".into();
+        }
         let read = runtime::timeout(heartbeat, reader.read(&mut chunk)).await;
         match read {
             None => {}
@@ -171,13 +266,26 @@ async fn accept_transfer(
                 "{}: empty store starts at the master's offset {offset}",
                 broker.identity.broker_name
             );
+        } else if offset > expected
+            && broker.ha.config.reset_when_behind
+            && offset.is_multiple_of(segment)
+        {
+            log::warn!(
+                "{}: master pushed offset {offset}, this slave's log ends at {expected}: the \
+                 master no longer holds the bytes between. haResetWhenBehind: discarding this \
+                 shard's store to copy the master's from {offset}",
+                broker.identity.broker_name
+            );
+            pending.clear();
+            discard_store(broker, offset).await?;
         } else {
             let why = format!("master pushed offset {offset}, this slave's log ends at {expected}");
             if offset > expected {
                 let note = format!(
                     "{why}: the master no longer holds this slave's next bytes (its log \
                      starts later); replication cannot close the gap — start this slave with \
-                     an empty store, or restart it as a master (brokerId 0) if its data is needed"
+                     an empty store, set haResetWhenBehind, or promote it (shardmq admin \
+                     promote) if its data is needed"
                 );
                 log::error!("{}: {note}", broker.identity.broker_name);
                 *broker.ha.master.fell_behind.borrow_mut() = Some(note);
@@ -188,6 +296,9 @@ async fn accept_transfer(
     *broker.ha.master.fell_behind.borrow_mut() = None;
     pending.extend_from_slice(body);
     loop {
+        if !broker.ha.replicating() {
+            return Err("this shard is being promoted to master".into());
+        }
         let at = store.max_physical_offset().0;
         match store.append_replicated(at, pending) {
             Ok(0) => return Ok(()),

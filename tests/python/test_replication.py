@@ -115,8 +115,9 @@ def cluster(tmp_path):
     namesrv.start(keep_ports=True)
     _, master_port = pick_ports(2)
 
-    def broker(name, ip, role_args=(), **options):
-        node = process(Broker, name, namesrv=namesrv, ip=ip, role_args=role_args, **options)
+    def broker(name, ip, role_args=(), kind=None, **options):
+        node = process(kind or Broker, name, namesrv=namesrv, ip=ip, role_args=role_args,
+                       **options)
         node.namesrv_port = namesrv.namesrv_port
         node.broker_port = master_port
         return node.start()
@@ -458,3 +459,220 @@ def test_a_slave_with_another_shard_count_says_so(cluster):
     note = runtime_info(slave.broker_addr(0))["haShardCountMismatch"]
     print(note)
     assert "same --shards" in note
+
+
+class UnroutedBroker(Broker):
+    """A broker that may never print its ready line (the namesrv refuses it): started once
+    its broker port listens."""
+
+    def _start_once(self):
+        self.starts += 1
+        self._start_offset = os.path.getsize(self.log_path)
+        self._log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self._command(), stdout=self._log_file,
+                                        stderr=subprocess.STDOUT, cwd=self.data_dir)
+        wait_until(lambda: listening(self.broker_addr(0)), 30, message="the broker to listen")
+        return None
+
+
+def admin(node, *args):
+    """`shardmq admin <args>` against node's namesrv: (exit status, stdout, stderr)."""
+    done = subprocess.run([node.binary, "admin", *args, "-n", node.namesrv_addr],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout, done.stderr
+
+
+def master_of(node, broker_name):
+    """The address the namesrv lists as brokerId 0 of `broker_name`, or None."""
+    import json
+    with remoting.RemotingClient.connect(node.namesrv_addr) as client:
+        answer = client.call(106)  # GET_BROKER_CLUSTER_INFO
+    table = json.loads(answer.body)["brokerAddrTable"]
+    return table.get(broker_name, {}).get("brokerAddrs", {}).get("0")
+
+
+def test_promotion_by_hand_and_the_old_master_back_as_a_slave(cluster):
+    slave_args = ["--brokerRole", "SLAVE", "--brokerId", "1", "--ha-start-from", "oldest"]
+    master = cluster("master", MASTER_IP)
+    slave = cluster("slave", SLAVE_IP, role_args=slave_args)
+    topic = create_topic(master, "Tpromote")
+    first = build_messages(topic, 1000)
+    with closing(make_producer(master.namesrv_addr)) as producer:
+        send_all(producer, topic, first)
+    wait_caught_up(master, slave)
+    wait_slave_routed(master, topic)
+    # While the master lives, a promotion would make two masters: refused.
+    status, _, err = admin(slave, "promote", "--node", SLAVE_IP, "--yes")
+    print("promote with the master alive:", status, err.strip()[-300:])
+    assert status == 1 and "still connected" in err, err
+    # The master takes sends the slave never gets (ASYNC), then dies.
+    assert slave.stop() == 0
+    only_on_old = build_messages(topic, 300)
+    with closing(make_producer(master.namesrv_addr)) as producer:
+        send_all(producer, topic, only_on_old)
+    time.sleep(1.5)  # its async flush writes them: they outlive the kill
+    old_end = int(runtime_info(master.broker_addr(0))["commitLogMaxOffset"])
+    master.process.kill()
+    master.process.wait(10)
+    master._reap()
+    slave.start(keep_ports=True)
+    # Without --yes: the warning, and nothing changes.
+    status, out, err = admin(slave, "promote", "--node", SLAVE_IP)
+    print("promote without --yes:", status, err.strip())
+    assert status == 1 and "ASYNC_MASTER" in err and "nothing promoted" in err, err
+    assert runtime_info(slave.broker_addr(0))["brokerRole"] == "SLAVE"
+    status, out, err = admin(slave, "promote", "--node", SLAVE_IP, "--yes")
+    print("promote --yes:", status, out, err.strip())
+    assert status == 0, err
+    for shard in range(slave.shards):
+        info = runtime_info(slave.broker_addr(shard))
+        assert info["brokerRole"] == "ASYNC_MASTER", info
+        start = int(info["haEpoch"].split("@")[0])
+        assert start == int(info["commitLogMaxOffset"]), info
+        if shard == 0:
+            epoch_start = start
+            assert start < old_end, (start, old_end)
+    # A master becomes a slave only by a restart.
+    with remoting.RemotingClient.connect(slave.broker_addr(0)) as client:
+        demote = client.call(25, body=b"brokerRole=SLAVE\nbrokerId=1\n")  # UPDATE_BROKER_CONFIG
+    assert demote.code != remoting.SUCCESS and "only by a restart" in demote.remark, demote
+    wait_until(lambda: all(master_of(slave, "broker-{}".format(i)) == slave.broker_addr(i)
+                           for i in range(slave.shards)), 30, interval_s=0.2,
+               message="the namesrv to route every broker name to the promoted node")
+    # The promoted node takes sends, and serves everything it had and took.
+    after = build_messages(topic, 500)
+    with closing(make_producer(slave.namesrv_addr)) as producer:
+        send_all(producer, topic, after)
+    collector = Collector()
+    wanted = {item.key for item in first + after}
+    with closing(make_consumer(slave.namesrv_addr, topic, collector, group=unique("cg_p"))):
+        wait_until(lambda: wanted <= collector.keys(), CONSUME_TIMEOUT_S, interval_s=0.5,
+                   message="every message the promoted node holds")
+    lost = {item.key for item in only_on_old} & collector.keys()
+    print("after the promotion: {} of {} consumed; of the 300 only the old master had, {} "
+          "seen".format(len(wanted & collector.keys()), len(wanted), len(lost)))
+    # The old master, back as a master, is refused by the namesrv and takes no writes.
+    old = cluster("master", MASTER_IP, kind=UnroutedBroker)
+    wait_until(lambda: "another master holds this broker name" in old.log_tail(200), 30,
+               interval_s=0.3, message="the old master to learn it was replaced")
+    with remoting.RemotingClient.connect(old.broker_addr(0)) as client:
+        refused = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic), body=b"x")
+    print("a send to the replaced master:", refused.code, refused.remark)
+    assert refused.code == remoting.SERVICE_NOT_AVAILABLE and "replaced" in refused.remark
+    assert master_of(slave, "broker-0") == slave.broker_addr(0)
+    old.process.kill()
+    old.process.wait(10)
+    old._reap()
+    # Back as a slave, its tail past the epoch start is another log's: it does not replicate.
+    old = cluster("master", MASTER_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1"])
+    wait_until(lambda: runtime_info(old.broker_addr(0))["haDiverged"] != "", 30, interval_s=0.3,
+               message="the old master, as a slave, to refuse its diverged log")
+    note = runtime_info(old.broker_addr(0))["haDiverged"]
+    print("old master as a slave:", note)
+    assert "past offset" in note
+    assert epoch_start < int(runtime_info(old.broker_addr(0))["commitLogMaxOffset"]) == old_end
+    assert old.stop() == 0
+    # With haResetWhenBehind it discards its store and copies the promoted node's.
+    old = cluster("master", MASTER_IP, role_args=[
+        "--brokerRole", "SLAVE", "--brokerId", "1", "--ha-start-from", "oldest",
+        "--ha-reset-when-behind", "true"])
+    wait_caught_up(slave, old)
+    time.sleep(1.0)
+    for shard in range(slave.shards):
+        end = int(runtime_info(slave.broker_addr(shard))["commitLogMaxOffset"])
+        assert segment_checksums(slave, shard, end) == segment_checksums(old, shard, end)
+    print("the old master, reset, holds the promoted node's log byte for byte")
+
+
+def test_the_master_returns_and_takes_back_the_offsets(cluster):
+    master = cluster("master", MASTER_IP)
+    slave = cluster("slave", SLAVE_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1",
+                                                  "--ha-start-from", "oldest"])
+    topic = create_topic(master, "Treturn")
+    first = build_messages(topic, 1000)
+    with closing(make_producer(master.namesrv_addr)) as producer:
+        send_all(producer, topic, first)
+    wait_caught_up(master, slave)
+    wait_slave_routed(master, topic)
+    master.process.kill()
+    master.process.wait(10)
+    master._reap()
+    group = unique("cg_back")
+    collector = Collector()
+    with closing(make_consumer(master.namesrv_addr, topic, collector, group=group)):
+        wait_until(lambda: {i.key for i in first} <= collector.keys(), CONSUME_TIMEOUT_S,
+                   interval_s=0.5, message="every message, from the slave")
+        time.sleep(6)  # the client commits its offsets every 5 s
+    committed = {}
+    for shard in range(slave.shards):
+        for queue in range(4):
+            committed[(shard, queue)] = remoting.query_consumer_offset(
+                slave.broker_addr(shard), group, topic, queue)
+    print("offsets committed on the slave:", committed)
+    assert all(offset is not None and offset > 0 for offset in committed.values()), committed
+    master = cluster("master", MASTER_IP)
+
+    def handed_back():
+        return all(remoting.query_consumer_offset(master.broker_addr(shard), group, topic, queue)
+                   == offset for (shard, queue), offset in committed.items())
+    wait_until(handed_back, 40, interval_s=0.5,
+               message="the slave to hand its offsets back to the master")
+    # The slave replicates again, and the group resumes where it was on the slave.
+    more = build_messages(topic, 500)
+    with closing(make_producer(master.namesrv_addr)) as producer:
+        send_all(producer, topic, more)
+    wait_caught_up(master, slave)
+    again = Collector()
+    with closing(make_consumer(master.namesrv_addr, topic, again, group=group)):
+        wait_until(lambda: {i.key for i in more} <= again.keys(), CONSUME_TIMEOUT_S,
+                   interval_s=0.5, message="the new messages, from the returned master")
+        time.sleep(2)
+    repeated = {i.key for i in first} & again.keys()
+    print("the group on the returned master: {} new received, {} of the earlier 1000 again"
+          .format(len(again.keys()) - len(repeated), len(repeated)))
+    assert not repeated
+
+
+FALL_BEHIND_ARGS = ["--allocation-window-mib", "64", "--fileReservedTime", "0.0002",
+                    "--deleteWhen", ";".join(str(hour) for hour in range(24)),
+                    "--cleanResourceInterval", "500"]
+
+
+def test_a_slave_behind_the_retained_range_resets_when_asked(cluster):
+    master = cluster("master", MASTER_IP, shards=1, segment_size_mib=4,
+                     extra_args=FALL_BEHIND_ARGS)
+    slave_args = ["--brokerRole", "SLAVE", "--brokerId", "1", "--ha-start-from", "oldest"]
+    slave = cluster("slave", SLAVE_IP, shards=1, segment_size_mib=4, role_args=slave_args)
+    topic = create_topic(master, "Tbehind")
+    body = b"b" * (256 << 10)
+    with remoting.RemotingClient.connect(master.broker_addr(0), timeout_s=20) as client:
+        def send(count):
+            for _ in range(count):
+                answer = remoting.call_retrying_busy(
+                    client, remoting.SEND_MESSAGE, remoting.send_message_ext(topic), body)
+                assert answer.code == remoting.SUCCESS, answer
+        send(8)
+        wait_caught_up(master, slave)
+        assert slave.stop() == 0
+        send(64)  # 16 MiB: the segments the slave lacks go, with fileReservedTime 0.72 s
+    wait_until(lambda: int(runtime_info(master.broker_addr(0))["commitLogMinOffset"]) > 0, 30,
+               interval_s=0.3, message="the master to delete its oldest segments")
+    master_min = int(runtime_info(master.broker_addr(0))["commitLogMinOffset"])
+    slave = cluster("slave", SLAVE_IP, shards=1, segment_size_mib=4, role_args=slave_args)
+    wait_until(lambda: runtime_info(slave.broker_addr(0))["slaveFallBehindMuch"] != "", 30,
+               interval_s=0.3, message="the slave to say it fell behind")
+    print("without haResetWhenBehind:", runtime_info(slave.broker_addr(0))["slaveFallBehindMuch"])
+    assert slave.stop() == 0
+    slave = cluster("slave", SLAVE_IP, shards=1, segment_size_mib=4,
+                    role_args=slave_args + ["--ha-reset-when-behind", "true"])
+    wait_caught_up(master, slave)
+    ours, theirs = runtime_info(master.broker_addr(0)), runtime_info(slave.broker_addr(0))
+    print("with it: the slave holds [{}, {}), the master [{}, {})".format(
+        theirs["commitLogMinOffset"], theirs["commitLogMaxOffset"], ours["commitLogMinOffset"],
+        ours["commitLogMaxOffset"]))
+    assert int(theirs["commitLogMinOffset"]) >= master_min
+    time.sleep(1.0)
+    end = int(ours["commitLogMaxOffset"])
+    start = int(theirs["commitLogMinOffset"])
+    mine = {k: v for k, v in segment_checksums(master, 0, end).items() if k >= start}
+    assert mine and mine == segment_checksums(slave, 0, end)

@@ -5,7 +5,8 @@
 //! The config is this shard's, with RocketMQ's key names (`listenPort` is the shard's own
 //! port), as properties text (`key=value` lines, MixAll.properties2String) and the config's
 //! data version in the `version` ext field. An update changes only what can change while the
-//! shard runs (retention and topic auto-creation); any other key is refused naming it, and
+//! shard runs (retention, topic auto-creation, and brokerRole/brokerId for a slave's
+//! promotion, `ha::promote`); any other key is refused naming it, and
 //! nothing is applied unless every key is. An update is saved before it is applied, as
 //! RocketMQ's Configuration.persist saves it, in the shard's `config/broker.properties` (the
 //! keys changed live, nothing else), and the shard applies that file when it starts again,
@@ -24,7 +25,7 @@ use crate::server::Connection;
 pub const LIVE_CONFIG_FILE: &str = "broker.properties";
 
 /// Keys UPDATE_BROKER_CONFIG changes live.
-pub const LIVE_KEYS: [&str; 9] = [
+pub const LIVE_KEYS: [&str; 11] = [
     "fileReservedTime",
     "deleteWhen",
     "diskMaxUsedSpaceRatio",
@@ -34,6 +35,8 @@ pub const LIVE_KEYS: [&str; 9] = [
     "cleanResourceInterval",
     "deleteCommitLogFilesInterval",
     "autoCreateTopicEnable",
+    "brokerRole",
+    "brokerId",
 ];
 
 impl Broker {
@@ -185,14 +188,19 @@ impl Broker {
         let text = std::str::from_utf8(request.body)
             .map_err(|_| RequestError::SystemError("the config body is not UTF-8 text".into()))?;
         let entries = crate::conf::parse_properties(text).map_err(RequestError::SystemError)?;
-        let mut retention = self.retention.config();
-        let mut auto_create = self.topics.borrow().auto_create_topic_enable();
+        let mut settings = self.live_settings();
         for entry in &entries {
             let (key, value) = (entry.key.as_str(), entry.value.as_str());
-            apply_live(key, value, &mut retention, &mut auto_create)
+            apply_live(key, value, &mut settings)
                 .map_err(|why| RequestError::SystemError(format!("{key}={value}: {why}")))?;
         }
-        retention.validate().map_err(RequestError::SystemError)?;
+        settings
+            .retention
+            .validate()
+            .map_err(RequestError::SystemError)?;
+        let role_change = self
+            .role_change(settings.role, settings.broker_id)
+            .map_err(RequestError::SystemError)?;
         if self.live_config.saving.get() {
             return Err(RequestError::SystemBusy(
                 "another UPDATE_BROKER_CONFIG is being saved, try again".into(),
@@ -202,7 +210,20 @@ impl Broker {
         for entry in &entries {
             saved.insert(entry.key.clone(), entry.value.clone());
         }
+        // A promotion: the stream from the old master appends nothing more, so the log's end
+        // now is where this shard's own log begins.
+        let epoch = match role_change {
+            Some(_) if self.ha.is_slave() => {
+                self.ha.halted.set(true);
+                Some(crate::ha::epoch::Epoch {
+                    start_offset: self.store.max_physical_offset().0,
+                    promoted_at_ms: crate::error::now_ms().max(0) as u64,
+                })
+            }
+            _ => None,
+        };
         let path = self.live_config_path();
+        let epoch_path = crate::ha::epoch::master_epoch_path(&self.identity.shard_dir);
         let bytes = live_config_text(&saved).into_bytes();
         let keys: Vec<String> = entries.iter().map(|entry| entry.key.clone()).collect();
         let (broker, connection) = (self.clone(), connection.clone());
@@ -212,11 +233,16 @@ impl Broker {
             let _in_flight = in_flight;
             let target = path.clone();
             let written = shards::runtime::blocking(move || {
+                // The epoch first: a role saved without it would let an old master's tail in.
+                if let Some(epoch) = epoch {
+                    epoch.save(&epoch_path)?;
+                }
                 crate::persist::write_file_durably(&target, &bytes)
             })
             .await;
             broker.live_config.saving.set(false);
             if let Err(why) = written {
+                broker.ha.halted.set(false);
                 let error = RequestError::SystemError(format!(
                     "the update could not be saved in {} ({why}); nothing was changed",
                     path.display()
@@ -224,11 +250,14 @@ impl Broker {
                 return error.respond(&connection, opaque);
             }
             *broker.live_config.saved.borrow_mut() = saved;
-            broker.retention.set_config(retention);
+            broker.retention.set_config(settings.retention);
             broker
                 .topics
                 .borrow_mut()
-                .set_auto_create_topic_enable(auto_create);
+                .set_auto_create_topic_enable(settings.auto_create);
+            if let Some(role) = role_change {
+                broker.take_role(role, epoch.unwrap_or(broker.ha.epoch.get()));
+            }
             broker.config_version.set(broker.config_version.get() + 1);
             log::info!(
                 "{}: UPDATE_BROKER_CONFIG from {} changed {} (saved in {})",
@@ -240,6 +269,16 @@ impl Broker {
             connection.respond_body_to(opaque, b"");
         });
         Ok(())
+    }
+
+    /// The settings UPDATE_BROKER_CONFIG changes, as they are now.
+    fn live_settings(&self) -> LiveSettings {
+        LiveSettings {
+            retention: self.retention.config(),
+            auto_create: self.topics.borrow().auto_create_topic_enable(),
+            role: None,
+            broker_id: None,
+        }
     }
 
     fn live_config_path(&self) -> std::path::PathBuf {
@@ -274,13 +313,12 @@ impl Broker {
                 )
             }
         };
-        let mut retention = self.retention.config();
-        let mut auto_create = self.topics.borrow().auto_create_topic_enable();
+        let mut settings = self.live_settings();
         let mut saved = BTreeMap::new();
         for entry in entries {
-            let (mut r, mut a) = (retention.clone(), auto_create);
-            let applied =
-                apply_live(&entry.key, &entry.value, &mut r, &mut a).and_then(|()| r.validate());
+            let mut tried = settings.clone();
+            let applied = apply_live(&entry.key, &entry.value, &mut tried)
+                .and_then(|()| tried.retention.validate());
             match applied {
                 Ok(()) => {
                     log::info!(
@@ -291,7 +329,7 @@ impl Broker {
                         path.display(),
                         entry.line
                     );
-                    (retention, auto_create) = (r, a);
+                    settings = tried;
                     saved.insert(entry.key, entry.value);
                 }
                 Err(why) => log::warn!(
@@ -304,10 +342,27 @@ impl Broker {
                 ),
             }
         }
-        self.retention.set_config(retention);
+        self.retention.set_config(settings.retention);
         self.topics
             .borrow_mut()
-            .set_auto_create_topic_enable(auto_create);
+            .set_auto_create_topic_enable(settings.auto_create);
+        // A promotion of an earlier run: the shard starts as the master it became.
+        let role = settings.role.unwrap_or(self.ha.role());
+        let broker_id = settings.broker_id.unwrap_or(self.ha.broker_id());
+        let checked = crate::ha::HaConfig {
+            role,
+            broker_id,
+            ..self.ha.config.clone()
+        };
+        match checked.validate() {
+            Ok(()) => self.ha.set_role(role, broker_id),
+            Err(why) => log::error!(
+                "{}: brokerRole {} brokerId {broker_id} of {} not applied: {why}",
+                self.identity.broker_name,
+                role.name(),
+                path.display()
+            ),
+        }
         *self.live_config.saved.borrow_mut() = saved;
     }
 
@@ -337,13 +392,19 @@ impl Broker {
     }
 }
 
+/// What UPDATE_BROKER_CONFIG changes.
+#[derive(Clone)]
+struct LiveSettings {
+    retention: shards::store::RetentionConfig,
+    auto_create: bool,
+    /// brokerRole and brokerId, when asked: a promotion (`ha::promote`).
+    role: Option<crate::ha::BrokerRole>,
+    broker_id: Option<u64>,
+}
+
 /// One key of UPDATE_BROKER_CONFIG applied to the settings being built.
-fn apply_live(
-    key: &str,
-    value: &str,
-    retention: &mut shards::store::RetentionConfig,
-    auto_create: &mut bool,
-) -> Result<(), String> {
+fn apply_live(key: &str, value: &str, settings: &mut LiveSettings) -> Result<(), String> {
+    let retention = &mut settings.retention;
     let number = |value: &str| {
         value
             .parse::<u64>()
@@ -369,7 +430,9 @@ fn apply_live(
         "deleteCommitLogFilesInterval" => {
             retention.delete_commit_log_files_interval_ms = number(value)?
         }
-        "autoCreateTopicEnable" => *auto_create = flag(value)?,
+        "autoCreateTopicEnable" => settings.auto_create = flag(value)?,
+        "brokerRole" => settings.role = Some(crate::ha::BrokerRole::parse(value)?),
+        "brokerId" => settings.broker_id = Some(number(value)?),
         _ => {
             return Err(format!(
                 "cannot change while the broker runs (live keys: {}); set it in the -c file \

@@ -87,11 +87,25 @@ impl Broker {
         let group = ext.required("consumerGroup")?;
         let (topic, queue_id) = topic_and_queue(ext)?;
         let offset = ext.required_i64("commitOffset")?;
+        self.commit_offset(group, topic, queue_id, offset);
+        connection.respond(request, response_code::SUCCESS, None);
+        Ok(())
+    }
+
+    /// A client's commit. On a slave it is also kept apart, to outlive the master's older
+    /// offsets and be handed back to the master when it returns (`ha::metadata`).
+    pub(crate) fn commit_offset(&self, group: &str, topic: &str, queue_id: u32, offset: i64) {
         self.offsets
             .borrow_mut()
             .commit(group, topic, queue_id, offset);
-        connection.respond(request, response_code::SUCCESS, None);
-        Ok(())
+        if self.ha.is_slave() && offset >= 0 {
+            let key = (group.to_string(), topic.to_string(), queue_id);
+            self.ha
+                .master
+                .local_commits
+                .borrow_mut()
+                .insert(key, offset);
+        }
     }
 }
 

@@ -155,9 +155,7 @@ impl Broker {
         };
         if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
             if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
-                self.offsets
-                    .borrow_mut()
-                    .commit(group, topic, queue_id as u32, commit_offset);
+                self.commit_offset(group, topic, queue_id as u32, commit_offset);
             }
         }
         let pull = PullRequest {

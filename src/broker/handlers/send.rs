@@ -371,6 +371,13 @@ impl Broker {
 
     /// A slave takes no writes (RocketMQ's checkBeforePutMessage: SERVICE_NOT_AVAILABLE).
     pub(crate) fn refuse_write_if_slave(&self) -> Result<(), RequestError> {
+        if let Some(holder) = self.ha.replaced.borrow().as_ref() {
+            return Err(RequestError::ServiceNotAvailable(format!(
+                "service not available now: {} was replaced as master of its broker name \
+                 ({holder}); send to the master the namesrv routes to",
+                self.identity.broker_name
+            )));
+        }
         if !self.ha.is_slave() {
             return Ok(());
         }

@@ -319,6 +319,7 @@ impl Broker {
                 if answer.code == response_code::SUCCESS {
                     self.learn_master(answer);
                 }
+                self.note_registration_answer(answer.code, answer.remark.as_deref());
             }
             let result = result.map(|answer| (answer.code, answer.remark));
             all_accepted &= matches!(result, Ok((response_code::SUCCESS, _)));
