@@ -6,10 +6,12 @@
 # p99, the master's busy cores and the largest replication lag seen (sampled every 0.5 s from
 # brokerStatus), then a slave's catch-up rate: an empty slave copying everything the master
 # holds (--ha-start-from oldest), for haTransferBatchSize 32 KiB and 1 MiB.
+# BENCH_CPU=0 puts the bench on the master's core instead, leaving CPU 1 to the slave alone
+# (the slave's lag when it has a core of its own; the master then shares its core).
 #   scripts/bench-ha.sh [SECONDS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-8}; rounds=${2:-2}; in_flight=${IN_FLIGHT:-256}
+seconds=${1:-8}; rounds=${2:-2}; in_flight=${IN_FLIGHT:-256}; bench_cpu=${BENCH_CPU:-1}
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p shardmq -p shardmq-bench
 bin=target/release/shardmq; bench=target/release/shardmq-bench
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/bench-ha.XXXXXX")
@@ -60,17 +62,22 @@ run() { # mode
     sleep 1
     : > "$dir/lag"
     if [ -n "$slave" ]; then
-        (while true; do status 127.0.0.1:40911 haReplicationLagBytes >> "$dir/lag"; sleep 0.5; done) &
+        (while true; do
+            lag_ms=$(status 127.0.0.1:40911 haReplicationLagMs)
+            echo "$(status 127.0.0.1:40911 haReplicationLagBytes) ${lag_ms:-0}" >> "$dir/lag"
+            sleep 0.5
+        done) &
         sampler=$!
     fi
     t0=$(ticks "$master")
-    out=$(taskset -c 1 "$bench" producer --namesrv "$ns" --topic "$topic" --in-flight "$in_flight" \
+    out=$(taskset -c "$bench_cpu" "$bench" producer --namesrv "$ns" --topic "$topic" --in-flight "$in_flight" \
         --duration-secs "$seconds" --no-progress 2>&1 | grep "^Send TPS" | tail -1)
     t1=$(ticks "$master")
     [ -n "$slave" ] && { kill "$sampler"; wait "$sampler" 2>/dev/null || true; }
-    max_lag=$(sort -n "$dir/lag" | tail -1); max_lag=${max_lag:-0}
+    max_lag=$(sort -n "$dir/lag" | tail -1 | cut -d' ' -f1); max_lag=${max_lag:-0}
+    max_lag_ms=$(sort -n -k2 "$dir/lag" | tail -1 | cut -d' ' -f2); max_lag_ms=${max_lag_ms:-0}
     echo "$mode: $(echo "$out" | cut -d'|' -f1,6) | master cores $(awk -v a="$t0" -v b="$t1" \
-        -v s="$seconds" 'BEGIN {printf "%.2f", (b - a) / 100 / s}') | max slave lag ${max_lag} bytes"
+        -v s="$seconds" 'BEGIN {printf "%.2f", (b - a) / 100 / s}') | max slave lag ${max_lag} bytes, ${max_lag_ms} ms"
     [ -n "$slave" ] && stop "$slave"
     stop "$master"
 }
