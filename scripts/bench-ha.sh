@@ -6,6 +6,7 @@
 # p99, the master's busy cores and the largest replication lag seen (sampled every 0.5 s from
 # brokerStatus), then a slave's catch-up rate: an empty slave copying everything the master
 # holds (--ha-start-from oldest), for haTransferBatchSize 32 KiB and 1 MiB.
+# SHARDMQ_BIN runs another broker binary (A/B). MODES picks the modes (default "alone async sync"); CATCH_UP=0 skips the catch-up.
 # BENCH_CPU=0 puts the bench on the master's core instead, leaving CPU 1 to the slave alone
 # (the slave's lag when it has a core of its own; the master then shares its core).
 #   scripts/bench-ha.sh [SECONDS] [ROUNDS]
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-8}; rounds=${2:-2}; in_flight=${IN_FLIGHT:-256}; bench_cpu=${BENCH_CPU:-1}
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p shardmq -p shardmq-bench
-bin=target/release/shardmq; bench=target/release/shardmq-bench
+bin=${SHARDMQ_BIN:-target/release/shardmq}; bench=target/release/shardmq-bench
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/bench-ha.XXXXXX")
 ns=127.0.0.1:39976
 pids=()
@@ -84,8 +85,9 @@ run() { # mode
 
 for round in $(seq "$rounds"); do
     echo "== round $round"
-    for mode in alone async sync; do run "$mode"; done
+    for mode in ${MODES:-alone async sync}; do run "$mode"; done
 done
+[ "${CATCH_UP:-1}" = 1 ] || exit 0
 
 echo "== catch-up: an empty slave copying what the master holds"
 start_broker master 127.0.0.1 0

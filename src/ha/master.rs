@@ -46,14 +46,17 @@ async fn serve_slave(stream: TcpStream, broker: Rc<Broker>) {
     let link = Rc::new(SlaveLink {
         peer,
         ack_offset: std::cell::Cell::new(0),
-        caught_up_ms: std::cell::Cell::new(runtime::monotonic_ms()),
         reported: Default::default(),
+        grown: Default::default(),
     });
     log::info!("{name}: slave {peer} connected to the HA port");
     let first = std::cell::Cell::new(None::<u64>);
     let outcome = futures_lite::future::or(
-        read_reports(reader, &link, &broker, &first),
-        write_stream(writer, &link, &broker, &first),
+        futures_lite::future::or(
+            read_reports(reader, &link, &broker, &first),
+            write_stream(writer, &link, &broker, &first),
+        ),
+        sample_growth(&link, &broker),
     )
     .await;
     broker
@@ -66,6 +69,26 @@ async fn serve_slave(stream: TcpStream, broker: Rc<Broker>) {
         "{name}: slave {peer} disconnected ({outcome}); it had {} bytes",
         link.ack_offset.get()
     );
+}
+
+/// How often the log's end is noted for the lag in ms.
+const GROWTH_SAMPLE_MS: u64 = 10;
+
+/// Notes the log's end every GROWTH_SAMPLE_MS while the slave lacks some of it
+/// (`SlaveLink::grown`): what `lag_ms` reads the age of the slave's first missing byte from.
+/// Never returns.
+async fn sample_growth(link: &SlaveLink, broker: &Broker) -> String {
+    loop {
+        runtime::sleep(Duration::from_millis(GROWTH_SAMPLE_MS)).await;
+        let end = broker.store.max_physical_offset().0;
+        let mut grown = link.grown.borrow_mut();
+        if end > link.ack_offset.get() && grown.back().is_none_or(|&(last, _)| last < end) {
+            if grown.len() == super::GROWTH_SAMPLES_MAX {
+                grown.pop_front();
+            }
+            grown.push_back((end, runtime::monotonic_ms()));
+        }
+    }
 }
 
 /// Reads the slave's reports until the connection ends or falls silent; returns why.
@@ -106,9 +129,11 @@ async fn read_reports(
             broker.ha.slaves.borrow_mut().push(link.clone());
         }
         link.ack_offset.set(offset);
-        if offset >= max {
-            link.caught_up_ms.set(runtime::monotonic_ms());
+        let mut grown = link.grown.borrow_mut();
+        while grown.front().is_some_and(|&(end, _)| end <= offset) {
+            grown.pop_front();
         }
+        drop(grown);
         link.reported.notify();
         broker.ha.acked.notify();
     }
@@ -129,6 +154,22 @@ fn start_offset(broker: &Broker, reported: u64) -> u64 {
         }
         StartFrom::Oldest => min,
     }
+}
+
+/// Most transfers one write to the slave carries.
+const TRANSFERS_PER_WRITE: usize = 16;
+
+/// `data` (the log from `offset`) as transfers of at most `batch` bytes, each with its header.
+fn frame_transfers(offset: u64, data: &[u8], batch: usize) -> Vec<u8> {
+    let transfers = data.len().div_ceil(batch);
+    let mut framed = Vec::with_capacity(data.len() + transfers * super::TRANSFER_HEADER_BYTES);
+    let mut at = offset;
+    for chunk in data.chunks(batch) {
+        framed.extend_from_slice(&transfer_header(at, chunk.len() as u32));
+        framed.extend_from_slice(chunk);
+        at += chunk.len() as u64;
+    }
+    framed
 }
 
 /// Streams the commitlog to the slave; returns why it stopped.
@@ -165,6 +206,10 @@ async fn write_stream(
         next = min;
     }
     let batch = broker.ha.config.transfer_batch_bytes;
+    // Up to this many transfers go out in one write: a stream that sent one batch per turn
+    // of the shard's executor fell behind a busy master (its turns come once per round of
+    // request work, ~1 ms), while one write of several keeps up with what the master takes.
+    let read_size = batch * TRANSFERS_PER_WRITE;
     let mut last_write = std::time::Instant::now();
     // The next batch, read while the one before it is written to the socket: a slave catching
     // up from disk otherwise waits for each DMA read and each socket write in turn.
@@ -173,7 +218,7 @@ async fn write_stream(
         let grew = broker.ha.log_grew.wait();
         let data = match ahead.take() {
             Some(data) => data,
-            None => match broker.store.read_log(next, batch).await {
+            None => match broker.store.read_log(next, read_size).await {
                 Ok(data) => data,
                 Err(error) => return format!("reading the commitlog at {next}: {error}"),
             },
@@ -191,14 +236,13 @@ async fn write_stream(
             continue;
         }
         drop(grew);
-        let header = transfer_header(next, data.len() as u32);
+        let framed = frame_transfers(next, &data, batch);
         let sent = async {
-            writer.write_all(&header).await?;
-            writer.write_all(&data).await?;
+            writer.write_all(&framed).await?;
             writer.flush().await
         };
         let following = next + data.len() as u64;
-        let read_ahead = broker.store.read_log(following, batch);
+        let read_ahead = broker.store.read_log(following, read_size);
         let (sent, read) = futures_lite::future::zip(sent, read_ahead).await;
         if let Err(error) = sent {
             return error.to_string();
@@ -213,5 +257,23 @@ async fn write_stream(
             Ok(_) => {}
             Err(error) => return format!("reading the commitlog at {next}: {error}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_goes_out_as_transfers_of_at_most_the_batch() {
+        let data: Vec<u8> = (0..10u8).collect();
+        let framed = frame_transfers(100, &data, 4);
+        let mut expected = Vec::new();
+        for (at, chunk) in [(100u64, &data[..4]), (104, &data[4..8]), (108, &data[8..])] {
+            expected.extend_from_slice(&transfer_header(at, chunk.len() as u32));
+            expected.extend_from_slice(chunk);
+        }
+        assert_eq!(framed, expected);
+        assert!(frame_transfers(0, &[], 4).is_empty());
     }
 }

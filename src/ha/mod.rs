@@ -146,10 +146,30 @@ pub struct SlaveLink {
     pub peer: SocketAddr,
     /// The offset the slave reported last: every byte below it is on the slave.
     pub ack_offset: Cell<u64>,
-    /// When (ms) it last reported this master's end (for the lag in ms).
-    pub caught_up_ms: Cell<u64>,
     /// Told of each report.
     pub reported: Event,
+    /// (log end, ms) noted every 10 ms past what the slave has (`master::sample_growth`);
+    /// the first is when the slave's first missing byte had arrived.
+    pub grown: RefCell<std::collections::VecDeque<(u64, u64)>>,
+}
+
+/// Most growth samples a link keeps (10 minutes at one per 10 ms); older ones go first, so a
+/// slave further behind in time shows at least this long.
+pub const GROWTH_SAMPLES_MAX: usize = 60_000;
+
+impl SlaveLink {
+    /// How long ago the first byte this slave lacks arrived (0 when it has everything).
+    pub fn lag_ms(&self, max_offset: u64, now_ms: u64) -> u64 {
+        if self.ack_offset.get() >= max_offset {
+            return 0;
+        }
+        let grown = self.grown.borrow();
+        match grown.front() {
+            Some(&(_, at)) => now_ms.saturating_sub(at),
+            // Arrived since the last sample: less than a sample period ago.
+            None => 0,
+        }
+    }
 }
 
 /// What a slave shard knows of its master and its link to it.
@@ -339,10 +359,7 @@ impl HaState {
             let behind = ack.map_or(0, |ack| max_offset.saturating_sub(ack));
             let lag_ms = slaves
                 .iter()
-                .map(|s| match s.ack_offset.get() >= max_offset {
-                    true => 0,
-                    false => now.saturating_sub(s.caught_up_ms.get()),
-                })
+                .map(|s| s.lag_ms(max_offset, now))
                 .min()
                 .unwrap_or(0);
             let state = match slaves.len() {
