@@ -29,6 +29,10 @@ pub async fn run(broker: Rc<Broker>) {
     let mut wait = Duration::from_millis(1_000);
     while broker.ha.is_slave() {
         shards::runtime::sleep(wait).await;
+        if !broker.ha.replicating() {
+            // Promoted meanwhile (or being promoted): the old master's tables no longer apply.
+            continue;
+        }
         let master = *broker.ha.master.broker_address.borrow();
         let Some(master) = master else {
             continue;
