@@ -45,6 +45,18 @@ def listening(address):
         return sock.connect_ex((host, int(port))) == 0
 
 
+def start_listening(node, address, what):
+    """Starts `node`'s process, counted started once `address` listens (for processes that
+    print no ready line, or may never)."""
+    node.starts += 1
+    node._start_offset = os.path.getsize(node.log_path)
+    node._log_file = open(node.log_path, "ab")
+    node.process = subprocess.Popen(node._command(), stdout=node._log_file,
+                                    stderr=subprocess.STDOUT, cwd=node.data_dir)
+    wait_until(lambda: listening(address), 30, message="{} to listen".format(what))
+    return None
+
+
 class Namesrv(ShardMQ):
     """`shardmq namesrv` alone: the brokers and the clients find each other through it."""
 
@@ -53,13 +65,7 @@ class Namesrv(ShardMQ):
                 "--namesrv-port", str(self.namesrv_port), "--listen-ip", "127.0.0.1", "--no-pin"]
 
     def _start_once(self):
-        self.starts += 1
-        self._start_offset = os.path.getsize(self.log_path)
-        self._log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self._command(), stdout=self._log_file,
-                                        stderr=subprocess.STDOUT, cwd=self.data_dir)
-        wait_until(lambda: listening(self.namesrv_addr), 30, message="the namesrv to listen")
-        return None
+        return start_listening(self, self.namesrv_addr, "the namesrv")
 
 
 class Broker(ShardMQ):
@@ -466,13 +472,7 @@ class UnroutedBroker(Broker):
     its broker port listens."""
 
     def _start_once(self):
-        self.starts += 1
-        self._start_offset = os.path.getsize(self.log_path)
-        self._log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self._command(), stdout=self._log_file,
-                                        stderr=subprocess.STDOUT, cwd=self.data_dir)
-        wait_until(lambda: listening(self.broker_addr(0)), 30, message="the broker to listen")
-        return None
+        return start_listening(self, self.broker_addr(0), "the broker")
 
 
 def admin(node, *args):
