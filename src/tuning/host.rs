@@ -17,6 +17,7 @@
 //! | transparent huge pages | `sys/kernel/mm/transparent_hugepage/enabled` |
 //! | disk of the data dir | `sys/dev/block/MAJ:MIN` → `queue/{scheduler,rotational,write_cache}` |
 //! | listen backlog cap | `proc/sys/net/core/somaxconn` |
+//! | memory maps | `proc/sys/vm/max_map_count` (one per consume queue holding units) |
 
 use std::fmt::Write as _;
 use std::io;
@@ -172,6 +173,7 @@ pub fn inspect(host: &Host, facts: ProcessFacts, tuning: &Tuning, data_dir: &Pat
     findings.push(check_transparent_huge_pages(host));
     findings.extend(check_disk(host, data_dir));
     findings.push(check_listen_backlog(host));
+    findings.push(check_map_count(host));
     findings
 }
 
@@ -678,6 +680,36 @@ fn check_listen_backlog(host: &Host) -> Finding {
         }]),
         Some(cap) => Finding::new(Verdict::Ok, area, format!("net.core.somaxconn {cap}")),
         None => Finding::new(Verdict::Info, area, "net.core.somaxconn unreadable".into()),
+    }
+}
+
+/// vm.max_map_count wanted: RocketMQ's os.sh value.
+pub const MAP_COUNT_WANTED: u64 = 655_360;
+
+fn check_map_count(host: &Host) -> Finding {
+    let area = "memory maps";
+    let relative = "proc/sys/vm/max_map_count";
+    match host
+        .read(relative)
+        .and_then(|text| text.parse::<u64>().ok())
+    {
+        Some(limit) if limit < MAP_COUNT_WANTED => Finding::new(
+            Verdict::Change,
+            area,
+            format!("vm.max_map_count {limit} -> {MAP_COUNT_WANTED}"),
+        )
+        .why(format!(
+            "every consume queue holding units is one memory map (and every index file): a \
+             node with more than ~{} queues cannot map the next one, and sends to it are \
+             refused (RocketMQ's os.sh sets {MAP_COUNT_WANTED})",
+            limit.saturating_sub(1_000)
+        ))
+        .writes(vec![Write {
+            path: format!("/{relative}"),
+            value: MAP_COUNT_WANTED.to_string(),
+        }]),
+        Some(limit) => Finding::new(Verdict::Ok, area, format!("vm.max_map_count {limit}")),
+        None => Finding::new(Verdict::Info, area, "vm.max_map_count unreadable".into()),
     }
 }
 

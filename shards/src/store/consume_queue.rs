@@ -80,7 +80,10 @@ impl Unit {
 struct MappedFile {
     start_unit: u64,
     map: MmapMut,
-    file: std::fs::File,
+    /// The file's path: its descriptor is closed once it is mapped (the map stays valid), so
+    /// a shard with tens of thousands of queues does not hold as many descriptors; the rare
+    /// reservation (every `CQ_RESERVE_CHUNK_BYTES` of units) opens it again.
+    path: PathBuf,
     /// Bytes from the file's start known to have their blocks (`reserve_blocks`): units are
     /// written only below it.
     reserved_bytes: u64,
@@ -146,6 +149,34 @@ fn read_start_mark(path: &std::path::Path, file_start: u64, units_per_file: u64)
 /// Allocates the blocks of `[from, size_bytes)` of the file: a store through a memory map into
 /// a hole of a full disk would be a SIGBUS; an error here is an ordinary `DiskFull`, returned
 /// before the record is appended.
+/// A failed map of a queue file; ENOMEM there is nearly always the process's map count at
+/// vm.max_map_count (every queue with units holds one map): the error says so.
+fn map_error(error: io::Error, path: &std::path::Path) -> io::Error {
+    if error.raw_os_error() != Some(libc::ENOMEM) {
+        return error;
+    }
+    let limit = fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
+    io::Error::new(
+        error.kind(),
+        format!(
+            "cannot map consume queue file {}: {error}: each queue holding units takes one map \
+             and the process may not hold more than vm.max_map_count ({}); raise it \
+             (sysctl -w vm.max_map_count=655360, as RocketMQ's os.sh does, or \
+             `shardmq tune --apply`)",
+            path.display(),
+            limit.trim()
+        ),
+    )
+}
+
+impl MappedFile {
+    /// `reserve_blocks` of `[from, size_bytes)` of this file.
+    fn reserve(&self, from: u64, size_bytes: u64) -> io::Result<()> {
+        let file = OpenOptions::new().write(true).open(&self.path)?;
+        reserve_blocks(&file, from, size_bytes)
+    }
+}
+
 fn reserve_blocks(file: &std::fs::File, from: u64, size_bytes: u64) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     let offset = libc::off_t::try_from(from).map_err(io::Error::other)?;
@@ -245,15 +276,16 @@ impl ConsumeQueue {
         // SAFETY: the file is private to this shard's store; nothing else truncates it while
         // it is mapped (truncate_to drops the maps first). Stores go only below
         // `reserved_bytes`; loads of a hole read zeros.
-        let map = unsafe { MmapMut::map_mut(&file)? };
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(|error| map_error(error, &path))?;
         // No readahead: a fault maps its own page. With readahead every first touch of a
         // queue read (and zeroed) a large folio of the sparse file: at 8,000 queues per shard
         // the kernel's memset of those pages was 77% of the shard.
         map.advise(memmap2::Advice::Random)?;
+        drop(file);
         Ok(Some(MappedFile {
             start_unit,
             map,
-            file,
+            path,
             reserved_bytes,
         }))
     }
@@ -296,13 +328,13 @@ impl ConsumeQueue {
             let want = (end + CQ_RESERVE_CHUNK_BYTES)
                 .next_multiple_of(4096)
                 .min(size_bytes);
-            let reserved = match reserve_blocks(&file.file, file.reserved_bytes, want) {
+            let reserved = match file.reserve(file.reserved_bytes, want) {
                 Ok(()) => want,
                 // A full disk: no room ahead, but the unit's own block may be there already
                 // (recovery writes units again over a file that holds them).
                 Err(error) if super::error::is_space_error(&error) => {
                     let need = end.next_multiple_of(4096).min(size_bytes);
-                    reserve_blocks(&file.file, file.reserved_bytes, need)?;
+                    file.reserve(file.reserved_bytes, need)?;
                     need
                 }
                 Err(error) => return Err(error),
@@ -398,7 +430,7 @@ impl ConsumeQueue {
             .min(size_bytes);
         if want > file.reserved_bytes {
             let from = (at - at % 4096).max(file.reserved_bytes);
-            reserve_blocks(&file.file, from, want)?;
+            file.reserve(from, want)?;
             // Below `from` only the mark's first blocks are held; nothing is written there.
             file.reserved_bytes = want;
         }

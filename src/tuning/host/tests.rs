@@ -89,6 +89,7 @@ fn lay_out_busy_host(host: &FakeHost) {
         "[always] madvise never\n",
     );
     host.put("proc/sys/net/core/somaxconn", "128\n");
+    host.put("proc/sys/vm/max_map_count", "65530\n");
     if let Some(device) = host.data_device_dir() {
         host.put(&format!("{device}/queue/scheduler"), "[mq-deadline] none\n");
         host.put(&format!("{device}/queue/rotational"), "0\n");
@@ -206,6 +207,7 @@ fn apply_writes_the_suggested_values_and_reports_what_failed() {
         "madvise"
     );
     assert_eq!(fake.get("proc/sys/net/core/somaxconn"), "1024");
+    assert_eq!(fake.get("proc/sys/vm/max_map_count"), "655360");
     // io_uring and memlock are never applied.
     assert_eq!(fake.get("proc/sys/kernel/io_uring_disabled"), "2\n");
 }
@@ -221,6 +223,7 @@ fn a_tidy_host_needs_nothing() {
         "always [madvise] never\n",
     );
     fake.put("proc/sys/net/core/somaxconn", "4096\n");
+    fake.put("proc/sys/vm/max_map_count", "1048576\n");
     let tuning = Profile::load("small-vm").unwrap().resolve(&[0, 1]).unwrap();
     let root = ProcessFacts {
         is_root: true,
