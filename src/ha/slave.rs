@@ -43,13 +43,22 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Wait before checking the master's epoch again when it could not be checked or differs.
 const EPOCH_RETRY_MS: u64 = 5_000;
 
+/// Why replication does not start now.
+enum NotYet {
+    /// The master's epoch could not be learned (its broker port does not answer, or is not
+    /// known yet): tried again.
+    Unknown(String),
+    /// This slave's log is another's past the master's epoch start.
+    Diverged(String),
+}
+
 /// Whether this slave's log may continue its master's (`epoch::divergence`); with
 /// haResetWhenBehind a log that may not is discarded, the store continuing empty at the
 /// master's oldest offset. Records the master's epoch once it may.
 async fn check_epoch(
     broker: &Rc<Broker>,
     connection: &mut Option<NamesrvConnection>,
-) -> Result<(), String> {
+) -> Result<(), NotYet> {
     let store = &broker.store;
     let empty = store.max_physical_offset().0 == store.min_physical_offset().0;
     let master = *broker.ha.master.broker_address.borrow();
@@ -57,11 +66,11 @@ async fn check_epoch(
         // Its epoch is asked at its broker port, known from the namesrv.
         return match empty {
             true => Ok(()),
-            false => Err(
-                "the master's broker address is not known yet (from the namesrv's \
-                          answer): its epoch cannot be checked"
+            false => Err(NotYet::Unknown(
+                "the master's broker address is not known yet (from the namesrv's answer): \
+                 its epoch cannot be checked"
                     .into(),
-            ),
+            )),
         };
     };
     if connection.as_ref().is_none_or(|c| c.addr != master) {
@@ -70,7 +79,11 @@ async fn check_epoch(
     let connection = connection.as_mut().expect("set above");
     let info = super::metadata::master_runtime(broker, connection)
         .await
-        .map_err(|why| format!("cannot ask the master {master} for its epoch: {why}"))?;
+        .map_err(|why| {
+            NotYet::Unknown(format!(
+                "cannot ask the master {master} for its epoch: {why}"
+            ))
+        })?;
     // A RocketMQ master shows no epoch: it was never promoted by shardmq.
     let epoch = info
         .get("haEpoch")
@@ -78,11 +91,11 @@ async fn check_epoch(
         .unwrap_or_default();
     let shard_dir = &broker.identity.shard_dir;
     let copied_path = super::epoch::copied_epoch_path(shard_dir);
-    let copied = Epoch::load(&copied_path)?;
+    let copied = Epoch::load(&copied_path).map_err(NotYet::Unknown)?;
     let end = store.max_physical_offset().0;
     if let Some(why) = super::epoch::divergence(end, copied, epoch) {
         if !broker.ha.config.reset_when_behind {
-            return Err(why);
+            return Err(NotYet::Diverged(why));
         }
         let min: u64 = info
             .get("commitLogMinOffset")
@@ -96,12 +109,16 @@ async fn check_epoch(
             broker.identity.broker_name,
             store.min_physical_offset().0
         );
-        discard_store(broker, start).await?;
+        discard_store(broker, start)
+            .await
+            .map_err(NotYet::Unknown)?;
     }
     if copied != Some(epoch) {
         runtime::blocking(move || epoch.save(&copied_path))
             .await
-            .map_err(|error| format!("cannot record the master's epoch {epoch}: {error}"))?;
+            .map_err(|error| {
+                NotYet::Unknown(format!("cannot record the master's epoch {epoch}: {error}"))
+            })?;
     }
     Ok(())
 }
@@ -136,15 +153,26 @@ pub async fn run(broker: Rc<Broker>) {
             runtime::sleep(Duration::from_millis(RECONNECT_MS)).await;
             continue;
         };
-        if let Err(why) = check_epoch(&broker, &mut epoch_connection).await {
-            if broker.ha.master.diverged.borrow().as_deref() != Some(why.as_str()) {
-                log::error!("{name}: replication from {address} does not start: {why}");
+        match check_epoch(&broker, &mut epoch_connection).await {
+            Ok(()) => *broker.ha.master.diverged.borrow_mut() = None,
+            Err(NotYet::Diverged(why)) => {
+                if broker.ha.master.diverged.borrow().as_deref() != Some(why.as_str()) {
+                    log::error!("{name}: replication from {address} does not start: {why}");
+                }
+                *broker.ha.master.diverged.borrow_mut() = Some(why);
+                runtime::sleep(Duration::from_millis(EPOCH_RETRY_MS)).await;
+                continue;
             }
-            *broker.ha.master.diverged.borrow_mut() = Some(why);
-            runtime::sleep(Duration::from_millis(EPOCH_RETRY_MS)).await;
-            continue;
+            Err(NotYet::Unknown(why)) => {
+                failures += 1;
+                // As for connections: one line at the first failure, then one a minute.
+                if failures == 1 || failures.is_multiple_of(60) {
+                    log::warn!("{name}: replication from {address} waits: {why}");
+                }
+                runtime::sleep(Duration::from_millis(RECONNECT_MS)).await;
+                continue;
+            }
         }
-        *broker.ha.master.diverged.borrow_mut() = None;
         match runtime::connect(address).await {
             Ok(stream) => {
                 failures = 0;
