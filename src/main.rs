@@ -259,6 +259,10 @@ struct BrokerOptions {
     /// the namesrv (RocketMQ's haMasterAddress).
     #[arg(long = "haMasterAddress", visible_alias = "ha-master-address")]
     ha_master_address: Option<String>,
+    /// Shard 0's HA port, where its slaves connect (haListenPort); shard i adds --port-stride
+    /// × i. Default: each shard's broker port + 1, RocketMQ's default.
+    #[arg(long = "haListenPort", visible_alias = "ha-listen-port")]
+    ha_listen_port: Option<u16>,
     /// ms between a slave's offset reports and an idle master's heartbeats
     /// (haSendHeartbeatInterval).
     #[arg(long = "haSendHeartbeatInterval", default_value_t = 5_000)]
@@ -505,6 +509,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
                     .with_context(|| format!("--haMasterAddress {text:?}: want host:port"))
             })
             .transpose()?,
+        listen_port: options.ha_listen_port,
         heartbeat_interval_ms: options.ha_send_heartbeat_interval,
         housekeeping_interval_ms: options.ha_housekeeping_interval,
         transfer_batch_bytes: options.ha_transfer_batch_size,

@@ -97,6 +97,14 @@ impl NodeConfig {
     pub fn shard_port(&self, shard: usize) -> u16 {
         self.broker_port + (shard as u16) * self.port_stride
     }
+
+    /// Shard i's HA port: haListenPort + the stride × i, or its broker port + 1.
+    pub fn ha_port(&self, shard: usize) -> u16 {
+        let stride = (shard as u16) * self.port_stride;
+        self.ha
+            .listen_port
+            .map_or(self.shard_port(shard) + 1, |port| port + stride)
+    }
 }
 
 /// What travels between shards.
@@ -220,6 +228,12 @@ fn check_ports_free(config: &NodeConfig) -> anyhow::Result<()> {
         for shard in 0..config.placement.cpus.len() {
             ports.push((config.shard_port(shard), "broker"));
             ports.push((config.shard_port(shard) - 2, "broker-vip"));
+            ports.push((config.ha_port(shard), "HA"));
+        }
+    }
+    for (i, (port, what)) in ports.iter().enumerate() {
+        if let Some((_, other)) = ports[..i].iter().find(|(p, _)| p == port) {
+            anyhow::bail!("{other} and {what} are both set to port {port}");
         }
     }
     for (port, what) in ports {
@@ -560,6 +574,7 @@ async fn open_broker(
                 let port = shard0.port() + (shard_id as u16) * config.port_stride;
                 SocketAddr::new(shard0.ip(), port)
             }),
+            listen_port: Some(config.ha_port(shard_id)),
             ..config.ha.clone()
         },
     };
@@ -596,9 +611,12 @@ fn start_listeners(
     }
     if shard.broker.is_some() {
         let port = config.shard_port(shard_id);
-        // The HA port (RocketMQ's haListenPort: the broker port + 1): slaves connect to it.
+        // The HA port (RocketMQ's haListenPort, by default the broker port + 1): slaves connect to it.
         if let Some(broker) = &shard.broker {
-            let addr = crate::ha::ha_address_of(SocketAddr::from((ip, port)));
+            let addr = broker
+                .ha
+                .config
+                .listen_address(SocketAddr::from((ip, port)));
             let listener = bind(addr, "HA")?;
             runtime::spawn_detached(crate::ha::master::serve(listener, broker.clone()));
             listening.push(format!("HA {addr}"));

@@ -78,6 +78,9 @@ pub struct HaConfig {
     /// haMasterAddress: the master node's shard 0 HA address (shard i adds the port stride
     /// times i); none: learned from the namesrv's answer to REGISTER_BROKER.
     pub master_address: Option<SocketAddr>,
+    /// haListenPort: this shard's HA port (the node's flag is shard 0's, shard i adds the port
+    /// stride times i); none: its broker port + 1, RocketMQ's default.
+    pub listen_port: Option<u16>,
     /// haSendHeartbeatInterval.
     pub heartbeat_interval_ms: u64,
     /// haHousekeepingInterval: either side closes after this long without hearing the other.
@@ -104,6 +107,7 @@ impl Default for HaConfig {
             role: BrokerRole::AsyncMaster,
             broker_id: 0,
             master_address: None,
+            listen_port: None,
             heartbeat_interval_ms: 5_000,
             housekeeping_interval_ms: 20_000,
             transfer_batch_bytes: 32 * 1024,
@@ -390,6 +394,16 @@ impl HaState {
 /// haListenPort default).
 pub fn ha_address_of(address: SocketAddr) -> SocketAddr {
     SocketAddr::new(address.ip(), address.port().saturating_add(1))
+}
+
+impl HaConfig {
+    /// This shard's HA address, for a shard whose broker address is `address`.
+    pub fn listen_address(&self, address: SocketAddr) -> SocketAddr {
+        match self.listen_port {
+            Some(port) => SocketAddr::new(address.ip(), port),
+            None => ha_address_of(address),
+        }
+    }
 }
 
 /// The transfer header: `[offset u64][size u32]`, big-endian.

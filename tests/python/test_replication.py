@@ -128,6 +128,7 @@ def cluster(tmp_path):
         node.broker_port = master_port
         return node.start()
 
+    broker.port = master_port  # every broker's shard 0 port (on its own address)
     yield broker
     for node in reversed(started):
         if node.process is not None and node.process.poll() is None:
@@ -318,9 +319,15 @@ def test_sync_master_acknowledges_only_what_the_slave_has(cluster):
 
 
 def test_a_stopped_slave_catches_up(cluster):
-    master = cluster("master", MASTER_IP)
+    # The master's HA ports set by haListenPort (shard i: + the stride × i); the slave finds
+    # them through the namesrv (haServerAddr).
+    ha_port = cluster.port + 5
+    master = cluster("master", MASTER_IP, role_args=["--haListenPort", str(ha_port)])
     slave = cluster("slave", SLAVE_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1",
                                                   "--ha-start-from", "oldest"])
+    for shard in range(master.shards):
+        wanted = "{}:{}".format(MASTER_IP, ha_port + PORT_STRIDE * shard)
+        assert runtime_info(slave.broker_addr(shard))["haMasterAddress"] == wanted
     topic = create_topic(master, "Tcatch")
     with closing(make_producer(master.namesrv_addr)) as producer:
         send_all(producer, topic, build_messages(topic, 2000))

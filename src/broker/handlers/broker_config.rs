@@ -69,6 +69,14 @@ impl Broker {
                     .map_or(String::new(), |a| a.to_string()),
             ),
             (
+                "haListenPort",
+                self.ha
+                    .config
+                    .listen_address(std::net::SocketAddr::V4(self.identity.address))
+                    .port()
+                    .to_string(),
+            ),
+            (
                 "haSendHeartbeatInterval",
                 self.ha.config.heartbeat_interval_ms.to_string(),
             ),

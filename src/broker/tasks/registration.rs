@@ -159,9 +159,10 @@ impl NamesrvAnswer {
     }
 }
 
-pub(crate) fn ha_addr(identity: &crate::broker::BrokerIdentity) -> String {
-    let address = identity.address;
-    format!("{}:{}", address.ip(), address.port().saturating_add(1))
+/// This shard's haServerAddr: its broker IP and HA port.
+pub(crate) fn ha_addr(broker: &Broker) -> String {
+    let address = std::net::SocketAddr::V4(broker.identity.address);
+    broker.ha.config.listen_address(address).to_string()
 }
 
 /// Pause before retrying a first registration that failed (a namesrv still starting),
@@ -251,7 +252,7 @@ impl Broker {
             ("brokerName", identity.broker_name.clone()),
             ("brokerAddr", identity.address.to_string()),
             ("clusterName", identity.cluster_name.clone()),
-            ("haServerAddr", ha_addr(identity)),
+            ("haServerAddr", ha_addr(self)),
             ("brokerId", self.ha.broker_id().to_string()),
             ("heartbeatTimeoutMillis", HEARTBEAT_TIMEOUT_MS.to_string()),
             ("compressed", "false".to_string()),
