@@ -78,7 +78,7 @@ pub fn server(
             (
                 vec![cert],
                 key,
-                format!("self-signed test certificate {}", written.display()),
+                format!("self-signed test certificate {written}"),
             )
         }
         (None, None) => {
@@ -140,11 +140,12 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// A self-signed certificate for `localhost`, 127.0.0.1 and `names`, written (PEM) to
-/// `data_dir/tls/test-cert.pem`.
+/// `data_dir/tls/test-cert.pem` for clients to trust; with where it went, or why not: a file
+/// that cannot be written (a full disk) does not stop the node, and the previous one stays.
 fn self_signed(
     names: &[String],
     data_dir: &Path,
-) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>, PathBuf), String> {
+) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>, String), String> {
     let mut subject_names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     for name in names {
         if !subject_names.contains(name) {
@@ -164,11 +165,24 @@ fn self_signed(
     let certified = made().map_err(|e| format!("cannot make a test certificate: {e}"))?;
     let dir = data_dir.join("tls");
     let path = dir.join("test-cert.pem");
-    std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, certified.cert.pem()))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let temp = dir.join("test-cert.pem.tmp");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&temp, certified.cert.pem()))
+        .and_then(|()| std::fs::rename(&temp, &path));
+    let written = match written {
+        Ok(()) => path.display().to_string(),
+        Err(error) => {
+            let _ = std::fs::remove_file(&temp);
+            log::warn!(
+                "cannot write the TLS test certificate to {}: {error}; TLS clients that \
+                 check it must wait for the next start",
+                path.display()
+            );
+            format!("(not written to {}: {error})", path.display())
+        }
+    };
     let key = PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
-    Ok((certified.cert.der().clone(), key, path))
+    Ok((certified.cert.der().clone(), key, written))
 }
 
 /// Driving a rustls session (client or server side) over a glommio stream, for the
