@@ -287,6 +287,18 @@ def send_message_ext(topic, queue_id=0, properties="", group="raw_producer"):
     }
 
 
+def stored_records(data):
+    """(queue offset, body) of each stored record in a pull answer's body (RocketMQ's layout,
+    IPv4 hosts)."""
+    at = 0
+    while at + 88 <= len(data):
+        total = struct.unpack_from(">i", data, at)[0]
+        queue_offset = struct.unpack_from(">q", data, at + 20)[0]
+        body_len = struct.unpack_from(">i", data, at + 84)[0]
+        yield queue_offset, bytes(data[at + 88:at + 88 + body_len])
+        at += total
+
+
 def pull_message_ext(group, topic, queue_id, queue_offset=0, max_msg_nums=32,
                      suspend_timeout_ms=0):
     """PULL_MESSAGE (11) ext fields; sysFlag 4 = SUBSCRIPTION only (no long-poll)."""

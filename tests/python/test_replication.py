@@ -184,19 +184,6 @@ def wait_caught_up(master, slave):
                message="the slave to have every byte of the master")
 
 
-def stored_records(data):
-    """(queue offset, body) of each stored record (RocketMQ's layout, IPv4 hosts) in a pull
-    answer's body."""
-    import struct
-    at = 0
-    while at + 88 <= len(data):
-        total = struct.unpack_from(">i", data, at)[0]
-        queue_offset = struct.unpack_from(">q", data, at + 20)[0]
-        body_len = struct.unpack_from(">i", data, at + 84)[0]
-        yield queue_offset, bytes(data[at + 88:at + 88 + body_len])
-        at += total
-
-
 def segment_checksums(node, shard, end):
     """sha256 of each commitlog segment's bytes below `end`, by segment start."""
     directory = os.path.join(node.data_dir, "shard-{}".format(shard), "commitlog")
@@ -309,7 +296,7 @@ def test_sync_master_acknowledges_only_what_the_slave_has(cluster):
                 unique("cg_check"), topic, 0, queue_offset=offset, max_msg_nums=32))
             if pulled.code != remoting.SUCCESS:
                 break
-            for queue_offset, body in stored_records(pulled.body):
+            for queue_offset, body in remoting.stored_records(pulled.body):
                 on_slave[queue_offset] = body
             offset = int(pulled.ext["nextBeginOffset"])
     missing = [(o, b) for o, b in acknowledged if on_slave.get(o) != b]

@@ -7,6 +7,8 @@
 //! posix_fallocate, so a store through the map never meets a hole), written through a shared
 //! memory map (page cache is kernel-bounded memory; at most two files per queue
 //! are mapped at a time, so mappings grow with the number of queues, not with the data).
+//! Recovery and retention read units with pread instead (`probe_unit`): they look into every
+//! queue, and a map is made only for a queue that is written or read by a consumer.
 //!
 //! Unit layout (20 bytes, big-endian, REMOTING.md §5.6):
 //!
@@ -175,6 +177,47 @@ impl MappedFile {
         let file = OpenOptions::new().write(true).open(&self.path)?;
         reserve_blocks(&file, from, size_bytes)
     }
+}
+
+/// A queue file opened for reads (and, with `write`, writes) by offset, its readahead off: a
+/// read of its unwritten part would otherwise fill the page cache with pages of zeros.
+fn open_for_probes(path: &std::path::Path, write: bool) -> io::Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let file = OpenOptions::new().read(true).write(write).open(path)?;
+    // SAFETY: plain syscall on a descriptor we own; advice only, its failure is harmless.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    Ok(file)
+}
+
+/// Zeroes the file from `at` to the end of what was written past it; true when it wrote.
+/// Units past the end follow it without gaps (appends go in order), so they end at the first
+/// page of zeros: the reads stop there instead of going through the whole 6 MB file (8,000
+/// queues took 100 s to start that way).
+fn zero_to_first_zero_page(path: &std::path::Path, at: u64, size_bytes: u64) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const PAGE: u64 = 4096;
+    let file = open_for_probes(path, true)?;
+    let mut page = [0u8; PAGE as usize];
+    let (mut pos, mut stop) = (at, at);
+    while pos < size_bytes {
+        let page_end = (pos / PAGE + 1) * PAGE;
+        let chunk = &mut page[..(page_end.min(size_bytes) - pos) as usize];
+        let read = file.read_at(chunk, pos)?;
+        match chunk[..read].iter().rposition(|&byte| byte != 0) {
+            Some(last) => stop = pos + last as u64 + 1,
+            None => break,
+        }
+        if read < chunk.len() {
+            break; // a short file
+        }
+        pos = page_end;
+    }
+    if stop == at {
+        return Ok(false);
+    }
+    let zeros = vec![0u8; (stop - at) as usize];
+    file.write_all_at(&zeros, at)?;
+    Ok(true)
 }
 
 fn reserve_blocks(file: &std::fs::File, from: u64, size_bytes: u64) -> io::Result<()> {
@@ -367,21 +410,71 @@ impl ConsumeQueue {
         )))
     }
 
+    /// Reads unit `index` without mapping its file: through its map when it is mapped, else
+    /// with pread (`opened` keeps the last file opened for the next probe). Recovery and
+    /// retention look into every queue: a map each was an mmap and a munmap per queue, which
+    /// the shards' threads serialize on the process's map lock and pay a TLB shootdown for
+    /// (at 100,000 queues most of a start), and each map kept counted against
+    /// vm.max_map_count. None when the file does not exist.
+    fn probe_unit(
+        &self,
+        index: u64,
+        opened: &mut Option<(u64, fs::File)>,
+    ) -> io::Result<Option<Unit>> {
+        use std::os::unix::fs::FileExt;
+        let start = self.file_start(index);
+        let at = (index % self.units_per_file) * CQ_UNIT_BYTES;
+        let maps = [&self.active, &self.cached];
+        if let Some(mapped) = maps.into_iter().flatten().find(|m| m.start_unit == start) {
+            let at = at as usize;
+            return Ok(Some(Unit::decode(
+                &mapped.map[at..at + CQ_UNIT_BYTES as usize],
+            )));
+        }
+        if !self.files.contains(&start) {
+            return Ok(None);
+        }
+        if opened.as_ref().is_none_or(|(held, _)| *held != start) {
+            match open_for_probes(&self.dir.join(file_name(start)), false) {
+                Ok(file) => *opened = Some((start, file)),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(error) => return Err(error),
+            }
+        }
+        let Some((_, file)) = opened.as_ref() else {
+            return Ok(None);
+        };
+        let mut raw = [0u8; CQ_UNIT_BYTES as usize];
+        match file.read_exact_at(&mut raw, at) {
+            Ok(()) => {}
+            // Past a short file's end: a unit never written.
+            Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => {
+                raw = [0; CQ_UNIT_BYTES as usize]
+            }
+            Err(error) => return Err(error),
+        }
+        Ok(Some(Unit::decode(&raw)))
+    }
+
     /// Number of leading units (from `min_offset`) that point at whole records below `end`:
     /// a binary search, valid because those units form a prefix (see module invariants).
     pub(crate) fn count_units_below(&mut self, end: u64) -> io::Result<u64> {
+        let mut opened = None;
+        let mut below = |queue: &Self, index| -> io::Result<bool> {
+            let unit = queue.probe_unit(index, &mut opened)?;
+            Ok(unit.is_some_and(|u| u.points_below(end)))
+        };
         let starts: Vec<u64> = self.files.iter().rev().copied().collect();
         for start in starts {
             // The first file of a queue started mid-file holds units from `min_offset` on.
             let first = start.max(self.min_offset);
-            let first_ok = self.read_unit(first)?.is_some_and(|u| u.points_below(end));
-            if !first_ok {
+            if !below(self, first)? {
                 continue;
             }
             let (mut low, mut high) = (first + 1, start + self.units_per_file);
             while low < high {
                 let mid = low + (high - low) / 2;
-                if self.read_unit(mid)?.is_some_and(|u| u.points_below(end)) {
+                if below(self, mid)? {
                     low = mid + 1;
                 } else {
                     high = mid;
@@ -390,6 +483,25 @@ impl ConsumeQueue {
             return Ok(low);
         }
         Ok(self.min_offset)
+    }
+
+    /// `count_units_below`, tried first at a guess (the checkpoint's count, the units the
+    /// recovery scan wrote): when unit `guess - 1` points below `end` and unit `guess` does not,
+    /// the count is `guess`, since those units form a prefix. One page read instead of a binary
+    /// search of the last file, whose every probe into its unwritten part faults a page of
+    /// zeros into the page cache (~19 per queue: with 80,000 queues that was most of a start).
+    pub(crate) fn count_units_below_near(&mut self, end: u64, guess: u64) -> io::Result<u64> {
+        if guess >= self.min_offset {
+            let mut opened = None;
+            let mut below = |index| -> io::Result<bool> {
+                let unit = self.probe_unit(index, &mut opened)?;
+                Ok(unit.is_some_and(|u| u.points_below(end)))
+            };
+            if (guess == self.min_offset || below(guess - 1)?) && !below(guess)? {
+                return Ok(guess);
+            }
+        }
+        self.count_units_below(end)
     }
 
     /// Makes this empty queue start at `index` (a replica taking a queue at its master's
@@ -454,31 +566,12 @@ impl ConsumeQueue {
             // Zero the dropped units in place, and only where something was written: no
             // truncate (ext4 reuses freed blocks only after its next commit, so shrinking and
             // re-reserving fails on a full disk), and nothing to do in the usual case.
-            let units_per_file = self.units_per_file;
-            if let Some(file) = self.slot(new_max, false)? {
-                let at = ((new_max % units_per_file) * CQ_UNIT_BYTES) as usize;
-                let rest = &mut file.map[at..];
-                // Units past the end follow it without gaps (appends go in order), so they
-                // end at the first page of zeros: the scan stops there instead of reading
-                // the whole 6 MB file (8,000 queues took 100 s to start that way).
-                let page = 4096usize;
-                let (mut stop, mut pos) = (0usize, 0usize);
-                while pos < rest.len() {
-                    let page_end = ((at + pos) / page + 1) * page - at;
-                    let chunk_end = page_end.min(rest.len());
-                    match rest[pos..chunk_end].iter().rposition(|&byte| byte != 0) {
-                        Some(last) => stop = pos + last + 1,
-                        None => break,
-                    }
-                    pos = chunk_end;
-                }
-                if stop > 0 {
-                    rest[..stop].fill(0);
-                    self.dirty_files.insert(keep_start);
-                }
+            // Read and written with pread/pwrite, not a map (`probe_unit` says why).
+            let path = self.dir.join(file_name(keep_start));
+            let at = (new_max % self.units_per_file) * CQ_UNIT_BYTES;
+            if zero_to_first_zero_page(&path, at, self.units_per_file * CQ_UNIT_BYTES)? {
+                self.dirty_files.insert(keep_start);
             }
-            self.active = None;
-            self.cached = None;
         }
         if self.files.is_empty() {
             self.min_offset = new_max.min(self.min_offset);
@@ -496,11 +589,12 @@ impl ConsumeQueue {
         min_physical: u64,
         paths: &mut Vec<PathBuf>,
     ) -> io::Result<()> {
+        let mut opened = None;
         while self.files.len() > 1 {
             let Some(&first) = self.files.first() else {
                 break;
             };
-            let last_unit = self.read_unit(first + self.units_per_file - 1)?;
+            let last_unit = self.probe_unit(first + self.units_per_file - 1, &mut opened)?;
             let expired = last_unit.is_none_or(|u| u.physical_offset < min_physical);
             if !expired {
                 break;
@@ -522,7 +616,7 @@ impl ConsumeQueue {
         while low < high {
             let mid = low + (high - low) / 2;
             let held = self
-                .read_unit(mid)?
+                .probe_unit(mid, &mut opened)?
                 .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical);
             if held {
                 high = mid;
@@ -729,6 +823,23 @@ mod tests {
         let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
         let queue = table.get_mut("T", 1).unwrap();
         assert_eq!(queue.count_units_below(u64::MAX / 2).unwrap(), 6);
+    }
+
+    #[test]
+    fn a_guess_gives_the_searched_count_right_or_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_or_create("T", 1).unwrap();
+        for i in 0..10 {
+            queue.append(unit(i * 100)).unwrap();
+        }
+        for end in [0, 50, 100, 650, 1000, u64::MAX / 2] {
+            let searched = queue.count_units_below(end).unwrap();
+            for guess in 0..14 {
+                let near = queue.count_units_below_near(end, guess).unwrap();
+                assert_eq!(near, searched, "end {end}, guess {guess}");
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,10 @@
 //!    any bad record below the checkpoint's mark. Damage is logged with its offsets and
 //!    stepped over (those records are lost; the rest is kept), never served.
 //! 3. Re-dispatch a consume-queue unit for every scanned record (at the QUEUEOFFSET it
-//!    carries, so it is idempotent), then cut every queue back to its units below the end.
+//!    carries, so it is idempotent), except the records below the checkpoint whose units the
+//!    queues were found holding, then cut every queue back to its units below the end. The
+//!    queues are read here with pread, not mapped (`ConsumeQueue::probe_unit`): a node with
+//!    100,000 queues opens in seconds and holds no map for a queue nobody writes.
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next.
@@ -94,11 +97,12 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let mut index = Index::open(root, config.index, mark, clean_before)?;
     let first = segments.first_start().unwrap_or(0);
     let files_end = segments.last_start().map_or(0, |s| s + size);
-    let scan_from = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?
-        .min(align_down(index.indexed_end(), size).max(first));
+    let (scan_from, trusted) = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
+    let scan_from = scan_from.min(align_down(index.indexed_end(), size).max(first));
     let mut rebuilt = Rebuilt {
         queues: &mut queues,
         index: &mut index,
+        units_held: saved.as_ref().filter(|_| trusted),
         unindexed: 0,
     };
     config
@@ -127,7 +131,13 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         .collect();
     for (topic, queue_id) in queue_ids {
         if let Some(queue) = queues.get_mut(&topic, queue_id) {
-            let units = queue.count_units_below(end)?;
+            // The scan wrote the queue's units up to its end; a queue it did not touch holds
+            // what the checkpoint counted.
+            let recorded = saved
+                .as_ref()
+                .and_then(|c| c.queues.get(&topic)?.get(&queue_id).copied());
+            let guess = queue.max_offset().max(recorded.unwrap_or(0));
+            let units = queue.count_units_below_near(end, guess)?;
             queue.truncate_to(units)?;
         }
     }
@@ -208,22 +218,25 @@ async fn prime_dma_probe(root: &Path) -> Result<(), StoreError> {
 /// Where the scan starts: the start of the segment holding the checkpoint (so the whole last
 /// segment is validated, as a torn or damaged tail may sit just before the checkpoint), or the
 /// first segment when the checkpoint is missing, does not fit the files, or a queue lost units.
+/// True when every queue holds the units the checkpoint counted (`Rebuilt::units_held`).
 fn scan_start(
     saved: Option<&Checkpoint>,
     queues: &mut QueueTable,
     first: u64,
     files_end: u64,
     segment_size_bytes: u64,
-) -> Result<u64, StoreError> {
-    let Some(saved) = saved else { return Ok(first) };
+) -> Result<(u64, bool), StoreError> {
+    let Some(saved) = saved else {
+        return Ok((first, false));
+    };
     let offset = saved.commitlog_offset;
     if offset < first || offset > files_end {
-        return Ok(first);
+        return Ok((first, false));
     }
     for (topic, recorded) in &saved.queues {
         for (&queue_id, &max_offset) in recorded {
             let held = match queues.get_mut(topic, queue_id) {
-                Some(queue) => queue.count_units_below(offset)?,
+                Some(queue) => queue.count_units_below_near(offset, max_offset)?,
                 None => 0,
             };
             if held < max_offset {
@@ -231,11 +244,11 @@ fn scan_start(
                     "store: consume queue {topic}/{queue_id} holds {held} units, the \
                      checkpoint says {max_offset}: rebuilding all queues from the commitlog"
                 );
-                return Ok(first);
+                return Ok((first, false));
             }
         }
     }
-    Ok(align_down(offset, segment_size_bytes).max(first))
+    Ok((align_down(offset, segment_size_bytes).max(first), true))
 }
 
 /// What the scan found at one position.
@@ -277,6 +290,12 @@ fn classify(window: &[u8], at_offset: u64, segment_end: u64) -> Found {
 struct Rebuilt<'a> {
     queues: &'a mut QueueTable,
     index: &'a mut Index,
+    /// The checkpoint, when every queue was found holding the units it counted: a record
+    /// below its offset whose unit is among those is not written again. The scan reads the
+    /// whole segment holding the checkpoint to validate it, and writing each of its units
+    /// again mapped and unmapped every queue file it touched (at 100,000 queues, most of a
+    /// start).
+    units_held: Option<&'a Checkpoint>,
     /// Records left out of the index because the disk had no room for it: a full disk must
     /// not stop the store from opening for an index of keys (queries by key miss them).
     unindexed: u64,
@@ -539,11 +558,6 @@ fn dispatch(
     {
         return Ok(false);
     }
-    let unit = Unit {
-        physical_offset: offset,
-        size_bytes: message.total_size,
-        tags_code: (config.tags_code_of)(&message),
-    };
     let context = |step: &str, error: std::io::Error| {
         let what = format!(
             "re-dispatching {}/{} queue offset {} (commitlog offset {offset}): {step}",
@@ -554,20 +568,33 @@ fn dispatch(
             None => std::io::Error::new(error.kind(), what),
         }
     };
-    let queue = rebuilt
-        .queues
-        .get_or_create(message.topic, message.queue_id)
-        .map_err(|e| context("opening the queue", e))?;
-    if queue.holds_no_files() && message.queue_offset != queue.max_offset() {
-        // A queue rebuilt from a log that starts past its beginning (retention, or a
-        // replica that joined mid-log) starts at its first record's offset.
+    let held = rebuilt.units_held.is_some_and(|saved| {
+        let counted = saved.queues.get(message.topic);
+        let counted = counted.and_then(|queues| queues.get(&message.queue_id));
+        offset + u64::from(message.total_size) <= saved.commitlog_offset
+            && counted.is_some_and(|&units| message.queue_offset < units)
+    });
+    if !held {
+        let queue = rebuilt
+            .queues
+            .get_or_create(message.topic, message.queue_id)
+            .map_err(|e| context("opening the queue", e))?;
+        if queue.holds_no_files() && message.queue_offset != queue.max_offset() {
+            // A queue rebuilt from a log that starts past its beginning (retention, or a
+            // replica that joined mid-log) starts at its first record's offset.
+            queue
+                .start_at(message.queue_offset)
+                .map_err(|e| context("starting the queue", e))?;
+        }
+        let unit = Unit {
+            physical_offset: offset,
+            size_bytes: message.total_size,
+            tags_code: (config.tags_code_of)(&message),
+        };
         queue
-            .start_at(message.queue_offset)
-            .map_err(|e| context("starting the queue", e))?;
+            .write_unit(message.queue_offset, unit)
+            .map_err(|e| context("writing the unit", e))?;
     }
-    queue
-        .write_unit(message.queue_offset, unit)
-        .map_err(|e| context("writing the unit", e))?;
     let index = &mut *rebuilt.index;
     if offset >= index.indexed_end() && index::indexes_sys_flag(message.sys_flag) {
         let keys = MessageKeys::of(message.properties);
