@@ -1,16 +1,14 @@
 #!/bin/bash
 set -uo pipefail
 # Start-up with many queues (issue 17): fills a fresh two-shard node (256 MiB segments) with
-# `shardmq-bench producer --topics TOPICS --queues 8` for FILL seconds (20) using the first
-# binary, stops it, then restarts it ROUNDS times with each binary in turn and prints the
-# seconds each took to be ready (every shard registered), its RSS and its maps right then.
-# STOP=kill sends SIGKILL to each restarted node instead of SIGTERM, so the next start
-# recovers after a crash; COLD=1 drops the page cache before each start (root). Many queues
-# need vm.max_map_count above 65,530 while they are written (one map per written queue).
-#   scripts/bench-restart.sh TOPICS ROUNDS BINARY...
+# `shardmq-bench producer --topics TOPICS --queues 8` for FILL seconds, stops it, then restarts
+# it ROUNDS times with each binary in turn (A, B, A, B, ...) and prints the seconds each took to
+# be ready (every shard registered). STOP=kill sends SIGKILL to each restarted node instead of
+# SIGTERM, so the next start recovers after a crash; COLD=1 drops the page cache before each
+# start (root). Many queues need vm.max_map_count above 65,530 (one map per written queue).
+#   scripts/bench-restart.sh BINARY_A BINARY_B TOPICS [ROUNDS]
 cd "$(dirname "$0")/.."
-topics=$1 rounds=$2
-shift 2
+a=$1 b=$2 topics=$3 rounds=${4:-3}
 fill=${FILL:-20} stop=${STOP:-term}
 dir=$(mktemp -d /var/tmp/shardmq-restart.XXXXXX)
 trap 'rm -rf $dir' EXIT
@@ -23,20 +21,21 @@ serve() {
         sleep 0.05
     done
 }
-serve $1
+serve $a
 target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BT --topics $topics \
     --queues 8 --in-flight 64 --no-progress --duration-secs $fill 2>&1 | grep -E "Created|Throughput"
 kill $pid; wait $pid 2>/dev/null
-echo "queue files (shard 0): $(find $dir/data/shard-0/consumequeue -type f | wc -l), consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+)"
+echo "queue dirs (shard 0): $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l), consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+)"
 for round in $(seq $rounds); do
-    for binary in "$@"; do
+    for which in A B; do
+        binary=$a; [ $which = B ] && binary=$b
         sync
         [ "${COLD:-0}" = 1 ] && echo 3 > /proc/sys/vm/drop_caches
         start=$(date +%s.%N)
         serve $binary
         took=$(echo "$(date +%s.%N) - $start" | bc)
         rss=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
-        echo "round $round $binary: ready in $took s, RSS $((rss / 1024)) MB, maps $(wc -l < /proc/$pid/maps)"
+        echo "round $round $which: ready in $took s, RSS $((rss / 1024)) MB"
         if [ $stop = kill ]; then kill -9 $pid; else kill $pid; fi
         wait $pid 2>/dev/null
     done

@@ -37,9 +37,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::ops::Bound;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
@@ -91,15 +89,6 @@ struct MappedFile {
     /// Bytes from the file's start known to have their blocks (`reserve_blocks`): units are
     /// written only below it.
     reserved_bytes: u64,
-    /// Read or written since the idle-map sweep last looked (`QueueTable::take_idle_maps`).
-    used: bool,
-}
-
-impl MappedFile {
-    fn touch(&mut self) -> &mut MappedFile {
-        self.used = true;
-        self
-    }
 }
 
 /// One queue's units.
@@ -341,7 +330,6 @@ impl ConsumeQueue {
             map,
             path,
             reserved_bytes,
-            used: true,
         }))
     }
 
@@ -351,10 +339,10 @@ impl ConsumeQueue {
         let start = self.file_start(index);
         let in_active = self.active.as_ref().is_some_and(|f| f.start_unit == start);
         if in_active {
-            return Ok(self.active.as_mut().map(MappedFile::touch));
+            return Ok(self.active.as_mut());
         }
         if self.cached.as_ref().is_some_and(|f| f.start_unit == start) {
-            return Ok(self.cached.as_mut().map(MappedFile::touch));
+            return Ok(self.cached.as_mut());
         }
         let Some(mapped) = self.map_file(start, create)? else {
             return Ok(None);
@@ -640,19 +628,6 @@ impl ConsumeQueue {
         Ok(())
     }
 
-    /// One look of the idle-map sweep: a map used since the last look is kept (and counted
-    /// unused from now), one not used since is taken out into `out`; the next read or write
-    /// maps its file again.
-    fn take_idle_maps(&mut self, out: &mut Vec<MmapMut>) {
-        for slot in [&mut self.active, &mut self.cached] {
-            match slot {
-                Some(file) if file.used => file.used = false,
-                Some(_) => out.extend(slot.take().map(|file| file.map)),
-                None => {}
-            }
-        }
-    }
-
     fn take_dirty_paths(&mut self, out: &mut Vec<PathBuf>) {
         for start in std::mem::take(&mut self.dirty_files) {
             out.push(self.dir.join(file_name(start)));
@@ -665,17 +640,7 @@ pub(crate) struct QueueTable {
     root: PathBuf,
     units_per_file: u64,
     topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>>,
-    /// The idle-map sweep's place: the topic its next step starts at (None: a new round),
-    /// and when its current round began.
-    sweep_from: Option<String>,
-    sweep_round_began: Option<Instant>,
 }
-
-/// Queues the idle-map sweep looks at in one step (`QueueTable::take_idle_maps`).
-pub(crate) const IDLE_SWEEP_QUEUES_PER_STEP: usize = 1_000;
-/// The shortest round of the idle-map sweep: a map is taken out when a whole round saw it
-/// unused, so after 30 s at the least (more with more than 30,000 queues, one step a second).
-pub(crate) const IDLE_SWEEP_ROUND_MIN: Duration = Duration::from_secs(30);
 
 impl QueueTable {
     /// Bytes of the mapped queue files that have blocks behind them (what the maps can make
@@ -700,8 +665,6 @@ impl QueueTable {
             root,
             units_per_file,
             topics: BTreeMap::new(),
-            sweep_from: None,
-            sweep_round_began: None,
         }
     }
 
@@ -734,8 +697,6 @@ impl QueueTable {
             root,
             units_per_file,
             topics,
-            sweep_from: None,
-            sweep_round_began: None,
         })
     }
 
@@ -818,42 +779,6 @@ impl QueueTable {
         Ok(paths)
     }
 
-    /// A step of the idle-map sweep: looks at the next `queues_per_step` queues (whole topics)
-    /// and takes out the maps no read or write used since the previous round looked at them,
-    /// for the caller to unmap off the shard's thread. A queue written once and then left
-    /// alone holds no map (nor its pages in this process) after a round or two, so maps and
-    /// memory follow the queues in use, not all queues ever written (each map also counts
-    /// against vm.max_map_count). Rounds start at most every `IDLE_SWEEP_ROUND_MIN`.
-    pub(crate) fn take_idle_maps(&mut self, queues_per_step: usize, now: Instant) -> Vec<MmapMut> {
-        let mut out = Vec::new();
-        if self.sweep_from.is_none() {
-            let began = self.sweep_round_began;
-            if began.is_some_and(|began| now < began + IDLE_SWEEP_ROUND_MIN) {
-                return out;
-            }
-            self.sweep_round_began = Some(now);
-        }
-        let from = self.sweep_from.take();
-        let range = match &from {
-            Some(topic) => self
-                .topics
-                .range_mut::<str, _>((Bound::Included(topic.as_str()), Bound::Unbounded)),
-            None => self.topics.range_mut::<str, _>(..),
-        };
-        let mut looked = 0;
-        for (topic, queues) in range {
-            if looked >= queues_per_step {
-                self.sweep_from = Some(topic.clone());
-                break;
-            }
-            for queue in queues.values_mut() {
-                queue.take_idle_maps(&mut out);
-            }
-            looked += queues.len();
-        }
-        out
-    }
-
     /// Paths of the files written since the last call (they need an fdatasync).
     pub(crate) fn take_dirty_paths(&mut self) -> Vec<PathBuf> {
         let mut out = Vec::new();
@@ -898,58 +823,6 @@ mod tests {
         let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
         let queue = table.get_mut("T", 1).unwrap();
         assert_eq!(queue.count_units_below(u64::MAX / 2).unwrap(), 6);
-    }
-
-    #[test]
-    fn maps_unused_for_a_round_are_taken_out_and_come_back_on_use() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
-        for queue_id in 0..3 {
-            table
-                .get_or_create("T", queue_id)
-                .unwrap()
-                .append(unit(100))
-                .unwrap();
-        }
-        let t0 = Instant::now();
-        // The first round finds every map used; a second one before the round time, nothing.
-        assert_eq!(table.take_idle_maps(1_000, t0).len(), 0);
-        assert_eq!(
-            table
-                .take_idle_maps(1_000, t0 + IDLE_SWEEP_ROUND_MIN / 2)
-                .len(),
-            0
-        );
-        // Queue 1 is read meanwhile: kept; the other two are taken out.
-        assert_eq!(
-            table.get_mut("T", 1).unwrap().read_unit(0).unwrap(),
-            Some(unit(100))
-        );
-        let later = t0 + IDLE_SWEEP_ROUND_MIN;
-        assert_eq!(table.take_idle_maps(1_000, later).len(), 2);
-        assert_eq!(
-            table.mapped_bytes(),
-            CQ_RESERVE_CHUNK_BYTES.min(4 * CQ_UNIT_BYTES)
-        );
-        // A queue whose map went reads and writes as before.
-        let queue = table.get_mut("T", 2).unwrap();
-        assert_eq!(queue.read_unit(0).unwrap(), Some(unit(100)));
-        assert_eq!(queue.append(unit(200)).unwrap(), 1);
-        assert_eq!(queue.read_unit(1).unwrap(), Some(unit(200)));
-        // A step looks at whole topics up to its count of queues, then goes on from there.
-        for topic in ["A", "B", "C"] {
-            table
-                .get_or_create(topic, 0)
-                .unwrap()
-                .append(unit(100))
-                .unwrap();
-        }
-        let next = later + IDLE_SWEEP_ROUND_MIN;
-        assert_eq!(table.take_idle_maps(1, next).len(), 0); // A: used
-        assert_eq!(table.sweep_from.as_deref(), Some("B"));
-        assert_eq!(table.take_idle_maps(2, next).len(), 0); // B, C
-        assert_eq!(table.take_idle_maps(10, next).len(), 1); // T: 1 idle, 2 used
-        assert!(table.sweep_from.is_none());
     }
 
     #[test]

@@ -982,21 +982,6 @@ impl Store {
         Some((stat.f_blocks as u64 * block, stat.f_bavail as u64 * block))
     }
 
-    /// A step of the idle-map sweep (`QueueTable::take_idle_maps`; the broker's housekeeping
-    /// calls it every second): the consume-queue maps no read or write used for a whole round
-    /// are unmapped on a helper thread, since an unmap takes the process's map lock and sends
-    /// TLB shootdowns to the other shards' CPUs. Returns how many.
-    pub async fn release_idle_queue_maps(&self) -> usize {
-        let now = std::time::Instant::now();
-        let step = consume_queue::IDLE_SWEEP_QUEUES_PER_STEP;
-        let maps = self.inner.queues.borrow_mut().take_idle_maps(step, now);
-        let count = maps.len();
-        if count > 0 {
-            crate::runtime::blocking(move || drop(maps)).await;
-        }
-        count
-    }
-
     /// Used fraction (0..=1) of the filesystem holding this store, measured now.
     pub fn disk_used_ratio(&self) -> Option<f64> {
         disk_used_ratio(&self.inner.config.root_dir)

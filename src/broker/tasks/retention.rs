@@ -16,9 +16,6 @@
 //!
 //! Shards share a filesystem but not their files: each deletes its own oldest segments, so
 //! a full disk is relieved by every shard at once.
-//!
-//! The same task runs a step of the store's idle-map sweep every second
-//! (`Store::release_idle_queue_maps`), so consume queues left alone give their maps back.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -30,9 +27,6 @@ use crate::broker::Broker;
 
 /// Longest time between two reads of the disk's used ratio (a statvfs: microseconds).
 pub const DISK_CHECK_INTERVAL_MS: u64 = 250;
-/// How often a step of the store's idle-map sweep runs (`Store::release_idle_queue_maps`):
-/// consume-queue maps unused for a round of it (30 s at the least) go.
-pub const IDLE_MAP_SWEEP_INTERVAL_MS: u64 = 1_000;
 
 /// A shard's retention state.
 pub struct Retention {
@@ -126,17 +120,12 @@ impl Broker {
     pub async fn run_retention(self: Rc<Self>) {
         let retention = &self.retention;
         let mut next_pass_ms = self.monotonic_ms() + retention.config().clean_resource_interval_ms;
-        let mut next_sweep_ms = self.monotonic_ms() + IDLE_MAP_SWEEP_INTERVAL_MS;
         loop {
             let config = retention.config();
             let check_ms = DISK_CHECK_INTERVAL_MS.min(config.clean_resource_interval_ms);
             shards::runtime::timeout(Duration::from_millis(check_ms), retention.wake.wait()).await;
             let verdict = self.check_disk();
             let now = self.monotonic_ms();
-            if now >= next_sweep_ms {
-                next_sweep_ms = now + IDLE_MAP_SWEEP_INTERVAL_MS;
-                self.store.release_idle_queue_maps().await;
-            }
             let manual = retention.manual_runs.get() > 0;
             let triggered = retention.triggered.replace(false);
             // Past diskMaxUsedSpaceRatio a pass runs at every check (and a check runs at
