@@ -658,58 +658,65 @@ fn check_disk(host: &Host, data_dir: &Path) -> Vec<Finding> {
 }
 
 fn check_listen_backlog(host: &Host) -> Finding {
-    let area = "listen backlog";
-    let relative = "proc/sys/net/core/somaxconn";
-    match host
-        .read(relative)
-        .and_then(|text| text.parse::<u64>().ok())
-    {
-        Some(cap) if cap < LISTEN_BACKLOG_CONNECTIONS => Finding::new(
-            Verdict::Change,
-            area,
-            format!("net.core.somaxconn {cap} -> {LISTEN_BACKLOG_CONNECTIONS}"),
-        )
-        .why(format!(
-            "shardmq listens with a backlog of {LISTEN_BACKLOG_CONNECTIONS} and the kernel \
-             caps it at somaxconn; a burst of connecting clients beyond it waits for SYN \
-             retries (1 s and more)"
-        ))
-        .writes(vec![Write {
-            path: format!("/{relative}"),
-            value: LISTEN_BACKLOG_CONNECTIONS.to_string(),
-        }]),
-        Some(cap) => Finding::new(Verdict::Ok, area, format!("net.core.somaxconn {cap}")),
-        None => Finding::new(Verdict::Info, area, "net.core.somaxconn unreadable".into()),
-    }
+    check_sysctl_at_least(
+        host,
+        "listen backlog",
+        "net.core.somaxconn",
+        LISTEN_BACKLOG_CONNECTIONS,
+        |_| {
+            format!(
+                "shardmq listens with a backlog of {LISTEN_BACKLOG_CONNECTIONS} and the kernel \
+                 caps it at somaxconn; a burst of connecting clients beyond it waits for SYN \
+                 retries (1 s and more)"
+            )
+        },
+    )
 }
 
 /// vm.max_map_count wanted: RocketMQ's os.sh value.
 pub const MAP_COUNT_WANTED: u64 = 655_360;
 
 fn check_map_count(host: &Host) -> Finding {
-    let area = "memory maps";
-    let relative = "proc/sys/vm/max_map_count";
-    match host
-        .read(relative)
-        .and_then(|text| text.parse::<u64>().ok())
-    {
-        Some(limit) if limit < MAP_COUNT_WANTED => Finding::new(
-            Verdict::Change,
-            area,
-            format!("vm.max_map_count {limit} -> {MAP_COUNT_WANTED}"),
-        )
-        .why(format!(
-            "every consume queue holding units is one memory map (and every index file): a \
+    check_sysctl_at_least(
+        host,
+        "memory maps",
+        "vm.max_map_count",
+        MAP_COUNT_WANTED,
+        |limit| {
+            format!(
+                "every consume queue holding units is one memory map (and every index file): a \
              node with more than ~{} queues cannot map the next one, and sends to it are \
              refused (RocketMQ's os.sh sets {MAP_COUNT_WANTED})",
-            limit.saturating_sub(1_000)
-        ))
-        .writes(vec![Write {
-            path: format!("/{relative}"),
-            value: MAP_COUNT_WANTED.to_string(),
-        }]),
-        Some(limit) => Finding::new(Verdict::Ok, area, format!("vm.max_map_count {limit}")),
-        None => Finding::new(Verdict::Info, area, "vm.max_map_count unreadable".into()),
+                limit.saturating_sub(1_000)
+            )
+        },
+    )
+}
+
+/// A sysctl (`net.core.somaxconn`, read at `proc/sys/net/core/somaxconn`) that should be at
+/// least `wanted`: a change to `wanted` when below it, saying `why` (given the value read).
+fn check_sysctl_at_least(
+    host: &Host,
+    area: &'static str,
+    name: &str,
+    wanted: u64,
+    why: impl Fn(u64) -> String,
+) -> Finding {
+    let relative = format!("proc/sys/{}", name.replace('.', "/"));
+    match host
+        .read(&relative)
+        .and_then(|text| text.parse::<u64>().ok())
+    {
+        Some(value) if value < wanted => {
+            Finding::new(Verdict::Change, area, format!("{name} {value} -> {wanted}"))
+                .why(why(value))
+                .writes(vec![Write {
+                    path: format!("/{relative}"),
+                    value: wanted.to_string(),
+                }])
+        }
+        Some(value) => Finding::new(Verdict::Ok, area, format!("{name} {value}")),
+        None => Finding::new(Verdict::Info, area, format!("{name} unreadable")),
     }
 }
 
