@@ -148,9 +148,6 @@ fn read_start_mark(path: &std::path::Path, file_start: u64, units_per_file: u64)
     Unit::decode(&head).marked_start(file_start, units_per_file)
 }
 
-/// Allocates the blocks of `[from, size_bytes)` of the file: a store through a memory map into
-/// a hole of a full disk would be a SIGBUS; an error here is an ordinary `DiskFull`, returned
-/// before the record is appended.
 /// A failed map of a queue file; ENOMEM there is nearly always the process's map count at
 /// vm.max_map_count (every queue with units holds one map): the error says so.
 fn map_error(error: io::Error, path: &std::path::Path) -> io::Error {
@@ -220,6 +217,9 @@ fn zero_to_first_zero_page(path: &std::path::Path, at: u64, size_bytes: u64) -> 
     Ok(true)
 }
 
+/// Allocates the blocks of `[from, size_bytes)` of the file: a store through a memory map into
+/// a hole of a full disk would be a SIGBUS; an error here is an ordinary `DiskFull`, returned
+/// before the record is appended.
 fn reserve_blocks(file: &std::fs::File, from: u64, size_bytes: u64) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     let offset = libc::off_t::try_from(from).map_err(io::Error::other)?;
@@ -456,25 +456,33 @@ impl ConsumeQueue {
         Ok(Some(Unit::decode(&raw)))
     }
 
+    /// Whether unit `index` points at a whole record below `end` (`probe_unit`).
+    fn probe_below(
+        &self,
+        index: u64,
+        end: u64,
+        opened: &mut Option<(u64, fs::File)>,
+    ) -> io::Result<bool> {
+        Ok(self
+            .probe_unit(index, opened)?
+            .is_some_and(|u| u.points_below(end)))
+    }
+
     /// Number of leading units (from `min_offset`) that point at whole records below `end`:
     /// a binary search, valid because those units form a prefix (see module invariants).
-    pub(crate) fn count_units_below(&mut self, end: u64) -> io::Result<u64> {
+    pub(crate) fn count_units_below(&self, end: u64) -> io::Result<u64> {
         let mut opened = None;
-        let mut below = |queue: &Self, index| -> io::Result<bool> {
-            let unit = queue.probe_unit(index, &mut opened)?;
-            Ok(unit.is_some_and(|u| u.points_below(end)))
-        };
         let starts: Vec<u64> = self.files.iter().rev().copied().collect();
         for start in starts {
             // The first file of a queue started mid-file holds units from `min_offset` on.
             let first = start.max(self.min_offset);
-            if !below(self, first)? {
+            if !self.probe_below(first, end, &mut opened)? {
                 continue;
             }
             let (mut low, mut high) = (first + 1, start + self.units_per_file);
             while low < high {
                 let mid = low + (high - low) / 2;
-                if below(self, mid)? {
+                if self.probe_below(mid, end, &mut opened)? {
                     low = mid + 1;
                 } else {
                     high = mid;
@@ -485,19 +493,16 @@ impl ConsumeQueue {
         Ok(self.min_offset)
     }
 
-    /// `count_units_below`, tried first at a guess (the checkpoint's count, the units the
-    /// recovery scan wrote): when unit `guess - 1` points below `end` and unit `guess` does not,
+    /// `count_units_below`, tried first at a guess (the checkpoint's count): when unit `guess - 1` points below `end` and unit `guess` does not,
     /// the count is `guess`, since those units form a prefix. One page read instead of a binary
     /// search of the last file, whose every probe into its unwritten part faults a page of
     /// zeros into the page cache (~19 per queue: with 80,000 queues that was most of a start).
-    pub(crate) fn count_units_below_near(&mut self, end: u64, guess: u64) -> io::Result<u64> {
+    pub(crate) fn count_units_below_near(&self, end: u64, guess: u64) -> io::Result<u64> {
         if guess >= self.min_offset {
             let mut opened = None;
-            let mut below = |index| -> io::Result<bool> {
-                let unit = self.probe_unit(index, &mut opened)?;
-                Ok(unit.is_some_and(|u| u.points_below(end)))
-            };
-            if (guess == self.min_offset || below(guess - 1)?) && !below(guess)? {
+            let below_guess =
+                guess == self.min_offset || self.probe_below(guess - 1, end, &mut opened)?;
+            if below_guess && !self.probe_below(guess, end, &mut opened)? {
                 return Ok(guess);
             }
         }

@@ -131,12 +131,12 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         .collect();
     for (topic, queue_id) in queue_ids {
         if let Some(queue) = queues.get_mut(&topic, queue_id) {
-            // The scan wrote the queue's units up to its end; a queue it did not touch holds
-            // what the checkpoint counted.
+            // Most queues hold what the checkpoint counted; one the scan wrote units past it
+            // for (or a new one) takes the binary search.
             let recorded = saved
                 .as_ref()
                 .and_then(|c| c.queues.get(&topic)?.get(&queue_id).copied());
-            let guess = queue.max_offset().max(recorded.unwrap_or(0));
+            let guess = recorded.unwrap_or(queue.min_offset());
             let units = queue.count_units_below_near(end, guess)?;
             queue.truncate_to(units)?;
         }
