@@ -34,10 +34,12 @@
 //! | 8 | 4 | 0 |
 //! | 12 | 8 | `QUEUE_START_MARK` |
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use memmap2::MmapMut;
 
@@ -105,6 +107,9 @@ pub(crate) struct ConsumeQueue {
     max_offset: u64,
     /// Files written since the last checkpoint synced them.
     dirty_files: BTreeSet<u64>,
+    /// The table's count of files made dirty since its last `take_dirty_paths` (shared by
+    /// its queues; see `QueueTable::dirty_files`).
+    dirty_count: Rc<Cell<usize>>,
 }
 
 fn file_name(start_unit: u64) -> String {
@@ -267,6 +272,7 @@ impl ConsumeQueue {
             min_offset,
             max_offset: min_offset,
             dirty_files: BTreeSet::new(),
+            dirty_count: Rc::default(),
         })
     }
 
@@ -386,7 +392,7 @@ impl ConsumeQueue {
         }
         let start_unit = file.start_unit;
         unit.encode(&mut file.map[at..at + CQ_UNIT_BYTES as usize]);
-        self.dirty_files.insert(start_unit);
+        self.mark_dirty(start_unit);
         Ok(())
     }
 
@@ -552,7 +558,7 @@ impl ConsumeQueue {
             file.reserved_bytes = want;
         }
         Unit::start_mark(index).encode(&mut file.map[..CQ_UNIT_BYTES as usize]);
-        self.dirty_files.insert(file_start);
+        self.mark_dirty(file_start);
         Ok(())
     }
 
@@ -575,7 +581,7 @@ impl ConsumeQueue {
             let path = self.dir.join(file_name(keep_start));
             let at = (new_max % self.units_per_file) * CQ_UNIT_BYTES;
             if zero_to_first_zero_page(&path, at, self.units_per_file * CQ_UNIT_BYTES)? {
-                self.dirty_files.insert(keep_start);
+                self.mark_dirty(keep_start);
             }
         }
         if self.files.is_empty() {
@@ -633,6 +639,13 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// Notes that the file starting at unit `start` was written since the last checkpoint.
+    fn mark_dirty(&mut self, start: u64) {
+        if self.dirty_files.insert(start) {
+            self.dirty_count.set(self.dirty_count.get() + 1);
+        }
+    }
+
     fn take_dirty_paths(&mut self, out: &mut Vec<PathBuf>) {
         for start in std::mem::take(&mut self.dirty_files) {
             out.push(self.dir.join(file_name(start)));
@@ -645,6 +658,11 @@ pub(crate) struct QueueTable {
     root: PathBuf,
     units_per_file: u64,
     topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>>,
+    /// Files made dirty since the last `take_dirty_paths`, over every queue (each queue holds
+    /// it too and counts its own): what the next checkpoint has to sync, known without a walk
+    /// over the queues. Files that go away meanwhile (a topic deleted, retention, a cut) stay
+    /// counted until then, so it may be high, never low.
+    dirty: Rc<Cell<usize>>,
 }
 
 impl QueueTable {
@@ -670,6 +688,7 @@ impl QueueTable {
             root,
             units_per_file,
             topics: BTreeMap::new(),
+            dirty: Rc::default(),
         }
     }
 
@@ -677,6 +696,7 @@ impl QueueTable {
     pub(crate) fn load(root: PathBuf, units_per_file: u64) -> io::Result<QueueTable> {
         fs::create_dir_all(&root)?;
         let mut topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>> = BTreeMap::new();
+        let dirty: Rc<Cell<usize>> = Rc::default();
         for topic_entry in fs::read_dir(&root)? {
             let topic_entry = topic_entry?;
             let Ok(topic) = topic_entry.file_name().into_string() else {
@@ -691,7 +711,8 @@ impl QueueTable {
                 let Some(queue_id) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
                     continue;
                 };
-                let queue = ConsumeQueue::open(queue_entry.path(), units_per_file)?;
+                let mut queue = ConsumeQueue::open(queue_entry.path(), units_per_file)?;
+                queue.dirty_count = dirty.clone();
                 topics
                     .entry(topic.clone())
                     .or_default()
@@ -702,6 +723,7 @@ impl QueueTable {
             root,
             units_per_file,
             topics,
+            dirty,
         })
     }
 
@@ -721,7 +743,8 @@ impl QueueTable {
     ) -> io::Result<&mut ConsumeQueue> {
         if self.get(topic, queue_id).is_none() {
             let dir = self.root.join(topic).join(queue_id.to_string());
-            let queue = ConsumeQueue::open(dir, self.units_per_file)?;
+            let mut queue = ConsumeQueue::open(dir, self.units_per_file)?;
+            queue.dirty_count = self.dirty.clone();
             self.topics
                 .entry(topic.to_string())
                 .or_default()
@@ -792,7 +815,14 @@ impl QueueTable {
                 queue.take_dirty_paths(&mut out);
             }
         }
+        self.dirty.set(0);
         out
+    }
+
+    /// How many queue files were written since the last `take_dirty_paths` (at least those
+    /// it would return now).
+    pub(crate) fn dirty_files(&self) -> usize {
+        self.dirty.get()
     }
 }
 

@@ -25,7 +25,7 @@
 //! |---|---|
 //! | reset (empty the store, `reset.rs`) | `Store::reset_empty_at` asked for one (a flush under way gives up) |
 //! | exit (final flush + clean checkpoint) | `close` was called |
-//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | every `CHECKPOINT_INTERVAL_MS` when something changed, or when asked (delete_topic) |
+//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues, up to 10 s with tens of thousands written), or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
 //! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
 //! | wait | for an append, a chain's end, a `wait_durable`, `close` or the next deadline |
@@ -62,8 +62,28 @@ pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Under SYNC_FLUSH load, how far zero-fill of the next segment runs ahead of the writes'
 /// progress through theirs (at most a quarter of a segment).
 pub const ZERO_FILL_PACE_LEAD_BYTES: u64 = 64 << 20;
-/// How often consume queues are synced and the checkpoint written (bounds recovery work).
+/// Shortest time between checkpoints (consume queues synced, the checkpoint written), which
+/// bounds recovery work; a checkpoint is due after it when `checkpoint_due` says so.
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
+/// Longest time between checkpoints while anything changes.
+pub const CHECKPOINT_INTERVAL_MAX_MS: u64 = 10_000;
+/// Commitlog bytes a checkpoint waits for per dirty consume-queue file (between the shortest
+/// and the longest interval). A checkpoint costs per dirty file: its syncfs writes back a
+/// page of each, and each page the writeback cleaned takes a write fault on the shard at the
+/// next unit stored through the map (ext4's page_mkwrite, ~13 µs with its mtime update): at
+/// 80,000 written queues a shard, a checkpoint a second was 80,000 faults a second and the
+/// write-back of 320 MB. Recovery rebuilds units past the checkpoint from the commitlog, so
+/// the queues' durability rides on the commitlog's (`Sync` sends wait for the commitlog
+/// only): a rarer checkpoint costs only a longer recovery scan, bounded by
+/// `CHECKPOINT_LOG_BYTES_MAX`.
+pub const CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE: u64 = 64 << 10;
+/// Dirty consume-queue files a checkpoint syncs at no wait for the log (their faults cost
+/// ~13 ms a second): up to this many, checkpoints stay a second apart whatever the load.
+pub const CHECKPOINT_DIRTY_FILES_FREE: usize = 1024;
+/// Commitlog bytes past the last checkpoint at which one is due whatever the dirty files
+/// (after the shortest interval): what a recovery scan reads at most, beside the longest
+/// interval's worth.
+pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 512 << 20;
 /// A closing store whose writes find the disk full tries this many more times
 /// (`FLUSH_RETRY_MS` apart) before it reports that the final flush failed.
 pub const CLOSE_FLUSH_RETRIES_MAX: u32 = 10;
@@ -440,14 +460,18 @@ fn next_action(inner: &Inner) -> Action {
     // runs as a task of its own, so the loop goes on allocating and flushing meanwhile (its
     // syncfs of thousands of queue files took a second, and sends met "space is being
     // prepared" while it ran).
-    let checkpoint_every = Duration::from_millis(CHECKPOINT_INTERVAL_MS);
     let changed = end != flush.last_checkpoint_offset || flush.checkpoint_wanted;
     if changed && !flush.checkpoint_running {
-        let due = flush.last_checkpoint_at + checkpoint_every;
-        if now >= due || flush.checkpoint_wanted {
+        if flush.checkpoint_wanted {
             return Action::Checkpoint;
         }
-        deadlines.push(due);
+        let since = now.saturating_duration_since(flush.last_checkpoint_at);
+        let log_bytes = end.saturating_sub(flush.last_checkpoint_offset);
+        let dirty_files = inner.queues.borrow().dirty_files();
+        match checkpoint_due(since, log_bytes, dirty_files) {
+            Ok(()) => return Action::Checkpoint,
+            Err(wait) => deadlines.push(now + wait),
+        }
     }
     // A flush in flight or held up by a zero-fill is started again by the reaper.
     let flush_free = !log.ring.busy(Slot::Data) && flush.zero_in_flight.is_none();
@@ -483,6 +507,32 @@ fn next_action(inner: &Inner) -> Action {
             .min()
             .map(|d| d.saturating_duration_since(now)),
     )
+}
+
+/// Whether a checkpoint is due `since` the last one with `log_bytes` appended meanwhile and
+/// `dirty_files` consume-queue files to sync: Ok, or Err with the longest wait until it is
+/// (more appends may make it due sooner; the flusher looks again when it wakes). Due once the
+/// shortest interval has passed and the log has grown by `CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE`
+/// per dirty file past `CHECKPOINT_DIRTY_FILES_FREE` or by `CHECKPOINT_LOG_BYTES_MAX`, and
+/// always after the longest interval. Up to a thousand written queue files keep the checkpoint
+/// a second; 80,000 take it every few seconds at full rate.
+pub(crate) fn checkpoint_due(
+    since: Duration,
+    log_bytes: u64,
+    dirty_files: usize,
+) -> Result<(), Duration> {
+    let shortest = Duration::from_millis(CHECKPOINT_INTERVAL_MS);
+    let longest = Duration::from_millis(CHECKPOINT_INTERVAL_MAX_MS);
+    if since < shortest {
+        return Err(shortest - since);
+    }
+    let wanted_bytes = (dirty_files.saturating_sub(CHECKPOINT_DIRTY_FILES_FREE) as u64)
+        .saturating_mul(CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE)
+        .min(CHECKPOINT_LOG_BYTES_MAX);
+    if log_bytes >= wanted_bytes || since >= longest {
+        return Ok(());
+    }
+    Err(longest - since)
 }
 
 /// Quiet zero-filling aims at the end of the segment after the one being written, but covers
@@ -1363,4 +1413,45 @@ pub(crate) async fn close(inner: &Inner) -> Result<(), StoreError> {
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn checkpoints_come_a_second_apart_with_few_queues() {
+        assert_eq!(checkpoint_due(MS * 999, 1 << 30, 16), Err(MS));
+        // Up to CHECKPOINT_DIRTY_FILES_FREE files, even a trickle is checkpointed each second.
+        assert_eq!(checkpoint_due(MS * 1000, 1, 16), Ok(()));
+        let free = CHECKPOINT_DIRTY_FILES_FREE;
+        assert_eq!(checkpoint_due(MS * 1000, 1, free), Ok(()));
+        // One more wants 64 KiB of log; a trickle waits for the longest interval.
+        let wanted = CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE;
+        assert_eq!(
+            checkpoint_due(MS * 1000, wanted - 1, free + 1),
+            Err(MS * 9000)
+        );
+        assert_eq!(checkpoint_due(MS * 1000, wanted, free + 1), Ok(()));
+        assert_eq!(checkpoint_due(MS * 10_000, 1, free + 1), Ok(()));
+    }
+
+    #[test]
+    fn many_dirty_queue_files_space_checkpoints_out_to_a_bound() {
+        // 5,000 files want about 250 MiB of log per checkpoint.
+        let files = 5_000;
+        let wanted =
+            (files - CHECKPOINT_DIRTY_FILES_FREE) as u64 * CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE;
+        assert!(checkpoint_due(MS * 3000, wanted - 1, files).is_err());
+        assert_eq!(checkpoint_due(MS * 3000, wanted, files), Ok(()));
+        // 80,000 files: the recovery scan bound comes first, then the longest interval.
+        assert!(checkpoint_due(MS * 2000, CHECKPOINT_LOG_BYTES_MAX - 1, 80_000).is_err());
+        assert_eq!(
+            checkpoint_due(MS * 2000, CHECKPOINT_LOG_BYTES_MAX, 80_000),
+            Ok(())
+        );
+        assert_eq!(checkpoint_due(MS * 10_000, 0, 80_000), Ok(()));
+    }
 }

@@ -15,8 +15,9 @@
 //!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed. Zero-fill chains (write
 //!    + fdatasync) keep segment space written ahead of the write position.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
-//! 4. Every `CHECKPOINT_INTERVAL_MS` the flusher syncs the consume queues and writes the
-//!    checkpoint (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
+//! 4. Every second or more (`flusher::checkpoint_due`: less often as more queue files are
+//!    written) the flusher syncs the consume queues and writes the checkpoint
+//!    (`checkpoint.rs`); `open` recovers from it (`recovery.rs`).
 //! 5. `append` also files the record's keys (UNIQ_KEY, KEYS) in the message index
 //!    (`index.rs`), which QUERY_MESSAGE reads (`index_query.rs`); the checkpoint syncs it too.
 //! 6. Replication (`replica.rs`): a master serves raw commitlog bytes (`read_log`); a slave
