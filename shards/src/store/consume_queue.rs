@@ -110,6 +110,9 @@ pub(crate) struct ConsumeQueue {
     /// The table's count of files made dirty since its last `take_dirty_paths` (shared by
     /// its queues; see `QueueTable::dirty_files`).
     dirty_count: Rc<Cell<usize>>,
+    /// One past the highest unit recovery wrote again (`note_rebuilt`), 0 when none: the
+    /// count it tries first once the scan is done.
+    rebuilt_end: u64,
 }
 
 fn file_name(start_unit: u64) -> String {
@@ -191,35 +194,69 @@ fn open_for_probes(path: &std::path::Path, write: bool) -> io::Result<fs::File> 
     Ok(file)
 }
 
-/// Zeroes the file from `at` to the end of what was written past it; true when it wrote.
-/// Units past the end follow it without gaps (appends go in order), so they end at the first
-/// page of zeros: the reads stop there instead of going through the whole 6 MB file (8,000
-/// queues took 100 s to start that way).
-fn zero_to_first_zero_page(path: &std::path::Path, at: u64, size_bytes: u64) -> io::Result<bool> {
-    use std::os::unix::fs::FileExt;
+/// The end of what was written from `at` on, read a page at a time with `read` (which fills
+/// its buffer from the given position and returns how many bytes it read): units past the end
+/// follow it without gaps (appends go in order), so they end at the first page of zeros, and
+/// the reads stop there instead of going through the whole 6 MB file (8,000 queues took 100 s
+/// to start that way).
+fn written_end(
+    at: u64,
+    size_bytes: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> io::Result<usize>,
+) -> io::Result<u64> {
     const PAGE: u64 = 4096;
-    let file = open_for_probes(path, true)?;
     let mut page = [0u8; PAGE as usize];
     let (mut pos, mut stop) = (at, at);
     while pos < size_bytes {
         let page_end = (pos / PAGE + 1) * PAGE;
         let chunk = &mut page[..(page_end.min(size_bytes) - pos) as usize];
-        let read = file.read_at(chunk, pos)?;
-        match chunk[..read].iter().rposition(|&byte| byte != 0) {
+        let got = read(pos, chunk)?;
+        match chunk[..got].iter().rposition(|&byte| byte != 0) {
             Some(last) => stop = pos + last as u64 + 1,
             None => break,
         }
-        if read < chunk.len() {
+        if got < chunk.len() {
             break; // a short file
         }
         pos = page_end;
     }
+    Ok(stop)
+}
+
+/// Zeroes the file from `at` to the end of what was written past it (`written_end`), with
+/// pread and pwrite; true when it wrote.
+fn zero_to_first_zero_page(path: &std::path::Path, at: u64, size_bytes: u64) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let file = open_for_probes(path, true)?;
+    let stop = written_end(at, size_bytes, |pos, buf| file.read_at(buf, pos))?;
     if stop == at {
         return Ok(false);
     }
     let zeros = vec![0u8; (stop - at) as usize];
     file.write_all_at(&zeros, at)?;
     Ok(true)
+}
+
+/// `zero_to_first_zero_page` through the file's map (held by a queue recovery wrote: dropping
+/// the maps of 50,000 queues to zero them by path was a fifth of a recovery, in munmap and
+/// the TLB shootdowns it sends to the other shards' cores). Only bytes found written are
+/// stored to, so no store lands in a hole.
+fn zero_mapped_to_first_zero_page(map: &mut [u8], at: u64) -> bool {
+    let size_bytes = map.len() as u64;
+    if at >= size_bytes {
+        return false;
+    }
+    let stop = written_end(at, size_bytes, |pos, buf| {
+        let from = pos as usize;
+        buf.copy_from_slice(&map[from..from + buf.len()]);
+        Ok(buf.len())
+    })
+    .unwrap_or(at);
+    if stop == at {
+        return false;
+    }
+    map[at as usize..stop as usize].fill(0);
+    true
 }
 
 /// Allocates the blocks of `[from, size_bytes)` of the file: a store through a memory map into
@@ -273,6 +310,7 @@ impl ConsumeQueue {
             max_offset: min_offset,
             dirty_files: BTreeSet::new(),
             dirty_count: Rc::default(),
+            rebuilt_end: 0,
         })
     }
 
@@ -282,6 +320,17 @@ impl ConsumeQueue {
 
     pub(crate) fn max_offset(&self) -> u64 {
         self.max_offset
+    }
+
+    /// Recovery wrote unit `index` again: its count after the scan is likely one past the
+    /// highest such unit (`rebuilt_end`).
+    pub(crate) fn note_rebuilt(&mut self, index: u64) {
+        self.rebuilt_end = self.rebuilt_end.max(index + 1);
+    }
+
+    /// One past the highest unit recovery wrote again, 0 when it wrote none.
+    pub(crate) fn rebuilt_end(&self) -> u64 {
+        self.rebuilt_end
     }
 
     /// Whether no file of this queue exists (a queue created just now).
@@ -564,9 +613,13 @@ impl ConsumeQueue {
 
     /// Drops every unit at or past `new_max`: zeroes the rest of its file, deletes later files.
     pub(crate) fn truncate_to(&mut self, new_max: u64) -> io::Result<()> {
-        self.active = None;
-        self.cached = None;
         let keep_start = self.file_start(new_max);
+        // Maps of files that stay are kept (recovery truncates every queue it wrote).
+        for held in [&mut self.active, &mut self.cached] {
+            if held.as_ref().is_some_and(|f| f.start_unit > keep_start) {
+                *held = None;
+            }
+        }
         let later: Vec<u64> = self.files.range(keep_start + 1..).copied().collect();
         for start in later {
             fs::remove_file(self.dir.join(file_name(start)))?;
@@ -577,10 +630,20 @@ impl ConsumeQueue {
             // Zero the dropped units in place, and only where something was written: no
             // truncate (ext4 reuses freed blocks only after its next commit, so shrinking and
             // re-reserving fails on a full disk), and nothing to do in the usual case.
-            // Read and written with pread/pwrite, not a map (`probe_unit` says why).
+            // Through the map a queue holds already, else with pread/pwrite: a file is not
+            // mapped for this (`probe_unit` says why).
             let path = self.dir.join(file_name(keep_start));
             let at = (new_max % self.units_per_file) * CQ_UNIT_BYTES;
-            if zero_to_first_zero_page(&path, at, self.units_per_file * CQ_UNIT_BYTES)? {
+            let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
+            let mapped = [&mut self.active, &mut self.cached]
+                .into_iter()
+                .flatten()
+                .find(|f| f.start_unit == keep_start);
+            let wrote = match mapped {
+                Some(file) => zero_mapped_to_first_zero_page(&mut file.map[..], at),
+                None => zero_to_first_zero_page(&path, at, size_bytes)?,
+            };
+            if wrote {
                 self.mark_dirty(keep_start);
             }
         }
