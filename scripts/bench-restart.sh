@@ -5,7 +5,9 @@ set -uo pipefail
 # it ROUNDS times with each binary in turn (A, B, A, B, ...) and prints the seconds each took to
 # be ready (every shard registered). STOP=kill sends SIGKILL to each restarted node instead of
 # SIGTERM, so the next start recovers after a crash; COLD=1 drops the page cache before each
-# start (root). Many queues need vm.max_map_count above 65,530 (one map per written queue).
+# start (root). CRASHED=1 ends the fill with a SIGKILL right after the last send and starts
+# every round from a fresh copy of that crashed data directory, so each binary recovers the
+# same crash (the copy is taken before each start, page cache warm). Many queues need vm.max_map_count above 65,530 (one map per written queue).
 #   scripts/bench-restart.sh BINARY_A BINARY_B TOPICS [ROUNDS]
 cd "$(dirname "$0")/.."
 a=$1 b=$2 topics=$3 rounds=${4:-3}
@@ -24,11 +26,21 @@ serve() {
 serve $a
 target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BT --topics $topics \
     --queues 8 --in-flight 64 --no-progress --duration-secs $fill 2>&1 | grep -E "Created|Throughput"
-kill $pid; wait $pid 2>/dev/null
+crashed=${CRASHED:-0}
+if [ $crashed = 1 ]; then
+    kill -9 $pid; wait $pid 2>/dev/null
+    mv $dir/data $dir/crashed
+    cp -a $dir/crashed $dir/data
+else
+    kill $pid; wait $pid 2>/dev/null
+fi
 echo "queue dirs (shard 0): $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l), consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+)"
 for round in $(seq $rounds); do
     for which in A B; do
         binary=$a; [ $which = B ] && binary=$b
+        if [ $crashed = 1 ]; then
+            rm -rf $dir/data; cp -a $dir/crashed $dir/data
+        fi
         sync
         [ "${COLD:-0}" = 1 ] && echo 3 > /proc/sys/vm/drop_caches
         start=$(date +%s.%N)
@@ -36,6 +48,7 @@ for round in $(seq $rounds); do
         took=$(echo "$(date +%s.%N) - $start" | bc)
         rss=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
         echo "round $round $which: ready in $took s, RSS $((rss / 1024)) MB"
+        [ $crashed = 1 ] && grep -o "shard [0-9]: store open in .*" $dir/broker.log | sed 's/^/    /'
         if [ $stop = kill ]; then kill -9 $pid; else kill $pid; fi
         wait $pid 2>/dev/null
     done
