@@ -63,7 +63,16 @@ fn free_ports() -> (u16, u16) {
     let process_slot = (std::process::id() % 100) as u16;
     for block in first..first + 8 {
         let base = 40_000 + process_slot * 25 + (block % 10) * 2_500;
-        let ports = [base, base + 8, base + 10, base + 18, base + 20];
+        // The namesrv, and per shard its broker, VIP (broker - 2) and HA (broker + 1) ports.
+        let ports = [
+            base,
+            base + 8,
+            base + 10,
+            base + 11,
+            base + 18,
+            base + 20,
+            base + 21,
+        ];
         if ports
             .iter()
             .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
@@ -99,26 +108,47 @@ fn start_server(program: &Path, name: &str, args: &[&str], ready: &str) -> Node 
         std::env::temp_dir().join(format!("shardmq-bench-smoke-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (namesrv_port, broker_port) = free_ports();
-    let mut child = command(program)
-        .args(args)
-        .args(["--namesrv-port", &namesrv_port.to_string()])
-        .args(["--broker-port", &broker_port.to_string()])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|error| panic!("start {}: {error}", program.display()));
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        assert!(Instant::now() < deadline, "{name} never got ready");
-        let line = lines.next().expect("exited before it was ready").unwrap();
-        if line.contains(ready) {
-            break;
+    // A port found free can be taken before the server binds it (any outgoing connection of
+    // the parallel tests may get it as its ephemeral port): a server that exits before it is
+    // ready is started again on other ports, up to STARTS times.
+    const STARTS: usize = 5;
+    let mut attempt = 0;
+    let (namesrv_port, child, lines) = loop {
+        attempt += 1;
+        let (namesrv_port, broker_port) = free_ports();
+        let mut child = command(program)
+            .args(args)
+            .args(["--namesrv-port", &namesrv_port.to_string()])
+            .args(["--broker-port", &broker_port.to_string()])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|error| panic!("start {}: {error}", program.display()));
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let ready_now = loop {
+            assert!(Instant::now() < deadline, "{name} never got ready");
+            match lines.next() {
+                Some(line) => {
+                    if line.unwrap().contains(ready) {
+                        break true;
+                    }
+                }
+                None => break false,
+            }
+        };
+        if ready_now {
+            break (namesrv_port, child, lines);
         }
-    }
+        let _ = child.wait();
+        assert!(
+            attempt < STARTS,
+            "{name} exited before it was ready, {STARTS} times"
+        );
+        eprintln!("{name} exited before it was ready (a port taken meanwhile?); starting it again");
+    };
     std::thread::spawn(move || lines.for_each(drop));
     Node {
         child,
