@@ -7,7 +7,8 @@ set -uo pipefail
 # SIGTERM, so the next start recovers after a crash; COLD=1 drops the page cache before each
 # start (root). CRASHED=1 ends the fill with a SIGKILL right after the last send and starts
 # every round from a fresh copy of that crashed data directory, so each binary recovers the
-# same crash (the copy is taken before each start, page cache warm). Many queues need vm.max_map_count above 65,530 (one map per written queue).
+# same crash (the copy is taken before each start, page cache warm). Many queues need
+# vm.max_map_count above 65,530 (one map per written queue).
 #   scripts/bench-restart.sh BINARY_A BINARY_B TOPICS [ROUNDS]
 cd "$(dirname "$0")/.."
 a=$1 b=$2 topics=$3 rounds=${4:-3}
@@ -26,20 +27,21 @@ serve() {
 serve $a
 target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BT --topics $topics \
     --queues 8 --in-flight 64 --no-progress --duration-secs $fill 2>&1 | grep -E "Created|Throughput"
-crashed=${CRASHED:-0}
+crashed=${CRASHED:-0} filled=$dir/data
 if [ $crashed = 1 ]; then
     kill -9 $pid; wait $pid 2>/dev/null
-    mv $dir/data $dir/crashed
-    cp -a $dir/crashed $dir/data
+    # Each start gets a copy of it (below).
+    filled=$dir/crashed
+    mv $dir/data $filled
 else
     kill $pid; wait $pid 2>/dev/null
 fi
-echo "queue dirs (shard 0): $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l), consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+)"
+echo "queue dirs (shard 0): $(find $filled/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l), consumequeue $(du -sh $filled/shard-*/consumequeue | awk '{print $1}' | paste -sd+)"
 for round in $(seq $rounds); do
     for which in A B; do
         binary=$a; [ $which = B ] && binary=$b
         if [ $crashed = 1 ]; then
-            rm -rf $dir/data; cp -a $dir/crashed $dir/data
+            rm -rf $dir/data; cp -a $filled $dir/data
         fi
         sync
         [ "${COLD:-0}" = 1 ] && echo 3 > /proc/sys/vm/drop_caches

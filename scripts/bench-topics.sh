@@ -1,27 +1,53 @@
 #!/bin/bash
 set -uo pipefail
 # Many topics (issue 17): a fresh two-shard node (256 MiB segments), `shardmq-bench producer
-# --topics N --queues 8` (1 KiB single sends at 64 in flight) for a 6 s warm-up and a 10 s
-# measured run; then the consume-queue disk use, RSS and the time a restart takes to be ready.
-# Right after many files were deleted (the previous run), ext4 allocates inodes slowly: leave
-# ~45 s between runs.
-#   scripts/bench-topics.sh BINARY TOPICS
+# --topics N --queues 8` (1 KiB single sends at 64 in flight) for a WARM s warm-up (6) and a
+# MEASURE s measured run (10), with the broker's minor page faults a second over that run;
+# then the consume-queue disk use, RSS, and the time a restart takes to be ready after a
+# clean stop, or after a SIGKILL with STOP=kill (then with what each shard's recovery
+# scanned). Right after many files were deleted (the previous run), ext4 allocates inodes
+# slowly: leave ~45 s between runs (`scripts/bench-topics-ab.sh` does).
+# With 10,000 topics the shards map 80,000 queue files: raise vm.max_map_count first
+# (`sysctl -w vm.max_map_count=655360`, and back after).
+#   [WARM=S] [MEASURE=S] [STOP=kill] scripts/bench-topics.sh BINARY TOPICS
 cd "$(dirname "$0")/.."
+bin=$1 topics=$2 warm=${WARM:-6} measure=${MEASURE:-10} stop=${STOP:-term}
 dir=$(mktemp -d /var/tmp/shardmq-topics.XXXXXX)
-$1 serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43876 --broker-port 44911 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
-pid=$!
-until grep -q "shardmq: ready" $dir/broker.log; do sleep 0.1; done
+trap 'rm -rf $dir' EXIT
+# Starts `serve` logging to $dir/$1 and waits for its ready line; sets pid and start (the
+# time of the try that came up). A try that exits first (a port still held, or taken as an
+# ephemeral port meanwhile) is made again a second later, up to 30 times.
+start_node() {
+    local log=$1 tries=0
+    while :; do
+        start=$(date +%s.%N)
+        $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43876 \
+            --broker-port 44911 --listen-ip 127.0.0.1 > $dir/$log 2>&1 &
+        pid=$!
+        until grep -q "shardmq: ready" $dir/$log || ! kill -0 $pid 2>/dev/null; do sleep 0.05; done
+        kill -0 $pid 2>/dev/null && return 0
+        tries=$((tries + 1))
+        if [ $tries -ge 30 ]; then
+            echo "$bin did not start: $(tail -n 1 $dir/$log)"
+            exit 1
+        fi
+        sleep 1
+    done
+}
+minflt() { awk '{print $10}' /proc/$1/stat; }
+start_node broker.log
 args="--namesrv 127.0.0.1:43876 --topic BT --queues 8 --in-flight 64 --no-progress"
-[ "$2" -gt 1 ] && args="$args --topics $2"
-target/release/shardmq-bench producer $args --duration-secs 6 2>&1 | grep -E "Created|Throughput"
-out=$(target/release/shardmq-bench producer $args --duration-secs 10 2>&1)
+[ "$topics" -gt 1 ] && args="$args --topics $topics"
+target/release/shardmq-bench producer $args --duration-secs $warm 2>&1 | grep -E "Created|Throughput"
+before=$(minflt $pid)
+out=$(target/release/shardmq-bench producer $args --duration-secs $measure 2>&1)
+after=$(minflt $pid)
 echo "$out" | grep -E "Throughput|SYSTEM_BUSY|Created"
-echo "topics $2: consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+), RSS $(awk '/VmRSS/ {print $2 " kB"}' /proc/$pid/status), queue dirs $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l)"
+echo "broker minor faults: $(((after - before) / measure))/s"
+echo "topics $topics: consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+), RSS $(awk '/VmRSS/ {print $2 " kB"}' /proc/$pid/status), queue dirs $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l)"
+if [ $stop = kill ]; then kill -9 $pid; else kill $pid; fi
+wait $pid 2>/dev/null
+start_node broker2.log
+echo "restart to ready (after STOP=$stop): $(echo "$(date +%s.%N) - $start" | bc) s"
+[ $stop = kill ] && grep -o "shard [0-9]: store open in .*" $dir/broker2.log | sed 's/^/    /'
 kill $pid; wait $pid 2>/dev/null
-start=$(date +%s.%N)
-$1 serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43876 --broker-port 44911 --listen-ip 127.0.0.1 > $dir/broker2.log 2>&1 &
-pid=$!
-until grep -q "shardmq: ready" $dir/broker2.log; do sleep 0.05; done
-echo "restart to ready: $(echo "$(date +%s.%N) - $start" | bc) s"
-kill $pid; wait $pid 2>/dev/null
-rm -rf $dir
