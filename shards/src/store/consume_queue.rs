@@ -632,16 +632,17 @@ impl ConsumeQueue {
             // re-reserving fails on a full disk), and nothing to do in the usual case.
             // Through the map a queue holds already, else with pread/pwrite: a file is not
             // mapped for this (`probe_unit` says why).
-            let path = self.dir.join(file_name(keep_start));
             let at = (new_max % self.units_per_file) * CQ_UNIT_BYTES;
-            let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
             let mapped = [&mut self.active, &mut self.cached]
                 .into_iter()
                 .flatten()
                 .find(|f| f.start_unit == keep_start);
             let wrote = match mapped {
                 Some(file) => zero_mapped_to_first_zero_page(&mut file.map[..], at),
-                None => zero_to_first_zero_page(&path, at, size_bytes)?,
+                None => {
+                    let path = self.dir.join(file_name(keep_start));
+                    zero_to_first_zero_page(&path, at, self.units_per_file * CQ_UNIT_BYTES)?
+                }
             };
             if wrote {
                 self.mark_dirty(keep_start);
