@@ -9,6 +9,7 @@
 //!
 //! | submodule | what |
 //! |---|---|
+//! | [`fan_out`] | blocking file work of a store's open spread over threads |
 //! | [`fs`] | O_DIRECT files and the buffered-file steps the store takes |
 //! | [`wake`] | the one cross-thread wake-up primitive (a socket-pair byte): no polling loops |
 //! | [`workarounds`] | every runtime trap's workaround, its knob and its counter |
@@ -22,6 +23,7 @@ use glommio::{CpuSet, LocalExecutorBuilder, Placement, PoolPlacement};
 use crate::mesh::Mesh;
 use crate::ShardId;
 
+pub mod fan_out;
 pub mod fs;
 pub mod read_ahead;
 pub mod wake;

@@ -97,8 +97,33 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let mut index = Index::open(root, config.index, mark, clean_before)?;
     let first = segments.first_start().unwrap_or(0);
     let files_end = segments.last_start().map_or(0, |s| s + size);
+    if let Some(saved) = saved.as_ref() {
+        // `scan_start` probes each queue at the checkpoint's count.
+        queues.prefetch_units(saved.queues.iter().flat_map(|(topic, counts)| {
+            counts.iter().flat_map(move |(&queue_id, &count)| {
+                [count.saturating_sub(1), count].map(|unit| (topic.as_str(), queue_id, unit))
+            })
+        }));
+    }
     let (scan_from, trusted) = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
     let scan_from = scan_from.min(align_down(index.indexed_end(), size).max(first));
+    // The scan writes each queue's units from its count at the checkpoint on, or from its
+    // first unit when the checkpoint does not count it (or is not trusted): each of those
+    // writes first faults in a page of the queue's file, one at a time.
+    let recorded = |topic: &str, queue_id: u32| {
+        let saved = saved.as_ref().filter(|_| trusted)?;
+        saved.queues.get(topic)?.get(&queue_id).copied()
+    };
+    let uncounted: Vec<(String, u32, u64)> = queues
+        .queues_mut()
+        .filter(|(topic, queue_id, _)| recorded(topic, *queue_id).is_none())
+        .map(|(topic, queue_id, queue)| (topic.to_string(), queue_id, queue.min_offset()))
+        .collect();
+    queues.prefetch_units(
+        uncounted
+            .iter()
+            .map(|(topic, queue_id, unit)| (topic.as_str(), *queue_id, *unit)),
+    );
     let mut rebuilt = Rebuilt {
         queues: &mut queues,
         index: &mut index,
@@ -134,7 +159,8 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
             // Most queues hold what the checkpoint counted, or end at the last unit the scan
             // wrote: one probe each. Any other takes the binary search, whose probes into the
             // unwritten part of a mapped file each fault in a page of zeros (with 80,000
-            // queues written, 40% of a recovery went to zeroing those pages).
+            // queues written, 40% of a recovery went to zeroing those pages). The pages of
+            // queues the scan did not write were read in before it (`prefetch_units`).
             let recorded = saved
                 .as_ref()
                 .and_then(|c| c.queues.get(&topic)?.get(&queue_id).copied());
