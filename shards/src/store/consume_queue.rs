@@ -511,12 +511,6 @@ impl ConsumeQueue {
         )))
     }
 
-    /// Reads unit `index` without mapping its file: through its map when it is mapped, else
-    /// with pread (`opened` keeps the last file opened for the next probe). Recovery and
-    /// retention look into every queue: a map each was an mmap and a munmap per queue, which
-    /// the shards' threads serialize on the process's map lock and pay a TLB shootdown for
-    /// (at 100,000 queues most of a start), and each map kept counted against
-    /// vm.max_map_count. None when the file does not exist.
     /// The map held of the file starting at unit `start`, if any.
     fn mapped(&self, start: u64) -> Option<&MappedFile> {
         [&self.active, &self.cached]
@@ -525,6 +519,12 @@ impl ConsumeQueue {
             .find(|m| m.start_unit == start)
     }
 
+    /// Reads unit `index` without mapping its file: through its map when it is mapped, else
+    /// with pread (`opened` keeps the last file opened for the next probe). Recovery and
+    /// retention look into every queue: a map each was an mmap and a munmap per queue, which
+    /// the shards' threads serialize on the process's map lock and pay a TLB shootdown for
+    /// (at 100,000 queues most of a start), and each map kept counted against
+    /// vm.max_map_count. None when the file does not exist.
     fn probe_unit(
         &self,
         index: u64,
@@ -950,6 +950,12 @@ impl QueueTable {
             fs::remove_dir_all(self.root.join(topic))?;
         }
         Ok(())
+    }
+
+    pub(crate) fn queues(&self) -> impl Iterator<Item = (&str, u32, &ConsumeQueue)> {
+        self.topics
+            .iter()
+            .flat_map(|(topic, queues)| queues.iter().map(move |(id, q)| (topic.as_str(), *id, q)))
     }
 
     pub(crate) fn queues_mut(&mut self) -> impl Iterator<Item = (&str, u32, &mut ConsumeQueue)> {

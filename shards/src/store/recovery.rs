@@ -114,15 +114,11 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         let saved = saved.as_ref().filter(|_| trusted)?;
         saved.queues.get(topic)?.get(&queue_id).copied()
     };
-    let uncounted: Vec<(String, u32, u64)> = queues
-        .queues_mut()
-        .filter(|(topic, queue_id, _)| recorded(topic, *queue_id).is_none())
-        .map(|(topic, queue_id, queue)| (topic.to_string(), queue_id, queue.min_offset()))
-        .collect();
     queues.prefetch_units(
-        uncounted
-            .iter()
-            .map(|(topic, queue_id, unit)| (topic.as_str(), *queue_id, *unit)),
+        queues
+            .queues()
+            .filter(|(topic, queue_id, _)| recorded(topic, *queue_id).is_none())
+            .map(|(topic, queue_id, queue)| (topic, queue_id, queue.min_offset())),
     );
     let mut rebuilt = Rebuilt {
         queues: &mut queues,
