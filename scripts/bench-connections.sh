@@ -3,30 +3,39 @@
 # --in-flight 4` for 10 s over 16 connections, then over 1,000, twice; then the same with 9,000
 # idle connections held open by another process. Prints p50/p99 of each run and the broker's
 # RSS idle, with the idle connections, and at the end.
+# BROKER_ARGS places the shards (default: two, unpinned), BENCH_CPUS the bench and the idle
+# connections' holder (taskset; default: anywhere), BIN_DIR the binaries (target/release).
+#   [SKIP_BUILD=1] [BIN_DIR=DIR] [BROKER_ARGS="--shards 2 --no-pin"] [BENCH_CPUS=4-15]
+#   [ROUNDS=2]
 #   scripts/bench-connections.sh [IDLE_CONNECTIONS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 idle=${1:-9000}
+ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p shardmq -p shardmq-bench
-bench=target/release/shardmq-bench
+bin_dir=${BIN_DIR:-target/release}
+pin=()
+[ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
+bench=("${pin[@]}" "$bin_dir/shardmq-bench")
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/bench-connections.XXXXXX")
-target/release/shardmq serve --shards 2 --no-pin --data-dir "$dir/data" --namesrv-port 45876 \
+# shellcheck disable=SC2086 # BROKER_ARGS is a list of arguments
+"$bin_dir/shardmq" serve ${BROKER_ARGS:---shards 2 --no-pin} --data-dir "$dir/data" --namesrv-port 45876 \
     --broker-port 46911 --log-level warn > "$dir/broker.log" 2>&1 &
 pid=$!
 holder=""
 trap 'kill $pid $holder 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 ns=127.0.0.1:45876
-until "$bench" producer --namesrv $ns --topic C --queues 8 --messages 1000 --no-progress \
+until "${bench[@]}" producer --namesrv $ns --topic C --queues 8 --messages 1000 --no-progress \
     > /dev/null 2>&1; do sleep 0.2; done
 rss() { awk '/VmRSS/ {printf "%.0f MB", $2 / 1024}' "/proc/$pid/status"; }
 run() {
-    "$bench" producer --namesrv $ns --topic C --connections-per-broker "$1" --in-flight 4 \
+    "${bench[@]}" producer --namesrv $ns --topic C --connections-per-broker "$1" --in-flight 4 \
         --rate 20000 --duration-secs 10 --no-progress 2>&1 | grep "^Send TPS" | tail -1 |
         cut -d'|' -f1,6
 }
 echo "broker RSS, idle: $(rss)"
-for _ in 1 2; do echo "16 connections: $(run 8)"; echo "1000 connections: $(run 500)"; done
-python3 - "$idle" 46911,46921 "$dir/ready" <<'PY' &
+for _ in $(seq "${ROUNDS:-2}"); do echo "16 connections: $(run 8)"; echo "1000 connections: $(run 500)"; done
+"${pin[@]}" python3 - "$idle" 46911,46921 "$dir/ready" <<'PY' &
 import socket, sys, time
 count, ports, ready = int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3]
 held = [socket.create_connection(("127.0.0.1", ports[i % len(ports)])) for i in range(count)]
@@ -37,7 +46,7 @@ holder=$!
 until [ -f "$dir/ready" ]; do sleep 0.2; done
 sleep 1
 echo "broker RSS with $idle idle connections: $(rss)"
-for _ in 1 2; do
+for _ in $(seq "${ROUNDS:-2}"); do
     echo "16 connections + $idle idle: $(run 8)"
     echo "1000 connections + $idle idle: $(run 500)"
 done
