@@ -125,6 +125,72 @@ fn async_flush_batch_starts_a_flush_before_the_interval() {
 }
 
 #[test]
+fn async_mode_syncs_what_it_wrote_within_the_interval_unasked() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let mut async_config = config(dir.path(), FlushMode::Async, 1 << 20);
+        async_config.flush_interval_ms = 50;
+        async_config.flush_dirty_max_bytes = 8192;
+        let store = Store::open(async_config).await.unwrap();
+        let mut end = shards::CommitLogOffset(0);
+        for i in 0..100 {
+            end = append(&store, "T", 0, i, 200, "t").end_offset;
+        }
+        // Nobody waits: the writes (past the batch) and then a sync come by themselves.
+        let started = std::time::Instant::now();
+        while store.stats().durable_offset < end.0 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "durable at {} of {end} after 5 s",
+                store.stats().durable_offset
+            );
+            shards::runtime::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(store.stats().flushes >= 1);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn async_mode_across_many_small_segments_survives_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut async_config = config(dir.path(), FlushMode::Async, SMALL_SEGMENT);
+    // Syncs come only when asked for or when too many files wait: never by the clock.
+    async_config.flush_interval_ms = 60_000;
+    async_config.flush_dirty_max_bytes = 16 << 10;
+    let count = 3_000u64;
+    let durable = run(|| async {
+        let store = Store::open(async_config.clone()).await.unwrap();
+        let mut end = shards::CommitLogOffset(0);
+        for i in 0..count {
+            end = append(&store, "T", 0, i, 700, "t").end_offset;
+            if i % 97 == 0 {
+                // Let the flusher write (the tail is bounded, appends would be refused).
+                shards::runtime::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+        assert!(
+            end.0 > 20 * SMALL_SEGMENT,
+            "the load spans more segments than a sync chain takes at once"
+        );
+        store.wait_durable(end).await.unwrap();
+        assert_eq!(store.stats().durable_offset, end.0);
+        end.0
+        // Dropped without close: what a crash leaves.
+    });
+    run(|| async {
+        let store = Store::open(async_config).await.unwrap();
+        assert!(store.max_physical_offset() >= shards::CommitLogOffset(durable));
+        let bodies = pull_all(&store, "T", 0, 0).await;
+        assert_eq!(bodies.len() as u64, count);
+        for (i, body) in bodies.iter().enumerate() {
+            assert_eq!(body, &body_of(i as u64, 700));
+        }
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
 fn segments_roll_and_read_back_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let count = 200u64;
@@ -565,6 +631,27 @@ fn failed_fdatasync_poisons_too() {
             store.wait_durable(end).await,
             Err(StoreError::Poisoned(_))
         ));
+    });
+}
+
+#[test]
+fn failed_fdatasync_poisons_an_async_store() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Async, 1 << 20))
+            .await
+            .unwrap();
+        let ok = append(&store, "T", 0, 0, 10, "t").end_offset;
+        store.wait_durable(ok).await.unwrap();
+        store.inject_fault(shards::store::InjectedFault::FdatasyncError { errno: libc::EIO });
+        let end = append(&store, "T", 0, 1, 10, "t").end_offset;
+        let waited = store.wait_durable(end).await;
+        assert!(matches!(waited, Err(StoreError::Poisoned(_))), "{waited:?}");
+        let refused = store.append(&message(b"after"));
+        assert!(
+            matches!(refused, Err(StoreError::Poisoned(ref text)) if text.contains("fdatasync")),
+            "{refused:?}"
+        );
     });
 }
 

@@ -10,12 +10,13 @@
 //! (0.51-0.58 of ASYNC_FLUSH throughput at 256 in flight). Here submission is one
 //! non-blocking io_uring_enter made by the code that builds the flush.
 //!
-//! Durability: data writes carry RWF_DSYNC (each is durable when it completes, as with
-//! O_DSYNC: the kernel writes, then flushes the device cache and any metadata needed to read
-//! the data back), so a flush needs no fdatasync request and no io-wq worker to run one: the
-//! fastest durable write measured on these virtio disks (`store_throughput
+//! Durability: SYNC_FLUSH data writes carry RWF_DSYNC (each is durable when it completes, as
+//! with O_DSYNC: the kernel writes, then flushes the device cache and any metadata needed to
+//! read the data back), so a flush needs no fdatasync request and no io-wq worker to run one:
+//! the fastest durable write measured on these virtio disks (`store_throughput
 //! durable_write_latency`: 128 KiB p50 128 µs, against 134 µs for write + fdatasync linked).
-//! Zero-fill chains write without it and end with one fdatasync.
+//! ASYNC_FLUSH data writes and zero-fill chains write without it; a chain that must make
+//! them durable ends with an fdatasync per file.
 //!
 //! Completion: busy request loops collect completions themselves after every request (the
 //! store's poll hook, `runtime::run_poll_hooks`: a few memory reads, plus one io_uring_enter
@@ -25,9 +26,10 @@
 //! wakes a parked shard. Every link is a hard link, so the wake-up byte is sent even when a
 //! step fails (the reaper then reads the error).
 //!
-//! Two chains at most are in flight, one per `Slot`: a flush of data and a zero-fill. The
-//! caller keeps their ranges apart. Buffers stay owned by their chain until its last
-//! completion is reaped; dropping the ring waits for the chains in flight.
+//! Three chains at most are in flight, one per `Slot`: a flush of data, a zero-fill and
+//! (ASYNC_FLUSH) a sync of what earlier flushes wrote. The caller keeps the writes' ranges
+//! apart. Buffers stay owned by their chain until its last completion is reaped; dropping the
+//! ring waits for the chains in flight.
 
 use std::any::Any;
 use std::io;
@@ -40,11 +42,13 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use super::tail::{TailPiece, TAIL_CHUNK_BYTES};
 
-/// Ring entries: two chains of a few writes (a flush splits at `FLUSH_WRITE_MAX_BYTES` and at
-/// segment ends), an fdatasync per file and a wake-up send each.
+/// Ring entries: a chain of a few writes (a flush splits at `FLUSH_WRITE_MAX_BYTES` and at
+/// segment ends), an fdatasync per file and a wake-up send, twice over. A chain's entries go
+/// to the kernel as it is submitted, so the submission queue holds one chain at a time; the
+/// completion queue (twice as long) has room for every chain in flight.
 const RING_ENTRIES: u32 = 64;
-/// Entries one chain may take: its half of the ring (a flush over many small segments is cut
-/// to fit, `flusher::start_flush`).
+/// Entries one chain may take: half of the ring (a flush over many small segments is cut to
+/// fit, `flusher::start_flush`).
 pub(crate) const CHAIN_ENTRIES_MAX: usize = RING_ENTRIES as usize / 2;
 
 /// io_uring_enter flag: collect completions (the kernel's uapi value).
@@ -56,10 +60,14 @@ static WAKE_BYTE: [u8; 1] = [1];
 /// Which of the two chains a submission is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Slot {
-    /// A flush of data: RWF_DSYNC writes.
+    /// A flush of data: RWF_DSYNC writes (SYNC_FLUSH), or plain writes and an fdatasync now
+    /// and then (ASYNC_FLUSH).
     Data = 0,
     /// Zeros ahead of the write position: plain writes, then an fdatasync per file.
     ZeroFill = 1,
+    /// ASYNC_FLUSH: an fdatasync of each file the flushes of data wrote since its last one,
+    /// beside the next flush.
+    Sync = 2,
 }
 
 /// One write of a chain: `position` of the file `fd` gets the pieces, in order. Each piece is
@@ -146,7 +154,7 @@ pub(crate) struct CommitRing {
     ring: IoUring,
     /// The end the kernel sends the wake-up byte on (the reaper reads the other end).
     wake_tx: Waker,
-    chains: [Option<Chain>; 2],
+    chains: [Option<Chain>; 3],
     /// Chains start on an io_uring worker (IOSQE_ASYNC) bound to other CPUs.
     offload: bool,
     /// What this ring handed the kernel: entries, and io_uring_enter calls (submissions and
@@ -194,7 +202,7 @@ impl CommitRing {
             CommitRing {
                 ring,
                 wake_tx,
-                chains: [None, None],
+                chains: [None, None, None],
                 offload,
                 counts: RingCounts::default(),
             },
@@ -212,17 +220,19 @@ impl CommitRing {
         self.chains.iter().any(Option::is_some)
     }
 
-    /// Hands a chain to the kernel: `writes` one after the other, then (zero-fill) an
-    /// fdatasync of each of `sync_fds`, then the wake-up send. `slot` must be free.
+    /// Hands a chain to the kernel: `writes` one after the other (each with RWF_DSYNC when
+    /// `dsync`), then an fdatasync of each of `sync_fds`, then the wake-up send. `slot` must be
+    /// free; a chain may hold no write (a sync of what earlier chains wrote) but not nothing.
     pub(crate) fn submit(
         &mut self,
         slot: Slot,
         writes: Vec<ChainWrite>,
         sync_fds: &[(RawFd, Option<i32>)],
+        dsync: bool,
     ) -> io::Result<()> {
         let s = slot as usize;
         assert!(self.chains[s].is_none(), "one chain per slot at a time");
-        assert!(!writes.is_empty());
+        assert!(!writes.is_empty() || !sync_fds.is_empty());
         let count = writes.len() + sync_fds.len() + 1;
         assert!(
             count <= CHAIN_ENTRIES_MAX,
@@ -232,10 +242,7 @@ impl CommitRing {
         // Each step's result: an injected fault's errno at once (its step is a no-op).
         let mut results = Vec::with_capacity(count);
         let mut entries = Vec::with_capacity(count);
-        let rw_flags = match slot {
-            Slot::Data => libc::RWF_DSYNC,
-            Slot::ZeroFill => 0,
-        };
+        let rw_flags = if dsync { libc::RWF_DSYNC } else { 0 };
         for write in &writes {
             let len = write.len();
             assert!(
@@ -354,7 +361,7 @@ impl CommitRing {
             }
         }
         let mut ended = Vec::new();
-        for (s, slot) in [(0, Slot::Data), (1, Slot::ZeroFill)] {
+        for (s, slot) in [(0, Slot::Data), (1, Slot::ZeroFill), (2, Slot::Sync)] {
             if self.chains[s].as_ref().is_some_and(|c| c.remaining == 0) {
                 let chain = self.chains[s].take().expect("checked");
                 ended.push((slot, outcome(&chain)));
@@ -468,9 +475,9 @@ mod tests {
             let mut gathered = write(&file, 4096, filled(&file, 4096, b'b'));
             gathered.push_buffer(filled(&file, 8192, b'c'), 4096);
             let writes = vec![write(&file, 0, filled(&file, 4096, b'a')), gathered];
-            ring.submit(Slot::Data, writes, &[]).unwrap();
+            ring.submit(Slot::Data, writes, &[], true).unwrap();
             let zeros = vec![write(&file, 1 << 20, filled(&file, 4096, 0))];
-            ring.submit(Slot::ZeroFill, zeros, &[(file.as_raw_fd(), None)])
+            ring.submit(Slot::ZeroFill, zeros, &[(file.as_raw_fd(), None)], false)
                 .unwrap();
             assert!(ring.busy(Slot::Data) && ring.busy(Slot::ZeroFill));
             let outcomes = ended(&mut ring, &mut wake_rx, 2).await;
@@ -499,7 +506,7 @@ mod tests {
             // An injected fault: the step is not issued and fails with its errno.
             let mut faulty = write(&file, 0, filled(&file, 4096, 1));
             faulty.fail_with = Some(libc::EIO);
-            ring.submit(Slot::Data, vec![faulty], &[]).unwrap();
+            ring.submit(Slot::Data, vec![faulty], &[], true).unwrap();
             let (slot, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
             assert_eq!(slot, Slot::Data);
             let failure = outcome.unwrap_err();
@@ -510,8 +517,13 @@ mod tests {
             let read_only = std::fs::File::open(&path).unwrap();
             let mut rejected = write(&file, 0, filled(&file, 4096, 2));
             rejected.fd = std::os::fd::AsRawFd::as_raw_fd(&read_only);
-            ring.submit(Slot::ZeroFill, vec![rejected], &[(file.as_raw_fd(), None)])
-                .unwrap();
+            ring.submit(
+                Slot::ZeroFill,
+                vec![rejected],
+                &[(file.as_raw_fd(), None)],
+                false,
+            )
+            .unwrap();
             let (slot, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
             assert_eq!(slot, Slot::ZeroFill);
             let failure = outcome.unwrap_err();
@@ -523,6 +535,7 @@ mod tests {
                 Slot::Data,
                 vec![good],
                 &[(file.as_raw_fd(), Some(libc::EIO))],
+                true,
             )
             .unwrap();
             let (_, outcome) = ended(&mut ring, &mut wake_rx, 1).await.remove(0);
@@ -538,7 +551,7 @@ mod tests {
             let file = open(&dir.path().join("log")).await;
             let (mut ring, _wake_rx) = CommitRing::new(&[]).unwrap();
             let buffer = filled(&file, 1 << 20, 7);
-            ring.submit(Slot::Data, vec![write(&file, 0, buffer.clone())], &[])
+            ring.submit(Slot::Data, vec![write(&file, 0, buffer.clone())], &[], true)
                 .unwrap();
             drop(ring);
             // The chain's reference went with it: the kernel is done with the buffer.

@@ -6,14 +6,16 @@
 //! 1. `append` (synchronous) assigns the queue offset and the commitlog offset, encodes the
 //!    record in RocketMQ's stored format into the in-memory tail (`tail.rs`) and writes the
 //!    20-byte consume-queue unit (`consume_queue.rs`); the message is readable at once.
-//! 2. A flush (`flusher.rs`) hands durable (RWF_DSYNC) writes of the dirty block-aligned range,
-//!    gathered straight from the tail's chunks, and a wake-up to the kernel as one chain on
-//!    the store's own io_uring ring (`commit_ring.rs`, the only writer of commitlog files);
-//!    the reaper then marks everything up to the written end durable and wakes every
-//!    `wait_durable` it covers (group commit). Sync mode flushes as soon as anything is dirty
-//!    (the append starts it, the end of one flush starts the next); Async mode within
-//!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed. Zero-fill chains (write
-//!    + fdatasync) keep segment space written ahead of the write position.
+//! 2. A flush (`flusher.rs`) hands writes of the dirty block-aligned range, gathered straight
+//!    from the tail's chunks, and a wake-up to the kernel as one chain on the store's own
+//!    io_uring ring (`commit_ring.rs`, the only writer of commitlog files). Sync mode writes
+//!    with RWF_DSYNC as soon as anything is dirty (the append starts it, the end of one flush
+//!    starts the next); the reaper then marks everything up to the written end durable and
+//!    wakes every `wait_durable` it covers (group commit). Async mode writes plainly within
+//!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed, and ends a chain with
+//!    an fdatasync of the files written once the last one is `flush_interval_ms` old (or
+//!    somebody waits for durability). Zero-fill chains (write + fdatasync) keep segment space
+//!    written ahead of the write position.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every second or more (`flusher::checkpoint_due`: less often as more queue files are
 //!    written) the flusher syncs the consume queues and writes the checkpoint
@@ -128,7 +130,7 @@ pub struct StoreConfig {
     /// Commitlog segment size; a multiple of 4096, at least `SEGMENT_SIZE_MIN_BYTES`.
     pub segment_size_bytes: u64,
     pub flush_mode: FlushMode,
-    /// Async mode: longest time from an append to the flush that covers it.
+    /// Async mode: longest time from an append to the write and the sync that cover it.
     pub flush_interval_ms: u64,
     /// Async mode: dirty bytes that start a flush before `flush_interval_ms` ends (the
     /// group-commit batch); at most `FLUSH_DIRTY_MAX_BYTES_LIMIT`.
@@ -791,7 +793,8 @@ impl Store {
 
     /// Whether the log may grow to `needed_end` now, as `append` decides: within the allocated
     /// space (else the flusher is told to look at allocation now), and within
-    /// `TAIL_UNDURABLE_MAX_BYTES` of the durable end.
+    /// `TAIL_UNDURABLE_MAX_BYTES` of the durable end (recovery zeroes that much past the end
+    /// it finds after a crash, `RECOVERY_ZERO_WINDOW_BYTES`).
     pub(crate) fn room_for(&self, log: &LogState, needed_end: u64) -> Result<(), StoreError> {
         if let Some(refusal) = log.space.refusal(needed_end) {
             // Only marks the flusher runnable: nothing here runs while the log is borrowed.

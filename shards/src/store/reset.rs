@@ -161,6 +161,7 @@ async fn quiet(inner: &Inner) {
         }
         flusher::chain_ended(inner, Slot::ZeroFill).await;
         flusher::chain_ended(inner, Slot::Data).await;
+        flusher::chain_ended(inner, Slot::Sync).await;
         let log = inner.log.borrow();
         if !log.ring.any_busy() && !log.flush.checkpoint_running && !log.deleting_segment {
             return;
