@@ -104,14 +104,17 @@ def test_a_low_descriptor_limit_caps_connections_and_keeps_the_store_writing(sha
         assert refused == 50, "only {} of the last 50 connections past the cap were closed".format(
             refused)
         # The connection opened before the flood is served throughout.
+        # (SYSTEM_BUSY from a shard stall on this shared machine is retried, as clients do:
+        # what is checked is that the store takes writes, not the latency.)
         for index in range(SENDS):
-            response = steady.call(remoting.SEND_MESSAGE,
-                                   remoting.send_message_ext(topic, index % 2),
-                                   body=b"steady %d" % index)
+            response = remoting.call_retrying_busy(steady, remoting.SEND_MESSAGE,
+                                                   remoting.send_message_ext(topic, index % 2),
+                                                   body=b"steady %d" % index)
             assert response.code == remoting.SUCCESS, response
         time.sleep(CHECKPOINTS_WAIT_S)
-        response = steady.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
-                               body=b"after the checkpoints")
+        response = remoting.call_retrying_busy(steady, remoting.SEND_MESSAGE,
+                                               remoting.send_message_ext(topic, 0),
+                                               body=b"after the checkpoints")
         assert response.code == remoting.SUCCESS, response
     finally:
         steady.close()
