@@ -209,8 +209,6 @@ struct DataChain {
     end: u64,
     /// ...with this many messages appended by then.
     messages: u64,
-    /// It makes everything below `end` durable (SYNC_FLUSH: RWF_DSYNC writes).
-    durable: bool,
 }
 
 impl FlushState {
@@ -1006,6 +1004,7 @@ fn start_flush(inner: &Inner) -> Started {
     // The flush covers `[start, new_end)`: all that is dirty, unless the chain was cut.
     assert!(pos == stop || (pos < end && pos.is_multiple_of(BLOCK_BYTES)));
     let new_end = pos.min(end);
+    // SYNC_FLUSH writes are durable (RWF_DSYNC); the reaper marks them so.
     let durable = mode == FlushMode::Sync;
     // SYNC_FLUSH writes are durable and need no fdatasync; an injected fdatasync failure
     // stands in for the sync part of the first one. ASYNC_FLUSH syncs in chains of their own.
@@ -1026,7 +1025,6 @@ fn start_flush(inner: &Inner) -> Started {
     log.flush.data_in_flight = Some(DataChain {
         end: new_end,
         messages,
-        durable,
     });
     log.flush.flush_started_at.get_or_insert_with(Instant::now);
     drop(log);
@@ -1066,8 +1064,8 @@ fn start_sync(inner: &Inner, forced: bool) -> bool {
     state.flush.last_sync_at = Instant::now();
     if sync_fds.is_empty() {
         // Nothing written waits for a sync (the files went with a reset).
-        state.flush.durable_end = end;
-        state.flush.wake_waiters_up_to(end);
+        drop(log);
+        mark_durable(inner, end);
         return false;
     }
     sync_fds[0].1 = take_fault(&mut state.flush, false);
@@ -1134,7 +1132,7 @@ pub(crate) fn reap(inner: &Inner) {
         }
         if let Some(chain) = data {
             mark_written(inner, chain.end, chain.messages);
-            if chain.durable {
+            if inner.config.flush_mode == FlushMode::Sync {
                 mark_durable(inner, chain.end);
             }
             let mut log = inner.log.borrow_mut();
@@ -1319,12 +1317,12 @@ fn mark_written(inner: &Inner, end: u64, messages: u64) {
 /// durable.
 fn mark_durable(inner: &Inner, end: u64) {
     let mut log = inner.log.borrow_mut();
-    assert!(
-        end <= log.flush.written_end,
-        "nothing is durable before it is written"
-    );
     // Syncs run one at a time and each covers what was written when it started: in order.
-    log.flush.durable_end = log.flush.durable_end.max(end);
+    assert!(
+        end >= log.flush.durable_end && end <= log.flush.written_end,
+        "the durable end never goes backwards, nor past what is written"
+    );
+    log.flush.durable_end = end;
     log.flush.wake_waiters_up_to(end);
 }
 

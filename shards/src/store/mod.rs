@@ -12,10 +12,11 @@
 //!    with RWF_DSYNC as soon as anything is dirty (the append starts it, the end of one flush
 //!    starts the next); the reaper then marks everything up to the written end durable and
 //!    wakes every `wait_durable` it covers (group commit). Async mode writes plainly within
-//!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed, and ends a chain with
-//!    an fdatasync of the files written once the last one is `flush_interval_ms` old (or
-//!    somebody waits for durability). Zero-fill chains (write + fdatasync) keep segment space
-//!    written ahead of the write position.
+//!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed, and a chain of its own
+//!    fdatasyncs the files written, beside the next writes, once the last sync is
+//!    `flush_interval_ms` old, 8 MiB wait for one, or somebody waits for durability.
+//!    Zero-fill chains (write + fdatasync) keep segment space written ahead of the write
+//!    position.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every second or more (`flusher::checkpoint_due`: less often as more queue files are
 //!    written) the flusher syncs the consume queues and writes the checkpoint
