@@ -2,10 +2,10 @@
 set -uo pipefail
 # Many topics (issue 17): a fresh two-shard node (256 MiB segments), `shardmq-bench producer
 # --topics N --queues 8` (1 KiB single sends at 64 in flight) for a WARM s warm-up (6) and a
-# MEASURE s measured run (10), with the broker's minor page faults a second over that run;
-# then the consume-queue disk use, RSS, and the time a restart takes to be ready after a
-# clean stop, or after a SIGKILL with STOP=kill (then with what each shard's recovery
-# scanned). Right after many files were deleted (the previous run), ext4 allocates inodes
+# MEASURE s measured run (10), with the broker's minor page faults a second and the writes of
+# the data directory's disk over that run; then the consume-queue disk use, RSS, and the time
+# a restart takes to be ready after a clean stop, or after a SIGKILL with STOP=kill (then
+# with what each shard's recovery scanned). Right after many files were deleted (the previous run), ext4 allocates inodes
 # slowly: leave ~45 s between runs (`scripts/bench-topics-ab.sh` does).
 # With 10,000 topics the shards map 80,000 queue files: raise vm.max_map_count first
 # (`sysctl -w vm.max_map_count=655360`, and back after).
@@ -35,15 +35,19 @@ start_node() {
     done
 }
 minflt() { awk '{print $10}' /proc/$1/stat; }
+# Writes, sectors written and ms spent writing of the data directory's disk (/proc/diskstats).
+disk=$(basename "$(df --output=source $dir | tail -n 1)")
+disk_writes() { awk -v d=$disk '$3 == d {print $8, $10, $11}' /proc/diskstats; }
 start_node broker.log
 args="--namesrv 127.0.0.1:43876 --topic BT --queues 8 --in-flight 64 --no-progress"
 [ "$topics" -gt 1 ] && args="$args --topics $topics"
 target/release/shardmq-bench producer $args --duration-secs $warm 2>&1 | grep -E "Created|Throughput"
-before=$(minflt $pid)
+before=$(minflt $pid) disk_before=$(disk_writes)
 out=$(target/release/shardmq-bench producer $args --duration-secs $measure 2>&1)
-after=$(minflt $pid)
+after=$(minflt $pid) disk_after=$(disk_writes)
 echo "$out" | grep -E "Throughput|SYSTEM_BUSY|Created"
 echo "broker minor faults: $(((after - before) / measure))/s"
+echo "$disk_before $disk_after" | awk -v s=$measure -v d=$disk '{printf "disk %s: %d writes/s, %.1f MB/s written, %d ms/s writing\n", d, ($4-$1)/s, ($5-$2)*512/s/1e6, ($6-$3)/s}'
 echo "topics $topics: consumequeue $(du -sh $dir/data/shard-*/consumequeue | awk '{print $1}' | paste -sd+), RSS $(awk '/VmRSS/ {print $2 " kB"}' /proc/$pid/status), queue dirs $(find $dir/data/shard-0/consumequeue -mindepth 2 -maxdepth 2 -type d | wc -l)"
 if [ $stop = kill ]; then kill -9 $pid; else kill $pid; fi
 wait $pid 2>/dev/null

@@ -574,11 +574,12 @@ fn next_action(inner: &Inner) -> Action {
     let zero_fill_waits = flush.zero_fill_retry_at.filter(|at| *at > now);
     deadlines.extend(zero_fill_waits);
     if !log.ring.busy(Slot::ZeroFill) && zero_fill_waits.is_none() {
-        let quiet = quiet(flush, now);
+        let quiet = quiet(&log, now);
         if zero_fill_range(inner, &log, quiet).is_some() {
             return Action::ZeroFill;
         }
-        if !quiet && zero_fill_range(inner, &log, true).is_some() {
+        // A dirty log is no quiet spell whatever the time: its flush's end wakes the loop.
+        if !quiet && end == flush.written_end && zero_fill_range(inner, &log, true).is_some() {
             deadlines.push(flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS));
         }
     }
@@ -624,9 +625,13 @@ fn zero_fill_target(inner: &Inner, log: &LogState, end: u64) -> u64 {
     (align_down(end, size) + 2 * size).min(align_down(log.space.allocated_end, BLOCK_BYTES))
 }
 
-/// No flush of data has ended for `ZERO_FILL_IDLE_MS`: zero-fill may go anywhere ahead.
-fn quiet(flush: &FlushState, now: Instant) -> bool {
-    now >= flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS)
+/// Nothing waits to be written and no flush of data has ended for `ZERO_FILL_IDLE_MS`:
+/// zero-fill may go anywhere ahead. Between the flushes of a steady ASYNC_FLUSH load (a
+/// `flush_dirty_max_bytes` write every few tens of milliseconds) the log is dirty, so that
+/// load is not taken for a quiet store: zeros written there doubled the bytes the disk took.
+fn quiet(log: &LogState, now: Instant) -> bool {
+    log.tail.end() == log.flush.written_end
+        && now >= log.flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS)
 }
 
 /// The next zero-fill chunk, `[pos, stop)` inside one segment, if one is due:
@@ -1343,7 +1348,7 @@ fn store_io(error: StoreError) -> io::Error {
 async fn zero_fill_step(inner: &Inner) {
     let range = {
         let log = inner.log.borrow();
-        zero_fill_range(inner, &log, quiet(&log.flush, Instant::now()))
+        zero_fill_range(inner, &log, quiet(&log, Instant::now()))
     };
     let Some((pos, stop)) = range else {
         return;
@@ -1360,7 +1365,7 @@ async fn zero_fill_step(inner: &Inner) {
         return;
     }
     // Appends may have moved on while the file was created: take the range afresh.
-    let quiet = quiet(&log.flush, Instant::now());
+    let quiet = quiet(&log, Instant::now());
     let Some((pos, stop)) = zero_fill_range(inner, &log, quiet) else {
         return;
     };
