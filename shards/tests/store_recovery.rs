@@ -133,3 +133,89 @@ fn every_cut_recovers_to_the_records_before_it() {
         });
     }
 }
+
+/// With more queues written than a synced checkpoint takes each second, light checkpoints
+/// come between the synced ones: a crash recovers from the light one (a scan from near the
+/// end), and after a restart of the machine (another boot: the light one no longer holds)
+/// from the synced one.
+#[test]
+fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one() {
+    if shards::store::boot_id().is_none() {
+        println!("could not run: this machine names no boot (/proc/sys/kernel/random/boot_id)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    const QUEUES: u64 = 1_500; // past CHECKPOINT_DIRTY_FILES_FREE dirty files
+    let light_path = dir.path().join("checkpoint.light");
+    let results = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let mut results = Vec::new();
+        for i in 0..QUEUES {
+            results.push(append(&store, &format!("T{i}"), 0, i, 300, "t"));
+        }
+        store
+            .wait_durable(results.last().unwrap().end_offset)
+            .await
+            .unwrap();
+        // A light checkpoint comes a second after the store opened; then more appends.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !light_path.exists() {
+            assert!(std::time::Instant::now() < deadline, "no light checkpoint");
+            shards::runtime::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        for i in QUEUES..QUEUES + 10 {
+            results.push(append(&store, "T0", 0, i, 300, "t"));
+        }
+        store
+            .wait_durable(results.last().unwrap().end_offset)
+            .await
+            .unwrap();
+        drop(store); // a crash
+        results
+    });
+    let light: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&light_path).unwrap()).unwrap();
+    let light_offset = light["commitlog_offset"].as_u64().unwrap();
+    assert!(
+        light_offset >= results[QUEUES as usize - 1].end_offset.0,
+        "{light}"
+    );
+    let synced: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("checkpoint")).unwrap()).unwrap();
+    assert!(
+        synced["commitlog_offset"].as_u64().unwrap() < light_offset,
+        "{synced}"
+    );
+    let check = |expect_scan_from_above: Option<u64>| {
+        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
+        let progress = config.progress.clone();
+        run(|| async {
+            let store = Store::open(config).await.unwrap();
+            let summary = progress.recovered.get().unwrap();
+            match expect_scan_from_above {
+                Some(floor) => assert!(summary.scan_from >= floor, "{summary:?}"),
+                None => assert_eq!(summary.scan_from, 0, "{summary:?}"),
+            }
+            for i in 0..QUEUES {
+                let bodies = pull_all(&store, &format!("T{i}"), 0, 0).await;
+                let mut expected = vec![body_of(i, 300)];
+                if i == 0 {
+                    expected.extend((QUEUES..QUEUES + 10).map(|j| body_of(j, 300)));
+                }
+                assert_eq!(bodies, expected, "queue T{i}");
+            }
+            drop(store); // a crash again: the checkpoints stay as recovery left them
+        })
+    };
+    // A crash in this boot: the scan starts at the light checkpoint's segment.
+    check(Some(light_offset - light_offset % SEGMENT));
+    // A restart of the machine: the light checkpoint names another boot, so the scan starts
+    // at the synced checkpoint (the store's start) and writes every unit again.
+    let mut light: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&light_path).unwrap()).unwrap();
+    light["boot"] = serde_json::Value::from("another-boot");
+    std::fs::write(&light_path, serde_json::to_vec(&light).unwrap()).unwrap();
+    check(None);
+}

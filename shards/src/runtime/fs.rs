@@ -146,6 +146,16 @@ impl DirectFile {
 
 /// Creates (or replaces) `path` with `bytes` and fdatasyncs it (not its directory).
 pub async fn write_small_file(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    write_file(path, bytes, true).await
+}
+
+/// Creates (or replaces) `path` with `bytes`, left in the page cache (it survives a crash of
+/// the process, not of the machine).
+pub async fn write_small_file_cached(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    write_file(path, bytes, false).await
+}
+
+async fn write_file(path: &Path, bytes: Vec<u8>, sync: bool) -> io::Result<()> {
     let file = BufferedFile::create(path).await.map_err(io_error)?;
     let len = bytes.len();
     let written = file.write_at(bytes, 0).await.map_err(io_error)?;
@@ -156,7 +166,9 @@ pub async fn write_small_file(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
             format!("short write of {}", path.display()),
         ));
     }
-    file.fdatasync().await.map_err(io_error)?;
+    if sync {
+        file.fdatasync().await.map_err(io_error)?;
+    }
     file.close().await.map_err(io_error)
 }
 

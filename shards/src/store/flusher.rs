@@ -77,28 +77,34 @@ pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Under SYNC_FLUSH load, how far zero-fill of the next segment runs ahead of the writes'
 /// progress through theirs (at most a quarter of a segment).
 pub const ZERO_FILL_PACE_LEAD_BYTES: u64 = 64 << 20;
-/// Shortest time between checkpoints (consume queues synced, the checkpoint written), which
-/// bounds recovery work; a checkpoint is due after it when `checkpoint_due` says so.
+/// Time between checkpoints: the shortest between synced ones (consume queues synced, the
+/// checkpoint written), and the time between light ones (`checkpoint.rs`), which bound the
+/// recovery after a crash of the process; a synced checkpoint is due after it when
+/// `checkpoint_due` says so.
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1000;
-/// Longest time between checkpoints while anything changes.
-pub const CHECKPOINT_INTERVAL_MAX_MS: u64 = 10_000;
-/// Commitlog bytes a checkpoint waits for per dirty consume-queue file (between the shortest
-/// and the longest interval). A checkpoint costs per dirty file: its syncfs writes back a
-/// page of each, and each page the writeback cleaned takes a write fault on the shard at the
-/// next unit stored through the map (ext4's page_mkwrite, ~13 µs with its mtime update): at
-/// 80,000 written queues a shard, a checkpoint a second was 80,000 faults a second and the
-/// write-back of 320 MB. Recovery rebuilds units past the checkpoint from the commitlog, so
-/// the queues' durability rides on the commitlog's (`Sync` sends wait for the commitlog
-/// only): a rarer checkpoint costs only a longer recovery scan, bounded by
-/// `CHECKPOINT_LOG_BYTES_MAX`.
-pub const CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE: u64 = 64 << 10;
+/// Longest time between synced checkpoints while anything changes.
+pub const CHECKPOINT_INTERVAL_MAX_MS: u64 = 30_000;
+/// Commitlog bytes a synced checkpoint waits for per dirty consume-queue file (between the
+/// shortest and the longest interval). A synced checkpoint costs per dirty file: its syncfs
+/// writes back a page of each, and each page the writeback cleaned takes a write fault on the
+/// shard at the next unit stored through the map (ext4's page_mkwrite, ~13 µs with its mtime
+/// update): at 80,000 written queues a shard, a checkpoint a second was 80,000 faults a
+/// second and the write-back of 320 MB, and at 1,000 topics the disk took 10,000 small
+/// writes a second. Recovery rebuilds units past the checkpoint from the commitlog, so the
+/// queues' durability rides on the commitlog's (`Sync` sends wait for the commitlog only):
+/// a rarer synced checkpoint costs only a longer recovery scan after a restart of the
+/// machine, bounded by `CHECKPOINT_LOG_BYTES_MAX` (after a crash of the process, the light
+/// checkpoints bound it to a second's worth).
+pub const CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE: u64 = 256 << 10;
 /// Dirty consume-queue files a checkpoint syncs at no wait for the log (their faults cost
-/// ~13 ms a second): up to this many, checkpoints stay a second apart whatever the load.
+/// ~13 ms a second): up to this many, checkpoints stay synced and a second apart whatever
+/// the load.
 pub const CHECKPOINT_DIRTY_FILES_FREE: usize = 1024;
-/// Commitlog bytes past the last checkpoint at which one is due whatever the dirty files
-/// (after the shortest interval): what a recovery scan reads at most, beside the longest
-/// interval's worth.
-pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 512 << 20;
+/// Commitlog bytes past the last synced checkpoint at which one is due whatever the dirty
+/// files (after the shortest interval): what a recovery scan after a restart of the machine
+/// reads at most, beside the longest interval's worth (RocketMQ's abnormal recovery reads
+/// its last three 1 GiB commitlog files).
+pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 2 << 30;
 /// A closing store whose writes find the disk full tries this many more times
 /// (`FLUSH_RETRY_MS` apart) before it reports that the final flush failed.
 pub const CLOSE_FLUSH_RETRIES_MAX: u32 = 10;
@@ -170,8 +176,16 @@ pub(crate) struct FlushState {
     /// A checkpoint task is under way (it runs beside the flusher's loop: its sync of
     /// thousands of consume-queue files must not hold up allocation and flushes).
     pub(crate) checkpoint_running: bool,
+    /// The last checkpoint of either kind (light ones see `checkpoint.rs`).
     last_checkpoint_at: Instant,
     last_checkpoint_offset: u64,
+    /// The last synced checkpoint.
+    last_synced_at: Instant,
+    last_synced_offset: u64,
+    /// Queue or index files may hold units that no dirty path lists and no sync reached (the
+    /// store opened on a light checkpoint): the next synced checkpoint syncs the whole
+    /// filesystem.
+    syncfs_next: bool,
     /// When the last flush of data finished (Async zero-fill waits for a quiet spell).
     last_flush_at: Instant,
     /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
@@ -212,7 +226,8 @@ struct DataChain {
 }
 
 impl FlushState {
-    pub(crate) fn new(durable_end: u64, zero_fill_next: u64) -> FlushState {
+    /// `unsynced_files`: the store opened on a light checkpoint (`syncfs_next`).
+    pub(crate) fn new(durable_end: u64, zero_fill_next: u64, unsynced_files: bool) -> FlushState {
         FlushState {
             durable_end,
             written_end: durable_end,
@@ -227,6 +242,9 @@ impl FlushState {
             checkpoint_running: false,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
+            last_synced_at: Instant::now(),
+            last_synced_offset: durable_end,
+            syncfs_next: unsynced_files,
             // As if the last flush were long past: a fresh store zero-fills at once.
             last_flush_at: Instant::now()
                 .checked_sub(Duration::from_millis(ZERO_FILL_IDLE_MS))
@@ -375,7 +393,10 @@ enum Action {
     },
     /// ASYNC_FLUSH: sync what is written.
     Sync,
-    Checkpoint,
+    /// A synced checkpoint, or a light one (`checkpoint.rs`).
+    Checkpoint {
+        synced: bool,
+    },
     ZeroFill,
     Wait(Option<Duration>),
 }
@@ -474,12 +495,12 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
             Action::Sync => {
                 start_sync(&inner, false);
             }
-            Action::Checkpoint => {
+            Action::Checkpoint { synced } => {
                 // The flush and the taking of the dirty files here; their sync (a syncfs of
                 // thousands of queue files can take a second) and the write in a task of their
                 // own, so that allocation and flushes go on meanwhile. The task holds the store
                 // only weakly: a store dropped meanwhile (a crash, in tests) is not kept.
-                let Some(plan) = plan_checkpoint(&inner, false).await else {
+                let Some(plan) = plan_checkpoint(&inner, false, synced).await else {
                     continue;
                 };
                 inner.log.borrow_mut().flush.checkpoint_running = true;
@@ -527,17 +548,26 @@ fn next_action(inner: &Inner) -> Action {
     // runs as a task of its own, so the loop goes on allocating and flushing meanwhile (its
     // syncfs of thousands of queue files took a second, and sends met "space is being
     // prepared" while it ran).
-    let changed = end != flush.last_checkpoint_offset || flush.checkpoint_wanted;
+    // A synced checkpoint is spaced by the queue files it syncs (`checkpoint_due`); between
+    // two, a light one each `CHECKPOINT_INTERVAL_MS` keeps a crash's recovery short.
+    let changed = end != flush.last_synced_offset || flush.checkpoint_wanted;
     if changed && !flush.checkpoint_running {
         if flush.checkpoint_wanted {
-            return Action::Checkpoint;
+            return Action::Checkpoint { synced: true };
         }
-        let since = now.saturating_duration_since(flush.last_checkpoint_at);
-        let log_bytes = end.saturating_sub(flush.last_checkpoint_offset);
+        let since = now.saturating_duration_since(flush.last_synced_at);
+        let log_bytes = end.saturating_sub(flush.last_synced_offset);
         let dirty_files = inner.queues.borrow().dirty_files();
         match checkpoint_due(since, log_bytes, dirty_files) {
-            Ok(()) => return Action::Checkpoint,
+            Ok(()) => return Action::Checkpoint { synced: true },
             Err(wait) => deadlines.push(now + wait),
+        }
+        if end != flush.last_checkpoint_offset && checkpoint::boot_id().is_some() {
+            let light_at = flush.last_checkpoint_at + Duration::from_millis(CHECKPOINT_INTERVAL_MS);
+            if now >= light_at {
+                return Action::Checkpoint { synced: false };
+            }
+            deadlines.push(light_at);
         }
     }
     // A flush in flight or held up by a zero-fill is started again by the reaper.
@@ -1400,23 +1430,27 @@ async fn zero_fill_step(inner: &Inner) {
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
 pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
-    let Some(plan) = plan_checkpoint(inner, clean).await else {
+    let Some(plan) = plan_checkpoint(inner, clean, true).await else {
         return false;
     };
     let outcome = write_checkpoint(inner.config.root_dir.clone(), plan).await;
     checkpoint_done(inner, outcome)
 }
 
-/// What a checkpoint records, and the files written through maps that must be durable first.
+/// What a checkpoint records, and the files written through maps that must be durable first
+/// (none for a light checkpoint).
 pub(crate) struct CheckpointPlan {
     record: Checkpoint,
     paths: Vec<std::path::PathBuf>,
     dir: Option<std::path::PathBuf>,
+    /// Sync the whole filesystem, whatever `paths` holds (`FlushState::syncfs_next`).
+    whole_fs: bool,
 }
 
-/// A checkpoint's first step, on the store: flushes what is appended and takes the files
-/// written since the last one. None when the flush failed.
-async fn plan_checkpoint(inner: &Inner, clean: bool) -> Option<CheckpointPlan> {
+/// A checkpoint's first step, on the store: flushes what is appended and, for a synced one,
+/// takes the files written since the last synced one (a light one leaves them for it). None
+/// when the flush failed.
+async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<CheckpointPlan> {
     let (offset, queues, index) = {
         let log = inner.log.borrow();
         let index = inner.index.borrow().mark();
@@ -1424,6 +1458,20 @@ async fn plan_checkpoint(inner: &Inner, clean: bool) -> Option<CheckpointPlan> {
     };
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return None;
+    }
+    if !synced {
+        return Some(CheckpointPlan {
+            record: Checkpoint {
+                commitlog_offset: offset,
+                clean,
+                queues,
+                index: Some(index),
+                boot: checkpoint::boot_id().map(str::to_string),
+            },
+            paths: Vec::new(),
+            dir: None,
+            whole_fs: false,
+        });
     }
     // Files a failed checkpoint left unsynced come first.
     let (mut paths, dir) = {
@@ -1441,41 +1489,78 @@ async fn plan_checkpoint(inner: &Inner, clean: bool) -> Option<CheckpointPlan> {
         clean,
         queues,
         index: Some(index),
+        boot: None,
     };
     Some(CheckpointPlan {
         record,
         paths,
         dir: dir.or(index_dir),
+        whole_fs: inner.log.borrow().flush.syncfs_next,
     })
+}
+
+/// A checkpoint written: its offset, whether it was a synced one, and whether that synced
+/// the whole filesystem.
+pub(crate) struct CheckpointWritten {
+    offset: u64,
+    synced: bool,
+    whole_fs: bool,
 }
 
 /// A checkpoint's second step, which needs only the store's directory (so it can go on
 /// while the store does other work, or after it is gone): syncs the files, then writes the
-/// record. Ok: the commitlog offset recorded.
+/// record (a light one is only written).
 async fn write_checkpoint(
     root: std::path::PathBuf,
     plan: CheckpointPlan,
-) -> Result<u64, SyncFailure> {
-    sync_written(&root, plan.paths, plan.dir).await?;
-    checkpoint::write(&root, &plan.record)
-        .await
-        .map_err(|error| SyncFailure {
-            context: "checkpoint write",
-            error,
-            paths: Vec::new(),
-            dir: None,
-        })?;
-    Ok(plan.record.commitlog_offset)
+) -> Result<CheckpointWritten, SyncFailure> {
+    let synced = !plan.record.light();
+    let written = if synced {
+        if plan.whole_fs {
+            crate::runtime::fs::syncfs(&root)
+                .await
+                .map_err(|error| SyncFailure {
+                    context: "consume queue and index syncfs",
+                    error,
+                    paths: plan.paths,
+                    dir: plan.dir,
+                })?;
+        } else {
+            sync_written(&root, plan.paths, plan.dir).await?;
+        }
+        checkpoint::write(&root, &plan.record).await
+    } else {
+        checkpoint::write_light(&root, &plan.record).await
+    };
+    written.map_err(|error| SyncFailure {
+        context: "checkpoint write",
+        error,
+        paths: Vec::new(),
+        dir: None,
+    })?;
+    Ok(CheckpointWritten {
+        offset: plan.record.commitlog_offset,
+        synced,
+        whole_fs: plan.whole_fs,
+    })
 }
 
 /// Applies a checkpoint's outcome to the store; true when it was written.
-fn checkpoint_done(inner: &Inner, outcome: Result<u64, SyncFailure>) -> bool {
+fn checkpoint_done(inner: &Inner, outcome: Result<CheckpointWritten, SyncFailure>) -> bool {
     match outcome {
-        Ok(offset) => {
+        Ok(written) => {
             let mut log = inner.log.borrow_mut();
-            log.flush.last_checkpoint_at = Instant::now();
-            log.flush.last_checkpoint_offset = offset;
-            log.flush.checkpoint_wanted = false;
+            let now = Instant::now();
+            log.flush.last_checkpoint_at = now;
+            log.flush.last_checkpoint_offset = written.offset;
+            if written.synced {
+                log.flush.last_synced_at = now;
+                log.flush.last_synced_offset = written.offset;
+                log.flush.checkpoint_wanted = false;
+                if written.whole_fs {
+                    log.flush.syncfs_next = false;
+                }
+            }
             log.stats.checkpoints += 1;
             true
         }
@@ -1496,7 +1581,9 @@ fn checkpoint_done(inner: &Inner, outcome: Result<u64, SyncFailure>) -> bool {
 fn checkpoint_failed(inner: &Inner, context: &str, error: &io::Error) {
     if !fail(inner, context, error) {
         let mut log = inner.log.borrow_mut();
-        log.flush.last_checkpoint_at = Instant::now();
+        let now = Instant::now();
+        log.flush.last_checkpoint_at = now;
+        log.flush.last_synced_at = now;
         log.flush.checkpoint_wanted = false;
     }
 }
@@ -1660,19 +1747,26 @@ mod tests {
         assert_eq!(checkpoint_due(MS * 1000, 1, 16), Ok(()));
         let free = CHECKPOINT_DIRTY_FILES_FREE;
         assert_eq!(checkpoint_due(MS * 1000, 1, free), Ok(()));
-        // One more wants 64 KiB of log; a trickle waits for the longest interval.
+        // One more wants 256 KiB of log; a trickle waits for the longest interval.
         let wanted = CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE;
         assert_eq!(
             checkpoint_due(MS * 1000, wanted - 1, free + 1),
-            Err(MS * 9000)
+            Err(Duration::from_millis(CHECKPOINT_INTERVAL_MAX_MS - 1000))
         );
         assert_eq!(checkpoint_due(MS * 1000, wanted, free + 1), Ok(()));
-        assert_eq!(checkpoint_due(MS * 10_000, 1, free + 1), Ok(()));
+        assert_eq!(
+            checkpoint_due(
+                Duration::from_millis(CHECKPOINT_INTERVAL_MAX_MS),
+                1,
+                free + 1
+            ),
+            Ok(())
+        );
     }
 
     #[test]
     fn many_dirty_queue_files_space_checkpoints_out_to_a_bound() {
-        // 5,000 files want about 250 MiB of log per checkpoint.
+        // 5,000 files want about 1 GiB of log per checkpoint.
         let files = 5_000;
         let wanted =
             (files - CHECKPOINT_DIRTY_FILES_FREE) as u64 * CHECKPOINT_LOG_BYTES_PER_DIRTY_FILE;
@@ -1684,6 +1778,9 @@ mod tests {
             checkpoint_due(MS * 2000, CHECKPOINT_LOG_BYTES_MAX, 80_000),
             Ok(())
         );
-        assert_eq!(checkpoint_due(MS * 10_000, 0, 80_000), Ok(()));
+        assert_eq!(
+            checkpoint_due(Duration::from_millis(CHECKPOINT_INTERVAL_MAX_MS), 0, 80_000),
+            Ok(())
+        );
     }
 }

@@ -41,7 +41,8 @@
 //! allocated ahead of them, so an acknowledged message is always written, even on a full disk.
 //! Directory layout under `root_dir`:
 //! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
-//! `index/<20-digit offset>`, `checkpoint`, and `.dma_probe` (see `open`); `reset-in-progress`
+//! `index/<20-digit offset>`, `checkpoint` and `checkpoint.light` (`checkpoint.rs`), and
+//! `.dma_probe` (see `open`); `reset-in-progress`
 //! only while a reset removes files (`open` then finishes the reset first).
 
 mod checkpoint;
@@ -69,6 +70,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 pub use crate::types::{CommitLogOffset, QueueId, QueueOffset};
+pub use checkpoint::boot_id;
 pub use error::StoreError;
 pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX};
 pub use index::{
@@ -489,7 +491,11 @@ impl Store {
             poison: None,
             space: Space::new(recovered.allocated_end, config.allocation_window_bytes),
             closing: false,
-            flush: FlushState::new(recovered.durable_end, recovered.zero_fill_next),
+            flush: FlushState::new(
+                recovered.durable_end,
+                recovered.zero_fill_next,
+                recovered.unsynced_files,
+            ),
             ring,
             scratch: Vec::new(),
             reset: None,

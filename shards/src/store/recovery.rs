@@ -73,6 +73,9 @@ pub(crate) struct Recovered {
     /// Space known to be allocated past the recovered end: none yet (`Store::open`
     /// allocates the window before the store takes appends).
     pub allocated_end: u64,
+    /// Recovery started from a light checkpoint (`checkpoint.rs`): queue and index files may
+    /// hold unsynced units that no dirty path lists.
+    pub unsynced_files: bool,
 }
 
 pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
@@ -191,19 +194,31 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     }
     remove_segments_after(&mut segments, end).await?;
     let tail = read_tail(&segments, first, end).await?;
-    let (index_paths, index_dir) = index.take_dirty_paths();
-    let mut dirty = queues.take_dirty_paths();
-    dirty.extend(index_paths);
-    super::flusher::sync_written(root, dirty, index_dir)
-        .await
-        .map_err(|failure| failure.error)?;
+    // From a light checkpoint (a crash in this boot), the units below it and those the scan
+    // wrote are in the page cache: a light checkpoint records the end, and the first synced
+    // one syncs the whole filesystem. Else what the scan wrote is synced here.
+    let unsynced_files = saved.as_ref().is_some_and(Checkpoint::light);
+    if !unsynced_files {
+        let (index_paths, index_dir) = index.take_dirty_paths();
+        let mut dirty = queues.take_dirty_paths();
+        dirty.extend(index_paths);
+        super::flusher::sync_written(root, dirty, index_dir)
+            .await
+            .map_err(|failure| failure.error)?;
+    }
     let record = Checkpoint {
         commitlog_offset: end,
         clean: false,
         queues: queues.max_offsets(),
         index: Some(index.mark()),
+        boot: saved.as_ref().and_then(|saved| saved.boot.clone()),
     };
-    match checkpoint::write(root, &record).await {
+    let written = if unsynced_files {
+        checkpoint::write_light(root, &record).await
+    } else {
+        checkpoint::write(root, &record).await
+    };
+    match written {
         Ok(()) => {}
         // A full disk has no block for the new checkpoint: the old one (or none) stays, and
         // the next start scans a little more. The store opens all the same.
@@ -226,6 +241,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         durable_end: end,
         zero_fill_next,
         allocated_end: end,
+        unsynced_files,
     })
 }
 
