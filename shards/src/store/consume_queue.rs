@@ -113,6 +113,9 @@ pub(crate) struct ConsumeQueue {
     /// One past the highest unit recovery wrote again (`note_rebuilt`), 0 when none: the
     /// count it tries first once the scan is done.
     rebuilt_end: u64,
+    /// Recovery found before its scan that the queue holds exactly this many units and
+    /// nothing past them (`check_recorded`); forgotten at the next write or truncation.
+    known_end: Option<u64>,
 }
 
 fn file_name(start_unit: u64) -> String {
@@ -357,6 +360,7 @@ impl ConsumeQueue {
             dirty_files: BTreeSet::new(),
             dirty_count: Rc::default(),
             rebuilt_end: 0,
+            known_end: None,
         }
     }
 
@@ -461,6 +465,7 @@ impl ConsumeQueue {
 
     /// Writes unit `index` (recovery re-dispatch writes at the index the record carries).
     pub(crate) fn write_unit(&mut self, index: u64, unit: Unit) -> io::Result<()> {
+        self.known_end = None;
         let units_per_file = self.units_per_file;
         let file = self
             .slot(index, true)?
@@ -605,6 +610,70 @@ impl ConsumeQueue {
     /// the count is `guess`, since those units form a prefix. One page read instead of a binary
     /// search of the last file, whose every probe into its unwritten part faults a page of
     /// zeros into the page cache (~19 per queue: with 80,000 queues that was most of a start).
+    /// Recovery, before its scan: the units held below `end` (the checkpoint's offset),
+    /// counted as `count_units_below_near` does with the checkpoint's count `recorded` as the
+    /// guess. When that is `recorded` and nothing is written past it (the unit at `recorded`
+    /// and the rest of its page are zeros, and no later file exists), the queue remembers
+    /// that it ends there (`known_end`): unless the scan writes to it, recovery needs no other
+    /// look into its files (with 80,000 queues a shard, each look was an open and a read).
+    pub(crate) fn check_recorded(&mut self, end: u64, recorded: u64) -> io::Result<u64> {
+        let mut opened = None;
+        let exact = recorded >= self.min_offset
+            && (recorded == self.min_offset || self.probe_below(recorded - 1, end, &mut opened)?)
+            && self
+                .files
+                .range(self.file_start(recorded) + 1..)
+                .next()
+                .is_none()
+            && self.nothing_written_from(recorded, &mut opened)?;
+        if exact {
+            self.known_end = Some(recorded);
+            return Ok(recorded);
+        }
+        self.count_units_below_near(end, recorded)
+    }
+
+    /// What `check_recorded` found, while nothing has been written since.
+    pub(crate) fn known_end(&self) -> Option<u64> {
+        self.known_end
+    }
+
+    /// Whether the unit at `index` and the rest of its page are zeros (no file there counts
+    /// as zeros): what `truncate_to` would zero from there is nothing.
+    fn nothing_written_from(
+        &self,
+        index: u64,
+        opened: &mut Option<(u64, fs::File)>,
+    ) -> io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        const PAGE: u64 = 4096;
+        let start = self.file_start(index);
+        let at = (index % self.units_per_file) * CQ_UNIT_BYTES;
+        let page_end = ((at / PAGE + 1) * PAGE).min(self.units_per_file * CQ_UNIT_BYTES);
+        if let Some(mapped) = self.mapped(start) {
+            return Ok(mapped.map[at as usize..page_end as usize]
+                .iter()
+                .all(|&b| b == 0));
+        }
+        if !self.files.contains(&start) {
+            return Ok(true);
+        }
+        if opened.as_ref().is_none_or(|(held, _)| *held != start) {
+            match open_for_probes(&self.dir.join(file_name(start)), false) {
+                Ok(file) => *opened = Some((start, file)),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(true),
+                Err(error) => return Err(error),
+            }
+        }
+        let Some((_, file)) = opened.as_ref() else {
+            return Ok(true);
+        };
+        let mut page = [0u8; PAGE as usize];
+        let chunk = &mut page[..(page_end - at) as usize];
+        let got = file.read_at(chunk, at)?;
+        Ok(chunk[..got].iter().all(|&b| b == 0))
+    }
+
     pub(crate) fn count_units_below_near(&self, end: u64, guess: u64) -> io::Result<u64> {
         if guess >= self.min_offset {
             let mut opened = None;
@@ -679,7 +748,8 @@ impl ConsumeQueue {
             self.files.remove(&start);
             self.dirty_files.remove(&start);
         }
-        if self.files.contains(&keep_start) {
+        // A queue recovery found ending at `new_max` holds nothing past it to zero.
+        if self.files.contains(&keep_start) && self.known_end != Some(new_max) {
             // Zero the dropped units in place, and only where something was written: no
             // truncate (ext4 reuses freed blocks only after its next commit, so shrinking and
             // re-reserving fails on a full disk), and nothing to do in the usual case.
@@ -705,6 +775,7 @@ impl ConsumeQueue {
             self.min_offset = new_max.min(self.min_offset);
         }
         self.max_offset = new_max.max(self.min_offset);
+        self.known_end = None;
         Ok(())
     }
 
@@ -739,14 +810,20 @@ impl ConsumeQueue {
         }
         let floor = self.files.first().copied().unwrap_or(self.max_offset);
         let (mut low, mut high) = (self.min_offset.max(floor), self.max_offset);
+        let held = |queue: &Self, index, opened: &mut _| -> io::Result<bool> {
+            Ok(queue
+                .probe_unit(index, opened)?
+                .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical))
+        };
+        // Most queues lose nothing: their first unit is held, one read.
+        if low < high && held(self, low, &mut opened)? {
+            high = low;
+        }
         // Units' commitlog offsets increase along the queue: the first one held is a binary
         // search (a unit never written counts as below).
         while low < high {
             let mid = low + (high - low) / 2;
-            let held = self
-                .probe_unit(mid, &mut opened)?
-                .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical);
-            if held {
+            if held(self, mid, &mut opened)? {
                 high = mid;
             } else {
                 low = mid + 1;
@@ -1100,6 +1177,53 @@ mod tests {
                 assert_eq!(near, searched, "end {end}, guess {guess}");
             }
         }
+    }
+
+    #[test]
+    fn a_recorded_count_is_known_as_the_end_only_when_nothing_follows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+            let queue = table.get_or_create("T", 1).unwrap();
+            for i in 0..10 {
+                queue.append(unit(i * 100)).unwrap();
+            }
+        }
+        // Read back as recovery does (pread, no map).
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_mut("T", 1).unwrap();
+        // Units follow the count (a later file, or a later unit in its file): not known.
+        for recorded in [3, 4, 7] {
+            assert_eq!(
+                queue.check_recorded(recorded * 100, recorded).unwrap(),
+                recorded
+            );
+            assert_eq!(queue.known_end(), None, "recorded {recorded}");
+        }
+        // The count is wrong: searched, not known.
+        assert_eq!(queue.check_recorded(1_000, 12).unwrap(), 10);
+        assert_eq!(queue.known_end(), None);
+        // Exactly what the queue holds: known, and forgotten by a truncation or a write.
+        assert_eq!(queue.check_recorded(1_000, 10).unwrap(), 10);
+        assert_eq!(queue.known_end(), Some(10));
+        queue.truncate_to(10).unwrap();
+        assert_eq!((queue.known_end(), queue.max_offset()), (None, 10));
+        assert_eq!(queue.check_recorded(1_000, 10).unwrap(), 10);
+        queue.write_unit(10, unit(1_000)).unwrap();
+        assert_eq!(queue.known_end(), None);
+        // A unit past a zero one in the same page: what truncate_to would zero, so not known.
+        queue
+            .write_unit(
+                9,
+                Unit {
+                    physical_offset: 0,
+                    size_bytes: 0,
+                    tags_code: 0,
+                },
+            )
+            .unwrap();
+        assert_eq!(queue.check_recorded(1_000, 9).unwrap(), 9);
+        assert_eq!(queue.known_end(), None);
     }
 
     #[test]

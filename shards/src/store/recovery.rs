@@ -166,7 +166,15 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
             let guess = recorded
                 .unwrap_or(queue.min_offset())
                 .max(queue.rebuilt_end());
-            let units = queue.count_units_below_near(end, guess)?;
+            // A queue the scan did not write, found before it to end at the checkpoint's
+            // count, ends there (the log ends past the checkpoint): no look into its files.
+            let known = queue
+                .known_end()
+                .filter(|_| queue.rebuilt_end() == 0 && trusted && end >= durable_mark);
+            let units = match known {
+                Some(units) => units,
+                None => queue.count_units_below_near(end, guess)?,
+            };
             queue.truncate_to(units)?;
         }
     }
@@ -278,7 +286,7 @@ fn scan_start(
     for (topic, recorded) in &saved.queues {
         for (&queue_id, &max_offset) in recorded {
             let held = match queues.get_mut(topic, queue_id) {
-                Some(queue) => queue.count_units_below_near(offset, max_offset)?,
+                Some(queue) => queue.check_recorded(offset, max_offset)?,
                 None => 0,
             };
             if held < max_offset {
