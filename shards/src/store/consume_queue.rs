@@ -43,6 +43,9 @@ use std::rc::Rc;
 
 use memmap2::MmapMut;
 
+/// Units per queue, by topic and queue id (what a checkpoint records).
+pub(crate) type QueueCounts = BTreeMap<String, BTreeMap<u32, u64>>;
+
 /// Size of one consume-queue unit (RocketMQ's CQ_STORE_UNIT_SIZE).
 pub const CQ_UNIT_BYTES: u64 = 20;
 
@@ -116,6 +119,9 @@ pub(crate) struct ConsumeQueue {
     /// Recovery found before its scan that the queue holds exactly this many units and
     /// nothing past them (`check_recorded`); forgotten at the next write or truncation.
     known_end: Option<u64>,
+    /// The unit at this index (the first one held) as `load` read it; forgotten at the next
+    /// write, truncation or expiry.
+    first_unit: Option<(u64, Unit)>,
 }
 
 fn file_name(start_unit: u64) -> String {
@@ -147,16 +153,6 @@ impl Unit {
             self.physical_offset > file_start && self.physical_offset < file_start + units_per_file;
         (mark && inside).then_some(self.physical_offset)
     }
-}
-
-/// The first offset a start mark at the head of the file `path` (starting at unit
-/// `file_start`) names; None when the file starts with anything else (or is shorter).
-fn read_start_mark(path: &std::path::Path, file_start: u64, units_per_file: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
-    let mut head = [0u8; CQ_UNIT_BYTES as usize];
-    let file = open_without_atime(path, false).ok()?;
-    file.read_exact_at(&mut head, 0).ok()?;
-    Unit::decode(&head).marked_start(file_start, units_per_file)
 }
 
 /// Opens a queue file for reads (and writes when `write`) that leave its access time alone
@@ -299,12 +295,70 @@ struct QueueFiles {
     /// First unit index of every file on disk.
     files: BTreeSet<u64>,
     min_offset: u64,
+    /// What `ConsumeQueue::check_recorded` would find, when `load` was given the count.
+    known_end: Option<u64>,
+    /// The unit at `min_offset` and its index, when it lies in the first page.
+    first_unit: Option<(u64, Unit)>,
+}
+
+/// The pages of one queue file read through one descriptor, the last one kept: `load` looks
+/// at a queue's start mark, first unit and the units around the checkpoint's count with one
+/// open (each open of a queue file was a path walk, and 80,000 queues a shard had four).
+struct PageReader {
+    file: fs::File,
+    page: Option<(u64, [u8; PageReader::PAGE as usize], usize)>,
+}
+
+impl PageReader {
+    const PAGE: u64 = 4096;
+
+    /// The bytes at `[at, at + len)` (within one page), zeros past the file's end.
+    fn bytes(&mut self, at: u64, len: u64) -> io::Result<&[u8]> {
+        use std::os::unix::fs::FileExt;
+        let index = at / Self::PAGE;
+        if self.page.as_ref().is_none_or(|(held, _, _)| *held != index) {
+            let mut buf = [0u8; Self::PAGE as usize];
+            let mut got = 0;
+            while got < buf.len() {
+                match self
+                    .file
+                    .read_at(&mut buf[got..], index * Self::PAGE + got as u64)?
+                {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            self.page = Some((index, buf, got));
+        }
+        let Some((_, buf, _)) = self.page.as_ref() else {
+            unreachable!("a page was read just above")
+        };
+        let from = (at % Self::PAGE) as usize;
+        Ok(&buf[from..from + len as usize])
+    }
+
+    fn unit(&mut self, index_in_file: u64) -> io::Result<Unit> {
+        Ok(Unit::decode(
+            self.bytes(index_in_file * CQ_UNIT_BYTES, CQ_UNIT_BYTES)?,
+        ))
+    }
+
+    /// Whether everything from `at` to the end of its page (or `size_bytes`) is zero.
+    fn zeros_from(&mut self, at: u64, size_bytes: u64) -> io::Result<bool> {
+        let page_end = ((at / Self::PAGE + 1) * Self::PAGE).min(size_bytes);
+        Ok(self.bytes(at, page_end - at)?.iter().all(|&b| b == 0))
+    }
 }
 
 impl QueueFiles {
     /// Lists the files of the queue directory `dir` (which exists) and reads the start mark of
-    /// its first one.
-    fn read(dir: PathBuf, units_per_file: u64) -> io::Result<QueueFiles> {
+    /// its first one; with `recorded` (the checkpoint's count of the queue and its commitlog
+    /// offset) also what `ConsumeQueue::check_recorded` needs, in the same open.
+    fn read(
+        dir: PathBuf,
+        units_per_file: u64,
+        recorded: Option<(u64, u64)>,
+    ) -> io::Result<QueueFiles> {
         let mut files = BTreeSet::new();
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();
@@ -324,15 +378,60 @@ impl QueueFiles {
             }
             files.insert(start_byte / CQ_UNIT_BYTES);
         }
-        // A queue a replica started mid-file begins where its first file's mark says.
-        let min_offset = files.first().map_or(0, |&first| {
-            read_start_mark(&dir.join(file_name(first)), first, units_per_file).unwrap_or(first)
-        });
-        Ok(QueueFiles {
+        let mut found = QueueFiles {
             dir,
             files,
-            min_offset,
-        })
+            min_offset: 0,
+            known_end: None,
+            first_unit: None,
+        };
+        if let Some(&first) = found.files.first() {
+            found.min_offset = first;
+            let path = found.dir.join(file_name(first));
+            if let Ok(file) = open_without_atime(&path, false) {
+                let mut pages = PageReader { file, page: None };
+                // A file cut short or unreadable here is looked at again by the probes.
+                let _ = found.look_into_first_file(&mut pages, first, units_per_file, recorded);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The start mark (a queue a replica started mid-file begins where its first file's mark
+    /// says), the first unit, and whether the queue ends exactly at `recorded`'s count: the
+    /// unit before it points below the checkpoint's offset, it and the rest of its page are
+    /// zeros, and it lies in the first and only file (else `check_recorded` looks again).
+    fn look_into_first_file(
+        &mut self,
+        pages: &mut PageReader,
+        first: u64,
+        units_per_file: u64,
+        recorded: Option<(u64, u64)>,
+    ) -> io::Result<()> {
+        if let Some(marked) = pages.unit(0)?.marked_start(first, units_per_file) {
+            self.min_offset = marked;
+        }
+        let min = self.min_offset;
+        if (min - first) * CQ_UNIT_BYTES + CQ_UNIT_BYTES <= PageReader::PAGE {
+            self.first_unit = Some((min, pages.unit(min - first)?));
+        }
+        let Some((count, end)) = recorded else {
+            return Ok(());
+        };
+        let only_file = self.files.len() == 1;
+        if !only_file || count < min || count >= first + units_per_file {
+            return Ok(());
+        }
+        let before = count == min || pages.unit(count - 1 - first)?.points_below(end);
+        if before
+            && pages.zeros_from(
+                (count - first) * CQ_UNIT_BYTES,
+                units_per_file * CQ_UNIT_BYTES,
+            )?
+        {
+            self.known_end = Some(count);
+        }
+        Ok(())
     }
 }
 
@@ -343,7 +442,7 @@ impl ConsumeQueue {
     fn open(dir: PathBuf, units_per_file: u64) -> io::Result<ConsumeQueue> {
         fs::create_dir_all(&dir)?;
         Ok(ConsumeQueue::from_files(
-            QueueFiles::read(dir, units_per_file)?,
+            QueueFiles::read(dir, units_per_file, None)?,
             units_per_file,
         ))
     }
@@ -360,7 +459,8 @@ impl ConsumeQueue {
             dirty_files: BTreeSet::new(),
             dirty_count: Rc::default(),
             rebuilt_end: 0,
-            known_end: None,
+            known_end: found.known_end,
+            first_unit: found.first_unit,
         }
     }
 
@@ -466,6 +566,7 @@ impl ConsumeQueue {
     /// Writes unit `index` (recovery re-dispatch writes at the index the record carries).
     pub(crate) fn write_unit(&mut self, index: u64, unit: Unit) -> io::Result<()> {
         self.known_end = None;
+        self.first_unit = None;
         let units_per_file = self.units_per_file;
         let file = self
             .slot(index, true)?
@@ -617,6 +718,9 @@ impl ConsumeQueue {
     /// that it ends there (`known_end`): unless the scan writes to it, recovery needs no other
     /// look into its files (with 80,000 queues a shard, each look was an open and a read).
     pub(crate) fn check_recorded(&mut self, end: u64, recorded: u64) -> io::Result<u64> {
+        if self.known_end == Some(recorded) {
+            return Ok(recorded); // `load` found it, given the same count and offset
+        }
         let mut opened = None;
         let exact = recorded >= self.min_offset
             && (recorded == self.min_offset || self.probe_below(recorded - 1, end, &mut opened)?)
@@ -776,6 +880,7 @@ impl ConsumeQueue {
         }
         self.max_offset = new_max.max(self.min_offset);
         self.known_end = None;
+        self.first_unit = None;
         Ok(())
     }
 
@@ -815,8 +920,15 @@ impl ConsumeQueue {
                 .probe_unit(index, opened)?
                 .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical))
         };
-        // Most queues lose nothing: their first unit is held, one read.
-        if low < high && held(self, low, &mut opened)? {
+        // Most queues lose nothing: their first unit is held, one read (none when `load`
+        // read it).
+        let first_held = match self.first_unit {
+            Some((index, unit)) if index == low => {
+                unit.size_bytes > 0 && unit.physical_offset >= min_physical
+            }
+            _ => low < high && held(self, low, &mut opened)?,
+        };
+        if low < high && first_held {
             high = low;
         }
         // Units' commitlog offsets increase along the queue: the first one held is a binary
@@ -890,7 +1002,23 @@ impl QueueTable {
     /// directories are read on several threads (`runtime::fan_out`): with the page cache cold
     /// each queue is a directory block, an inode and a page read from disk, and 80,000 queues
     /// read one at a time took 10–20 s of a start.
+    #[cfg(test)]
     pub(crate) fn load(root: PathBuf, units_per_file: u64) -> io::Result<QueueTable> {
+        QueueTable::load_with(root, units_per_file, None)
+    }
+
+    /// `load`, given the checkpoint's counts and commitlog offset (recovery's): each queue's
+    /// file is looked into for `ConsumeQueue::check_recorded` in the same open as its start
+    /// mark.
+    pub(crate) fn load_with(
+        root: PathBuf,
+        units_per_file: u64,
+        recorded: Option<(&QueueCounts, u64)>,
+    ) -> io::Result<QueueTable> {
+        let recorded_of = |topic: &str, queue_id: u32| {
+            let (counts, end) = recorded?;
+            Some((*counts.get(topic)?.get(&queue_id)?, end))
+        };
         fs::create_dir_all(&root)?;
         let mut topic_dirs = Vec::new();
         for topic_entry in fs::read_dir(&root)? {
@@ -912,7 +1040,11 @@ impl QueueTable {
                 };
                 queues.push((
                     queue_id,
-                    QueueFiles::read(queue_entry.path(), units_per_file)?,
+                    QueueFiles::read(
+                        queue_entry.path(),
+                        units_per_file,
+                        recorded_of(&topic, queue_id),
+                    )?,
                 ));
             }
             Ok((topic, queues))
@@ -1189,6 +1321,15 @@ mod tests {
                 queue.append(unit(i * 100)).unwrap();
             }
         }
+        // `load` given the checkpoint's count looks as `check_recorded` does, in its open:
+        // here it finds nothing when the queue has files past the first one.
+        let counts = |count: u64| BTreeMap::from([("T".to_string(), BTreeMap::from([(1, count)]))]);
+        for (count, end) in [(3, 300), (10, 1_000)] {
+            let table =
+                QueueTable::load_with(dir.path().to_path_buf(), 4, Some((&counts(count), end)))
+                    .unwrap();
+            assert_eq!(table.get("T", 1).unwrap().known_end(), None);
+        }
         // Read back as recovery does (pread, no map).
         let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
         let queue = table.get_mut("T", 1).unwrap();
@@ -1224,6 +1365,44 @@ mod tests {
             .unwrap();
         assert_eq!(queue.check_recorded(1_000, 9).unwrap(), 9);
         assert_eq!(queue.known_end(), None);
+    }
+
+    #[test]
+    fn load_given_the_counts_finds_the_queues_that_end_at_them() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut table = QueueTable::load(dir.path().to_path_buf(), 64).unwrap();
+            for (queue_id, units) in [(0, 0u64), (1, 1), (2, 5), (3, 63)] {
+                let queue = table.get_or_create("T", queue_id).unwrap();
+                for i in 0..units {
+                    queue.append(unit(i * 100)).unwrap();
+                }
+            }
+        }
+        let counts: BTreeMap<String, BTreeMap<u32, u64>> = BTreeMap::from([(
+            "T".to_string(),
+            BTreeMap::from([(0, 0), (1, 1), (2, 4), (3, 63)]),
+        )]);
+        let table =
+            QueueTable::load_with(dir.path().to_path_buf(), 64, Some((&counts, 10_000))).unwrap();
+        let known = |queue_id| table.get("T", queue_id).unwrap().known_end();
+        // Queue 0 holds no file (nothing to look into), queue 2 holds a unit past the count.
+        assert_eq!(
+            [known(0), known(1), known(2), known(3)],
+            [None, Some(1), None, Some(63)]
+        );
+        // The count's last unit must point below the checkpoint's offset.
+        let table =
+            QueueTable::load_with(dir.path().to_path_buf(), 64, Some((&counts, 6_200))).unwrap();
+        assert_eq!(table.get("T", 3).unwrap().known_end(), None);
+        assert_eq!(table.get("T", 1).unwrap().known_end(), Some(1));
+        // What `load` found is what `check_recorded` finds.
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 64).unwrap();
+        for (queue_id, count) in [(1, 1), (2, 4), (3, 63)] {
+            let queue = table.get_mut("T", queue_id).unwrap();
+            queue.check_recorded(10_000, count).unwrap();
+            assert_eq!(queue.known_end(), known(queue_id), "queue {queue_id}");
+        }
     }
 
     #[test]

@@ -88,11 +88,12 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     std::fs::create_dir_all(root.join("consumequeue"))?;
     prime_dma_probe(root).await?;
     let mut segments = Segments::open(root.join("commitlog"), size, &config.progress).await?;
-    let mut queues = QueueTable::load(
+    let saved = checkpoint::read(root);
+    let mut queues = QueueTable::load_with(
         root.join("consumequeue"),
         config.consume_queue_units_per_file,
+        saved.as_ref().map(|c| (&c.queues, c.commitlog_offset)),
     )?;
-    let saved = checkpoint::read(root);
     let mark = saved
         .as_ref()
         .and_then(|c| c.index.map(|mark| (mark, c.commitlog_offset)));
