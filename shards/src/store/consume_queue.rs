@@ -120,7 +120,7 @@ pub(crate) struct ConsumeQueue {
     /// nothing past them (`check_recorded`); forgotten at the next write or truncation.
     known_end: Option<u64>,
     /// The unit at this index (the first one held) as `load` read it; forgotten at the next
-    /// write, truncation or expiry.
+    /// write, or a truncation that cuts it.
     first_unit: Option<(u64, Unit)>,
 }
 
@@ -880,7 +880,11 @@ impl ConsumeQueue {
         }
         self.max_offset = new_max.max(self.min_offset);
         self.known_end = None;
-        self.first_unit = None;
+        // The first unit stays unless it was cut (recovery truncates every queue before it
+        // finds their retention floors, which read it).
+        if self.first_unit.is_some_and(|(index, _)| index >= new_max) {
+            self.first_unit = None;
+        }
         Ok(())
     }
 
@@ -1396,6 +1400,17 @@ mod tests {
             QueueTable::load_with(dir.path().to_path_buf(), 64, Some((&counts, 6_200))).unwrap();
         assert_eq!(table.get("T", 3).unwrap().known_end(), None);
         assert_eq!(table.get("T", 1).unwrap().known_end(), Some(1));
+        // The retention floor from the first unit `load` kept, as from a probe: units point
+        // at i * 100, so the first held at `min_physical` is the next multiple of 100.
+        for min_physical in [0, 50, 100, 150, 250] {
+            let mut table = QueueTable::load(dir.path().to_path_buf(), 64).unwrap();
+            let queue = table.get_mut("T", 2).unwrap();
+            queue.truncate_to(5).unwrap(); // as recovery does first: the first unit stays
+            assert!(queue.first_unit.is_some());
+            table.expire_below(min_physical).unwrap();
+            let floor = table.get("T", 2).unwrap().min_offset();
+            assert_eq!(floor, min_physical.div_ceil(100).min(5), "{min_physical}");
+        }
         // What `load` found is what `check_recorded` finds.
         let mut table = QueueTable::load(dir.path().to_path_buf(), 64).unwrap();
         for (queue_id, count) in [(1, 1), (2, 4), (3, 63)] {
