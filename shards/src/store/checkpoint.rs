@@ -137,22 +137,19 @@ pub(crate) fn remove(root: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes the checkpoint durably and atomically.
+/// Writes the checkpoint atomically: a synced one durably to `checkpoint`, a light one
+/// (`boot` set) to `checkpoint.light` in the page cache only.
 pub(crate) async fn write(root: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
     let bytes = serde_json::to_vec(checkpoint).map_err(io::Error::other)?;
+    if checkpoint.light() {
+        let temp = root.join(LIGHT_TEMP_FILE_NAME);
+        fs::write_small_file_cached(&temp, bytes).await?;
+        return fs::rename(&temp, &root.join(LIGHT_FILE_NAME)).await;
+    }
     let temp = root.join(TEMP_FILE_NAME);
     fs::write_small_file(&temp, bytes).await?;
     fs::rename(&temp, &root.join(FILE_NAME)).await?;
     fs::sync_dir(root).await
-}
-
-/// Writes a light checkpoint (`checkpoint.boot` set) atomically, into the page cache only.
-pub(crate) async fn write_light(root: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
-    debug_assert!(checkpoint.light());
-    let bytes = serde_json::to_vec(checkpoint).map_err(io::Error::other)?;
-    let temp = root.join(LIGHT_TEMP_FILE_NAME);
-    fs::write_small_file_cached(&temp, bytes).await?;
-    fs::rename(&temp, &root.join(LIGHT_FILE_NAME)).await
 }
 
 #[cfg(test)]

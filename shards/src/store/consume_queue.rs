@@ -306,7 +306,8 @@ struct QueueFiles {
 /// open (each open of a queue file was a path walk, and 80,000 queues a shard had four).
 struct PageReader {
     file: fs::File,
-    page: Option<(u64, [u8; PageReader::PAGE as usize], usize)>,
+    /// The page held, by index (zeros past the file's end).
+    page: Option<(u64, [u8; PageReader::PAGE as usize])>,
 }
 
 impl PageReader {
@@ -316,7 +317,7 @@ impl PageReader {
     fn bytes(&mut self, at: u64, len: u64) -> io::Result<&[u8]> {
         use std::os::unix::fs::FileExt;
         let index = at / Self::PAGE;
-        if self.page.as_ref().is_none_or(|(held, _, _)| *held != index) {
+        if self.page.as_ref().is_none_or(|(held, _)| *held != index) {
             let mut buf = [0u8; Self::PAGE as usize];
             let mut got = 0;
             while got < buf.len() {
@@ -328,9 +329,9 @@ impl PageReader {
                     n => got += n,
                 }
             }
-            self.page = Some((index, buf, got));
+            self.page = Some((index, buf));
         }
-        let Some((_, buf, _)) = self.page.as_ref() else {
+        let Some((_, buf)) = self.page.as_ref() else {
             unreachable!("a page was read just above")
         };
         let from = (at % Self::PAGE) as usize;
@@ -625,6 +626,26 @@ impl ConsumeQueue {
             .find(|m| m.start_unit == start)
     }
 
+    /// The file starting at unit `start`, opened for probes (`opened` keeps the last one
+    /// for the next probe); None when the queue holds no such file.
+    fn probe_file<'a>(
+        &self,
+        start: u64,
+        opened: &'a mut Option<(u64, fs::File)>,
+    ) -> io::Result<Option<&'a fs::File>> {
+        if !self.files.contains(&start) {
+            return Ok(None);
+        }
+        if opened.as_ref().is_none_or(|(held, _)| *held != start) {
+            match open_for_probes(&self.dir.join(file_name(start)), false) {
+                Ok(file) => *opened = Some((start, file)),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(opened.as_ref().map(|(_, file)| file))
+    }
+
     /// Reads unit `index` without mapping its file: through its map when it is mapped, else
     /// with pread (`opened` keeps the last file opened for the next probe). Recovery and
     /// retention look into every queue: a map each was an mmap and a munmap per queue, which
@@ -645,17 +666,7 @@ impl ConsumeQueue {
                 &mapped.map[at..at + CQ_UNIT_BYTES as usize],
             )));
         }
-        if !self.files.contains(&start) {
-            return Ok(None);
-        }
-        if opened.as_ref().is_none_or(|(held, _)| *held != start) {
-            match open_for_probes(&self.dir.join(file_name(start)), false) {
-                Ok(file) => *opened = Some((start, file)),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(error) => return Err(error),
-            }
-        }
-        let Some((_, file)) = opened.as_ref() else {
+        let Some(file) = self.probe_file(start, opened)? else {
             return Ok(None);
         };
         let mut raw = [0u8; CQ_UNIT_BYTES as usize];
@@ -707,10 +718,6 @@ impl ConsumeQueue {
         Ok(self.min_offset)
     }
 
-    /// `count_units_below`, tried first at a guess (the checkpoint's count): when unit `guess - 1` points below `end` and unit `guess` does not,
-    /// the count is `guess`, since those units form a prefix. One page read instead of a binary
-    /// search of the last file, whose every probe into its unwritten part faults a page of
-    /// zeros into the page cache (~19 per queue: with 80,000 queues that was most of a start).
     /// Recovery, before its scan: the units held below `end` (the checkpoint's offset),
     /// counted as `count_units_below_near` does with the checkpoint's count `recorded` as the
     /// guess. When that is `recorded` and nothing is written past it (the unit at `recorded`
@@ -759,17 +766,7 @@ impl ConsumeQueue {
                 .iter()
                 .all(|&b| b == 0));
         }
-        if !self.files.contains(&start) {
-            return Ok(true);
-        }
-        if opened.as_ref().is_none_or(|(held, _)| *held != start) {
-            match open_for_probes(&self.dir.join(file_name(start)), false) {
-                Ok(file) => *opened = Some((start, file)),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(true),
-                Err(error) => return Err(error),
-            }
-        }
-        let Some((_, file)) = opened.as_ref() else {
+        let Some(file) = self.probe_file(start, opened)? else {
             return Ok(true);
         };
         let mut page = [0u8; PAGE as usize];
@@ -778,6 +775,10 @@ impl ConsumeQueue {
         Ok(chunk[..got].iter().all(|&b| b == 0))
     }
 
+    /// `count_units_below`, tried first at a guess (the checkpoint's count): when unit `guess - 1` points below `end` and unit `guess` does not,
+    /// the count is `guess`, since those units form a prefix. One page read instead of a binary
+    /// search of the last file, whose every probe into its unwritten part faults a page of
+    /// zeros into the page cache (~19 per queue: with 80,000 queues that was most of a start).
     pub(crate) fn count_units_below_near(&self, end: u64, guess: u64) -> io::Result<u64> {
         if guess >= self.min_offset {
             let mut opened = None;

@@ -1459,15 +1459,19 @@ async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<Che
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return None;
     }
+    let record = Checkpoint {
+        commitlog_offset: offset,
+        clean,
+        queues,
+        index: Some(index),
+        boot: (!synced)
+            .then(checkpoint::boot_id)
+            .flatten()
+            .map(str::to_string),
+    };
     if !synced {
         return Some(CheckpointPlan {
-            record: Checkpoint {
-                commitlog_offset: offset,
-                clean,
-                queues,
-                index: Some(index),
-                boot: checkpoint::boot_id().map(str::to_string),
-            },
+            record,
             paths: Vec::new(),
             dir: None,
             whole_fs: false,
@@ -1484,13 +1488,6 @@ async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<Che
     paths.extend(inner.queues.borrow_mut().take_dirty_paths());
     let (index_paths, index_dir) = inner.index.borrow_mut().take_dirty_paths();
     paths.extend(index_paths);
-    let record = Checkpoint {
-        commitlog_offset: offset,
-        clean,
-        queues,
-        index: Some(index),
-        boot: None,
-    };
     Some(CheckpointPlan {
         record,
         paths,
@@ -1515,29 +1512,17 @@ async fn write_checkpoint(
     plan: CheckpointPlan,
 ) -> Result<CheckpointWritten, SyncFailure> {
     let synced = !plan.record.light();
-    let written = if synced {
-        if plan.whole_fs {
-            crate::runtime::fs::syncfs(&root)
-                .await
-                .map_err(|error| SyncFailure {
-                    context: "consume queue and index syncfs",
-                    error,
-                    paths: plan.paths,
-                    dir: plan.dir,
-                })?;
-        } else {
-            sync_written(&root, plan.paths, plan.dir).await?;
-        }
-        checkpoint::write(&root, &plan.record).await
-    } else {
-        checkpoint::write_light(&root, &plan.record).await
-    };
-    written.map_err(|error| SyncFailure {
-        context: "checkpoint write",
-        error,
-        paths: Vec::new(),
-        dir: None,
-    })?;
+    if synced {
+        sync_written(&root, plan.paths, plan.dir, plan.whole_fs).await?;
+    }
+    checkpoint::write(&root, &plan.record)
+        .await
+        .map_err(|error| SyncFailure {
+            context: "checkpoint write",
+            error,
+            paths: Vec::new(),
+            dir: None,
+        })?;
     Ok(CheckpointWritten {
         offset: plan.record.commitlog_offset,
         synced,
@@ -1601,14 +1586,16 @@ pub(crate) struct SyncFailure {
 /// index directory `dir` durable. Many files (thousands of queues written since the last
 /// checkpoint, or re-dispatched by recovery) take one syncfs of the store's filesystem, whose
 /// cost follows the dirty bytes: an open + fdatasync + close per file held the flusher for a
-/// second of every second at a thousand queues, and took 100 s to start with 16,000. A file
-/// deleted meanwhile (a topic, the index bound) needs no sync.
+/// second of every second at a thousand queues, and took 100 s to start with 16,000. So do
+/// files no path lists (`whole_fs`: the store opened on a light checkpoint). A file deleted
+/// meanwhile (a topic, the index bound) needs no sync.
 pub(crate) async fn sync_written(
     root: &std::path::Path,
     paths: Vec<std::path::PathBuf>,
     dir: Option<std::path::PathBuf>,
+    whole_fs: bool,
 ) -> Result<(), SyncFailure> {
-    if paths.len() > SYNCFS_FILES_MIN {
+    if whole_fs || paths.len() > SYNCFS_FILES_MIN {
         return crate::runtime::fs::syncfs(root)
             .await
             .map_err(|error| SyncFailure {

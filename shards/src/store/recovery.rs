@@ -211,7 +211,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         let (index_paths, index_dir) = index.take_dirty_paths();
         let mut dirty = queues.take_dirty_paths();
         dirty.extend(index_paths);
-        super::flusher::sync_written(root, dirty, index_dir)
+        super::flusher::sync_written(root, dirty, index_dir, false)
             .await
             .map_err(|failure| failure.error)?;
     }
@@ -222,12 +222,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         index: Some(index.mark()),
         boot: saved.as_ref().and_then(|saved| saved.boot.clone()),
     };
-    let written = if unsynced_files {
-        checkpoint::write_light(root, &record).await
-    } else {
-        checkpoint::write(root, &record).await
-    };
-    match written {
+    match checkpoint::write(root, &record).await {
         Ok(()) => {}
         // A full disk has no block for the new checkpoint: the old one (or none) stays, and
         // the next start scans a little more. The store opens all the same.
