@@ -249,6 +249,48 @@ fn segments_roll_and_read_back_after_reopen() {
     });
 }
 
+/// Segment files are created well ahead of the appends (creating one syncs the directory,
+/// which can wait seconds for the journal under load), hold no blocks until allocation
+/// reaches them, and the ones past the next are removed by the recovery of the next open.
+#[test]
+fn segment_files_are_created_ahead_and_hold_no_blocks() {
+    use std::os::unix::fs::MetadataExt;
+    const SEGMENT: u64 = 64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    // The window (128 MiB) aims into segment 2; eight more files are prepared past it.
+    let last = 10 * SEGMENT;
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let first = append(&store, "Ahead", 0, 0, 1000, "t");
+        store.wait_durable(first.end_offset).await.unwrap();
+        let mut waited = 0;
+        while !segment_path(dir.path(), last).exists() {
+            assert!(waited < 10_000, "segment {last} was not created ahead");
+            shards::runtime::sleep(std::time::Duration::from_millis(10)).await;
+            waited += 10;
+        }
+        for k in 3..=10 {
+            let meta = std::fs::metadata(segment_path(dir.path(), k * SEGMENT)).unwrap();
+            assert_eq!(meta.len(), SEGMENT);
+            assert_eq!(meta.blocks(), 0, "segment {k} holds blocks");
+        }
+        assert!(!segment_path(dir.path(), last + SEGMENT).exists());
+        let second = append(&store, "Ahead", 0, 1, 1000, "t");
+        store.wait_durable(second.end_offset).await.unwrap();
+        store.close().await.unwrap();
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let bodies = pull_all(&store, "Ahead", 0, 0).await;
+        assert_eq!(bodies, vec![body_of(0, 1000), body_of(1, 1000)]);
+        store.close().await.unwrap();
+    });
+}
+
 /// SYNC_FLUSH load that never pauses, across several segments: group commits follow one
 /// another while zero-fill runs in the next segment, paced with the writes (its chunks end at
 /// offsets derived from an odd write position and must still be whole blocks), and every
