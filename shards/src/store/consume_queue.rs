@@ -106,6 +106,8 @@ pub(crate) struct ConsumeQueue {
     active: Option<MappedFile>,
     /// The last other file read (pulls of older data).
     cached: Option<MappedFile>,
+    /// A map of this queue was used since the last `release_maps_if_idle`.
+    used: bool,
     min_offset: u64,
     max_offset: u64,
     /// Files written since the last checkpoint synced them.
@@ -455,6 +457,7 @@ impl ConsumeQueue {
             files: found.files,
             active: None,
             cached: None,
+            used: false,
             min_offset: found.min_offset,
             max_offset: found.min_offset,
             dirty_files: BTreeSet::new(),
@@ -542,6 +545,7 @@ impl ConsumeQueue {
     /// The mapped file holding unit `index`, mapping it if needed; None when it does not exist
     /// and `create` is false.
     fn slot(&mut self, index: u64, create: bool) -> io::Result<Option<&mut MappedFile>> {
+        self.used = true;
         let start = self.file_start(index);
         let in_active = self.active.as_ref().is_some_and(|f| f.start_unit == start);
         if in_active {
@@ -616,6 +620,21 @@ impl ConsumeQueue {
         Ok(Some(Unit::decode(
             &file.map[at..at + CQ_UNIT_BYTES as usize],
         )))
+    }
+
+    /// Drops the queue's maps when none was used since the last call: an idle queue then
+    /// holds no map, page or page table, and its next read or write maps its file again
+    /// (`slot`). True when a map was dropped. What the maps held stays in the page cache,
+    /// dirty pages included (a checkpoint syncs them by path).
+    pub(crate) fn release_maps_if_idle(&mut self) -> bool {
+        let held = self.active.is_some() || self.cached.is_some();
+        let release = held && !self.used;
+        if release {
+            self.active = None;
+            self.cached = None;
+        }
+        self.used = false;
+        release
     }
 
     /// The map held of the file starting at unit `start`, if any.
@@ -992,6 +1011,31 @@ impl QueueTable {
             .sum()
     }
 
+    /// One step of a pass over the table that drops the maps of the queues idle since the
+    /// previous pass (`ConsumeQueue::release_maps_if_idle`): the topics after `after` (from
+    /// the first when None), whole topics, until at least `look_max` queues were looked at.
+    /// Returns how many queues let go of their maps, and the last topic looked at (None when
+    /// the pass is over).
+    pub(crate) fn release_idle_maps(
+        &mut self,
+        after: Option<&str>,
+        look_max: usize,
+    ) -> (usize, Option<String>) {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let (mut looked, mut released) = (0, 0);
+        for (topic, queues) in self.topics.range_mut::<str, _>((from, Bound::Unbounded)) {
+            for queue in queues.values_mut() {
+                looked += 1;
+                released += usize::from(queue.release_maps_if_idle());
+            }
+            if looked >= look_max {
+                return (released, Some(topic.clone()));
+            }
+        }
+        (released, None)
+    }
+
     /// A table with no queue, under `root`, touching no file (a store emptied by a reset,
     /// which removes the files itself).
     pub(crate) fn empty(root: PathBuf, units_per_file: u64) -> QueueTable {
@@ -1234,6 +1278,68 @@ mod tests {
             size_bytes: 100,
             tags_code: offset as i64,
         }
+    }
+
+    #[test]
+    fn queues_unused_for_a_pass_let_go_of_their_maps_and_map_again_when_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        for topic in ["A", "B", "C"] {
+            for id in 0..2 {
+                let queue = table.get_or_create(topic, id).unwrap();
+                for i in 0..6 {
+                    queue.append(unit(i * 100)).unwrap();
+                }
+                assert_eq!(
+                    queue.read_unit(1).unwrap(),
+                    Some(unit(100)),
+                    "an older file"
+                );
+            }
+        }
+        let maps = |table: &QueueTable| {
+            table
+                .queues()
+                .map(|(_, _, q)| usize::from(q.active.is_some()) + usize::from(q.cached.is_some()))
+                .sum::<usize>()
+        };
+        assert_eq!(maps(&table), 12);
+        // The first pass only notes that they were used.
+        assert_eq!(table.release_idle_maps(None, 100), (0, None));
+        // B/1 is read and A/0 written between passes; the pass goes a topic at a time.
+        assert_eq!(
+            table.get_mut("B", 1).unwrap().read_unit(5).unwrap(),
+            Some(unit(500))
+        );
+        table.get_mut("A", 0).unwrap().append(unit(600)).unwrap();
+        let (released, after) = table.release_idle_maps(None, 1);
+        assert_eq!(
+            (released, after.as_deref()),
+            (1, Some("A")),
+            "A/1, a topic at a time"
+        );
+        let (released, after) = table.release_idle_maps(after.as_deref(), 3);
+        assert_eq!(
+            (released, after.as_deref()),
+            (3, Some("C")),
+            "B/0, C/0 and C/1"
+        );
+        assert_eq!(table.release_idle_maps(after.as_deref(), 3), (0, None));
+        assert_eq!(maps(&table), 4, "A/0's and B/1's, two each");
+        // Every unit reads back, through maps made again, and writes go on.
+        for (topic, id, queue) in table.queues_mut() {
+            let held = if (topic, id) == ("A", 0) { 7 } else { 6 };
+            for i in 0..held {
+                assert_eq!(
+                    queue.read_unit(i).unwrap(),
+                    Some(unit(i * 100)),
+                    "{topic}/{id}"
+                );
+            }
+            assert_eq!(queue.append(unit(held * 100)).unwrap(), held);
+        }
+        let reopened = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        assert_eq!(reopened.get("C", 1).unwrap().min_offset(), 0);
     }
 
     #[test]

@@ -50,6 +50,7 @@ mod commit_ring;
 mod consume_queue;
 mod error;
 mod flusher;
+mod idle_maps;
 mod index;
 mod index_query;
 mod pull;
@@ -530,6 +531,7 @@ impl Store {
             return Err(poison.to_error());
         }
         flusher::spawn(&inner, wake_rx);
+        idle_maps::spawn(&inner);
         Ok(Store { inner })
     }
 
