@@ -38,7 +38,7 @@
 //! | exit (final flush + clean checkpoint) | `close` was called (after allocation and segment creation in flight) |
 //! | allocate (in a task of its own) | less than half the allocation window is left ahead of the appends (`space.rs`) |
 //! | create a segment file ahead (in a task of its own) | one within `segments_prepared_ahead` of the allocation target is missing |
-//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues, up to 10 s with tens of thousands written), or when asked (delete_topic) |
+//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues; with thousands of dirty queue files synced ones up to 30 s or 2 GiB apart, light ones each second between), or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
 //! | sync (Async) | written and not durable, none in flight, and `sync_due` |
 //! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
@@ -867,8 +867,9 @@ fn segments_prepared_ahead(size: u64) -> u64 {
 /// Creates the segment file starting at `start` in a task of its own, before allocation
 /// needs it. Creating a file syncs its directory, and that waits for the journal to commit
 /// everything before it: with 160,000 written consume-queue files that took 2.6-20 s here,
-/// and when allocation made it, every append past the allocated end waited. Allocation then only fallocates inside the file. A failure is left to allocation,
-/// which meets it again and reports it; this tries again after `ALLOCATION_RETRY_MS`.
+/// and when allocation made it, every append past the allocated end waited. Allocation then
+/// only fallocates inside the file. A failure is left to allocation, which meets it again
+/// and reports it; this tries again after `ALLOCATION_RETRY_MS`.
 fn prepare_segment(inner: &Rc<Inner>, start: u64) {
     inner.log.borrow_mut().flush.segment_preparing = true;
     let inner = Rc::clone(inner);

@@ -51,6 +51,10 @@ impl Segments {
         let mut starts = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
             let name = entry?.file_name();
+            if name.to_str().is_some_and(|n| n.contains(CREATING_MARK)) {
+                std::fs::remove_file(dir.join(&name))?;
+                continue;
+            }
             let Some(start) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
                 continue;
             };
@@ -113,25 +117,125 @@ impl Segments {
     }
 }
 
+/// Marks the name of a segment file being created (`create_segment`); one that a crash left
+/// behind is removed when the commitlog is opened.
+const CREATING_MARK: &str = ".creating-";
+
 /// Creates the segment starting at `start` in `dir`, `segment_size_bytes` long but a hole
 /// (space is allocated a window at a time, `flusher::allocate_ahead`), and makes its name
-/// durable.
+/// durable. The file is sized under a name of its own and then linked under the segment's,
+/// so the directory never shows a segment shorter than its size. Two creators at once (the
+/// creation ahead and an allocation or flush) end with the same file: the second link finds
+/// the name taken, and that creator opens the file behind it.
 pub(crate) async fn create_segment(
     dir: &Path,
     segment_size_bytes: u64,
     start: u64,
 ) -> Result<DirectFile, StoreError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CREATIONS: AtomicU64 = AtomicU64::new(0);
     assert_eq!(
         start % segment_size_bytes,
         0,
         "segment starts are segment-aligned"
     );
-    let file = open_segment_file(dir, start, true).await?;
-    file.set_len(segment_size_bytes).await?;
+    let name = segment_name(start);
+    let creation = CREATIONS.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!("{name}{CREATING_MARK}{creation}"));
+    let file = DirectFile::open(&temp, true).await?;
+    if let Err(error) = file.set_len(segment_size_bytes).await {
+        let _ = file.close().await;
+        let _ = std::fs::remove_file(&temp);
+        return Err(error.into());
+    }
+    let (from, to) = (temp, dir.join(&name));
+    let linked = crate::runtime::blocking(move || {
+        let linked = std::fs::hard_link(&from, &to);
+        std::fs::remove_file(&from)?;
+        match linked {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(error) => Err(error),
+        }
+    })
+    .await;
+    let file = match linked {
+        Ok(true) => file,
+        Ok(false) => {
+            file.close().await?;
+            open_segment_file(dir, start, false).await?
+        }
+        Err(error) => {
+            let _ = file.close().await;
+            return Err(error.into());
+        }
+    };
     sync_dir(dir).await?;
     Ok(file)
 }
 
 async fn open_segment_file(dir: &Path, start: u64, create: bool) -> Result<DirectFile, StoreError> {
     Ok(DirectFile::open(&dir.join(segment_name(start)), create).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_creations_of_one_segment_end_with_one_file_of_its_size() {
+        const SIZE: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        crate::runtime::run_local(|| async move {
+            let (first, second) = futures_lite::future::zip(
+                create_segment(&path, SIZE, SIZE),
+                create_segment(&path, SIZE, SIZE),
+            )
+            .await;
+            let (first, second) = (first.unwrap(), second.unwrap());
+            let inode = |fd: std::os::fd::RawFd| {
+                // SAFETY: fstat of a descriptor the file holds, into a zeroed struct.
+                let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+                assert_eq!(unsafe { libc::fstat(fd, &mut stat) }, 0);
+                stat.st_ino
+            };
+            use std::os::unix::fs::MetadataExt;
+            let on_disk = std::fs::metadata(path.join(segment_name(SIZE)))
+                .unwrap()
+                .ino();
+            assert_eq!(
+                inode(first.as_raw_fd()),
+                on_disk,
+                "the first holds the file"
+            );
+            assert_eq!(inode(second.as_raw_fd()), on_disk, "and so does the second");
+            let names: Vec<String> = std::fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert_eq!(
+                names,
+                vec![segment_name(SIZE)],
+                "no name left of the creation"
+            );
+            assert_eq!(
+                std::fs::metadata(path.join(segment_name(SIZE)))
+                    .unwrap()
+                    .len(),
+                SIZE
+            );
+            // A name a crash left behind goes when the commitlog is opened.
+            std::fs::write(
+                path.join(format!("{}{CREATING_MARK}9", segment_name(0))),
+                b"",
+            )
+            .unwrap();
+            let opened = Segments::open(path.clone(), SIZE, &Default::default())
+                .await
+                .unwrap();
+            assert_eq!(opened.files.keys().copied().collect::<Vec<_>>(), vec![SIZE]);
+            assert_eq!(std::fs::read_dir(&path).unwrap().count(), 1);
+        });
+    }
 }
