@@ -36,9 +36,7 @@ fn cut_log(dir: &Path, cut: u64) {
     .unwrap();
     for entry in std::fs::read_dir(dir.join("commitlog")).unwrap() {
         let entry = entry.unwrap();
-        let Ok(start) = entry.file_name().to_str().unwrap().parse::<u64>() else {
-            continue;
-        };
+        let start: u64 = entry.file_name().to_str().unwrap().parse().unwrap();
         if start > segment {
             std::fs::remove_file(entry.path()).unwrap();
         }

@@ -58,6 +58,46 @@ impl DirectFile {
         Ok(DirectFile(file))
     }
 
+    /// Creates a file with no name in the directory `dir` (O_TMPFILE), for `link_to` to
+    /// give it one once it is ready: no reader of the directory sees it before, and a crash
+    /// before leaves nothing behind.
+    pub async fn create_unnamed(dir: &Path) -> io::Result<DirectFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .tmpfile(true)
+            .tmpfile_linkable(true)
+            .dma_open(dir)
+            .await
+            .map_err(io_error)?;
+        Ok(DirectFile(file))
+    }
+
+    /// Names a file made by `create_unnamed` `path` (linkat, on the helper thread); an
+    /// `AlreadyExists` error when the name is taken, which is left as it was.
+    pub async fn link_to(&self, path: &Path) -> io::Result<()> {
+        let from = std::ffi::CString::new(format!("/proc/self/fd/{}", self.as_raw_fd()))?;
+        let to = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+        super::blocking(move || {
+            // SAFETY: two NUL-terminated paths that live for the call.
+            let code = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        })
+        .await
+    }
+
     /// Opens `path` read-only.
     pub async fn open_read_only(path: &Path) -> io::Result<DirectFile> {
         DmaFile::open(path).await.map(DirectFile).map_err(io_error)

@@ -51,10 +51,6 @@ impl Segments {
         let mut starts = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
             let name = entry?.file_name();
-            if name.to_str().is_some_and(|n| n.contains(CREATING_MARK)) {
-                std::fs::remove_file(dir.join(&name))?;
-                continue;
-            }
             let Some(start) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
                 continue;
             };
@@ -117,51 +113,30 @@ impl Segments {
     }
 }
 
-/// Marks the name of a segment file being created (`create_segment`); one that a crash left
-/// behind is removed when the commitlog is opened.
-const CREATING_MARK: &str = ".creating-";
-
 /// Creates the segment starting at `start` in `dir`, `segment_size_bytes` long but a hole
 /// (space is allocated a window at a time, `flusher::allocate_ahead`), and makes its name
-/// durable. The file is sized under a name of its own and then linked under the segment's,
-/// so the directory never shows a segment shorter than its size. Two creators at once (the
-/// creation ahead and an allocation or flush) end with the same file: the second link finds
-/// the name taken, and that creator opens the file behind it.
+/// durable. The file is made without a name (O_TMPFILE), sized, then linked under the
+/// segment's name, so the directory never shows a segment shorter than its size. Two
+/// creators at once (the creation ahead and an allocation or flush) end with the same file:
+/// the second link finds the name taken, and that creator opens the file behind it.
 pub(crate) async fn create_segment(
     dir: &Path,
     segment_size_bytes: u64,
     start: u64,
 ) -> Result<DirectFile, StoreError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static CREATIONS: AtomicU64 = AtomicU64::new(0);
     assert_eq!(
         start % segment_size_bytes,
         0,
         "segment starts are segment-aligned"
     );
-    let name = segment_name(start);
-    let creation = CREATIONS.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!("{name}{CREATING_MARK}{creation}"));
-    let file = DirectFile::open(&temp, true).await?;
-    if let Err(error) = file.set_len(segment_size_bytes).await {
-        let _ = file.close().await;
-        let _ = std::fs::remove_file(&temp);
-        return Err(error.into());
-    }
-    let (from, to) = (temp, dir.join(&name));
-    let linked = crate::runtime::blocking(move || {
-        let linked = std::fs::hard_link(&from, &to);
-        std::fs::remove_file(&from)?;
-        match linked {
-            Ok(()) => Ok(true),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-            Err(error) => Err(error),
-        }
-    })
-    .await;
+    let file = DirectFile::create_unnamed(dir).await?;
+    let linked = match file.set_len(segment_size_bytes).await {
+        Ok(()) => file.link_to(&dir.join(segment_name(start))).await,
+        Err(error) => Err(error),
+    };
     let file = match linked {
-        Ok(true) => file,
-        Ok(false) => {
+        Ok(()) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
             file.close().await?;
             open_segment_file(dir, start, false).await?
         }
@@ -214,28 +189,13 @@ mod tests {
                 .unwrap()
                 .map(|e| e.unwrap().file_name().into_string().unwrap())
                 .collect();
-            assert_eq!(
-                names,
-                vec![segment_name(SIZE)],
-                "no name left of the creation"
-            );
+            assert_eq!(names, vec![segment_name(SIZE)], "one name");
             assert_eq!(
                 std::fs::metadata(path.join(segment_name(SIZE)))
                     .unwrap()
                     .len(),
                 SIZE
             );
-            // A name a crash left behind goes when the commitlog is opened.
-            std::fs::write(
-                path.join(format!("{}{CREATING_MARK}9", segment_name(0))),
-                b"",
-            )
-            .unwrap();
-            let opened = Segments::open(path.clone(), SIZE, &Default::default())
-                .await
-                .unwrap();
-            assert_eq!(opened.files.keys().copied().collect::<Vec<_>>(), vec![SIZE]);
-            assert_eq!(std::fs::read_dir(&path).unwrap().count(), 1);
         });
     }
 }
