@@ -939,17 +939,14 @@ impl ConsumeQueue {
         }
         let floor = self.files.first().copied().unwrap_or(self.max_offset);
         let (mut low, mut high) = (self.min_offset.max(floor), self.max_offset);
+        let kept = |unit: Unit| unit.size_bytes > 0 && unit.physical_offset >= min_physical;
         let held = |queue: &Self, index, opened: &mut _| -> io::Result<bool> {
-            Ok(queue
-                .probe_unit(index, opened)?
-                .is_some_and(|u| u.size_bytes > 0 && u.physical_offset >= min_physical))
+            Ok(queue.probe_unit(index, opened)?.is_some_and(kept))
         };
         // Most queues lose nothing: their first unit is held, one read (none when `load`
         // read it).
         let first_held = match self.first_unit {
-            Some((index, unit)) if index == low => {
-                unit.size_bytes > 0 && unit.physical_offset >= min_physical
-            }
+            Some((index, unit)) if index == low => kept(unit),
             _ => low < high && held(self, low, &mut opened)?,
         };
         if low < high && first_held {
@@ -1225,7 +1222,7 @@ impl QueueTable {
     }
 
     /// (topic, queueId) → max offset of every queue, for the checkpoint.
-    pub(crate) fn max_offsets(&self) -> BTreeMap<String, BTreeMap<u32, u64>> {
+    pub(crate) fn max_offsets(&self) -> QueueCounts {
         self.topics
             .iter()
             .map(|(t, qs)| {
@@ -1490,7 +1487,7 @@ mod tests {
                 }
             }
         }
-        let counts: BTreeMap<String, BTreeMap<u32, u64>> = BTreeMap::from([(
+        let counts: QueueCounts = BTreeMap::from([(
             "T".to_string(),
             BTreeMap::from([(0, 0), (1, 1), (2, 4), (3, 63)]),
         )]);

@@ -552,17 +552,11 @@ fn next_action(inner: &Inner) -> Action {
     // Before the exit: a reset asked for before `close` is done first (it refuses to start
     // after it). Both wait for allocation and for a segment file being created ahead (their
     // end wakes the loop).
-    let space_work = flush.segment_preparing || flush.allocating;
-    if log.reset.is_some() {
-        return if space_work {
+    if log.reset.is_some() || log.closing {
+        return if flush.segment_preparing || flush.allocating {
             Action::Wait(None)
-        } else {
+        } else if log.reset.is_some() {
             Action::Reset
-        };
-    }
-    if log.closing {
-        return if space_work {
-            Action::Wait(None)
         } else {
             Action::Exit
         };
