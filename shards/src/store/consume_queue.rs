@@ -38,7 +38,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use memmap2::MmapMut;
@@ -84,37 +84,48 @@ impl Unit {
     }
 }
 
+/// A queue file's map. Its descriptor is closed once it is mapped (the map stays valid), so a
+/// shard with tens of thousands of queues does not hold as many descriptors; the rare
+/// reservation (every `CQ_RESERVE_CHUNK_BYTES` of units) opens it again by its path.
 struct MappedFile {
     start_unit: u64,
     map: MmapMut,
-    /// The file's path: its descriptor is closed once it is mapped (the map stays valid), so
-    /// a shard with tens of thousands of queues does not hold as many descriptors; the rare
-    /// reservation (every `CQ_RESERVE_CHUNK_BYTES` of units) opens it again.
-    path: PathBuf,
     /// Bytes from the file's start known to have their blocks (`reserve_blocks`): units are
     /// written only below it.
     reserved_bytes: u64,
 }
 
 /// One queue's units.
+///
+/// A node holds tens of thousands of these, most of them idle, so what is not needed most of
+/// the time sits behind a pointer: the maps (`release_maps_if_idle` drops them) and what
+/// `load` and recovery learned (`LoadNotes`). With the maps and notes inline the struct was
+/// ~290 bytes, and the B-tree of a topic's queues holds it in nodes of 11 slots.
 pub(crate) struct ConsumeQueue {
-    dir: PathBuf,
+    dir: Box<Path>,
     units_per_file: u64,
     /// First unit index of every file on disk.
-    files: BTreeSet<u64>,
+    files: FileStarts,
     /// The file appends go to.
-    active: Option<MappedFile>,
+    active: Option<Box<MappedFile>>,
     /// The last other file read (pulls of older data).
-    cached: Option<MappedFile>,
+    cached: Option<Box<MappedFile>>,
     /// A map of this queue was used since the last `release_maps_if_idle`.
     used: bool,
     min_offset: u64,
     max_offset: u64,
     /// Files written since the last checkpoint synced them.
-    dirty_files: BTreeSet<u64>,
+    dirty_files: FileStarts,
     /// The table's count of files made dirty since its last `take_dirty_paths` (shared by
     /// its queues; see `QueueTable::dirty_files`).
     dirty_count: Rc<Cell<usize>>,
+    /// None when nothing is noted (every queue once written after a start).
+    notes: Option<Box<LoadNotes>>,
+}
+
+/// What `load` and recovery learned of a queue, kept until a write makes it stale.
+#[derive(Default)]
+struct LoadNotes {
     /// One past the highest unit recovery wrote again (`note_rebuilt`), 0 when none: the
     /// count it tries first once the scan is done.
     rebuilt_end: u64,
@@ -124,6 +135,59 @@ pub(crate) struct ConsumeQueue {
     /// The unit at this index (the first one held) as `load` read it; forgotten at the next
     /// write, or a truncation that cuts it.
     first_unit: Option<(u64, Unit)>,
+}
+
+/// First unit indexes of a queue's files, in order. A sorted vector: a queue holds one file
+/// or a few, and a B-tree set took a 104-byte node for one file, in every queue.
+#[derive(Default)]
+struct FileStarts(Vec<u64>);
+
+impl FileStarts {
+    /// Adds `start`; false when it was there.
+    fn insert(&mut self, start: u64) -> bool {
+        match self.0.binary_search(&start) {
+            Ok(_) => false,
+            Err(at) => {
+                // One slot at a time: most queues never hold a second file.
+                self.0.reserve_exact(1);
+                self.0.insert(at, start);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, start: u64) {
+        if let Ok(at) = self.0.binary_search(&start) {
+            self.0.remove(at);
+        }
+    }
+
+    fn contains(&self, start: u64) -> bool {
+        self.0.binary_search(&start).is_ok()
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.0.first().copied()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The starts past `start`, in order.
+    fn after(&self, start: u64) -> &[u64] {
+        let at = self.0.partition_point(|&held| held <= start);
+        &self.0[at..]
+    }
+
+    /// Every start, in order, leaving none (and no allocation) behind.
+    fn take(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.0)
+    }
 }
 
 fn file_name(start_unit: u64) -> String {
@@ -192,12 +256,10 @@ fn map_error(error: io::Error, path: &std::path::Path) -> io::Error {
     )
 }
 
-impl MappedFile {
-    /// `reserve_blocks` of `[from, size_bytes)` of this file.
-    fn reserve(&self, from: u64, size_bytes: u64) -> io::Result<()> {
-        let file = OpenOptions::new().write(true).open(&self.path)?;
-        reserve_blocks(&file, from, size_bytes)
-    }
+/// `reserve_blocks` of `[from, size_bytes)` of the queue file at `path`.
+fn reserve_at(path: &Path, from: u64, size_bytes: u64) -> io::Result<()> {
+    let file = OpenOptions::new().write(true).open(path)?;
+    reserve_blocks(&file, from, size_bytes)
 }
 
 /// A queue file opened for reads (and, with `write`, writes) by offset, its readahead off: a
@@ -295,7 +357,7 @@ fn reserve_blocks(file: &std::fs::File, from: u64, size_bytes: u64) -> io::Resul
 struct QueueFiles {
     dir: PathBuf,
     /// First unit index of every file on disk.
-    files: BTreeSet<u64>,
+    files: FileStarts,
     min_offset: u64,
     /// What `ConsumeQueue::check_recorded` would find, when `load` was given the count.
     known_end: Option<u64>,
@@ -362,7 +424,7 @@ impl QueueFiles {
         units_per_file: u64,
         recorded: Option<(u64, u64)>,
     ) -> io::Result<QueueFiles> {
-        let mut files = BTreeSet::new();
+        let mut files = FileStarts::default();
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();
             let Some(start_byte) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
@@ -388,7 +450,7 @@ impl QueueFiles {
             known_end: None,
             first_unit: None,
         };
-        if let Some(&first) = found.files.first() {
+        if let Some(first) = found.files.first() {
             found.min_offset = first;
             let path = found.dir.join(file_name(first));
             if let Ok(file) = open_without_atime(&path, false) {
@@ -451,8 +513,9 @@ impl ConsumeQueue {
     }
 
     fn from_files(found: QueueFiles, units_per_file: u64) -> ConsumeQueue {
+        let noted = found.known_end.is_some() || found.first_unit.is_some();
         ConsumeQueue {
-            dir: found.dir,
+            dir: found.dir.into_boxed_path(),
             units_per_file,
             files: found.files,
             active: None,
@@ -460,12 +523,42 @@ impl ConsumeQueue {
             used: false,
             min_offset: found.min_offset,
             max_offset: found.min_offset,
-            dirty_files: BTreeSet::new(),
+            dirty_files: FileStarts::default(),
             dirty_count: Rc::default(),
-            rebuilt_end: 0,
-            known_end: found.known_end,
-            first_unit: found.first_unit,
+            notes: noted.then(|| {
+                Box::new(LoadNotes {
+                    rebuilt_end: 0,
+                    known_end: found.known_end,
+                    first_unit: found.first_unit,
+                })
+            }),
         }
+    }
+
+    /// The notes, made when there are none.
+    fn notes_mut(&mut self) -> &mut LoadNotes {
+        self.notes.get_or_insert_with(Box::default)
+    }
+
+    /// Forgets what a write makes stale: the known end and the first unit (the rebuilt end
+    /// stays, recovery reads it after its writes).
+    fn forget_on_write(&mut self) {
+        if let Some(notes) = self.notes.as_mut() {
+            notes.known_end = None;
+            notes.first_unit = None;
+            if notes.rebuilt_end == 0 {
+                self.notes = None;
+            }
+        }
+    }
+
+    fn known_end_is(&self, count: u64) -> bool {
+        self.notes.as_ref().and_then(|n| n.known_end) == Some(count)
+    }
+
+    /// The path of the file starting at unit `start`.
+    fn file_path(&self, start: u64) -> PathBuf {
+        self.dir.join(file_name(start))
     }
 
     pub(crate) fn min_offset(&self) -> u64 {
@@ -479,12 +572,13 @@ impl ConsumeQueue {
     /// Recovery wrote unit `index` again: its count after the scan is likely one past the
     /// highest such unit (`rebuilt_end`).
     pub(crate) fn note_rebuilt(&mut self, index: u64) {
-        self.rebuilt_end = self.rebuilt_end.max(index + 1);
+        let notes = self.notes_mut();
+        notes.rebuilt_end = notes.rebuilt_end.max(index + 1);
     }
 
     /// One past the highest unit recovery wrote again, 0 when it wrote none.
     pub(crate) fn rebuilt_end(&self) -> u64 {
-        self.rebuilt_end
+        self.notes.as_ref().map_or(0, |n| n.rebuilt_end)
     }
 
     /// Whether no file of this queue exists (a queue created just now).
@@ -496,8 +590,8 @@ impl ConsumeQueue {
         index - index % self.units_per_file
     }
 
-    fn map_file(&self, start_unit: u64, create: bool) -> io::Result<Option<MappedFile>> {
-        let path = self.dir.join(file_name(start_unit));
+    fn map_file(&self, start_unit: u64, create: bool) -> io::Result<Option<Box<MappedFile>>> {
+        let path = self.file_path(start_unit);
         let file = match OpenOptions::new()
             .read(true)
             .write(true)
@@ -534,12 +628,11 @@ impl ConsumeQueue {
         // the kernel's memset of those pages was 77% of the shard.
         map.advise(memmap2::Advice::Random)?;
         drop(file);
-        Ok(Some(MappedFile {
+        Ok(Some(Box::new(MappedFile {
             start_unit,
             map,
-            path,
             reserved_bytes,
-        }))
+        })))
     }
 
     /// The mapped file holding unit `index`, mapping it if needed; None when it does not exist
@@ -549,10 +642,10 @@ impl ConsumeQueue {
         let start = self.file_start(index);
         let in_active = self.active.as_ref().is_some_and(|f| f.start_unit == start);
         if in_active {
-            return Ok(self.active.as_mut());
+            return Ok(self.active.as_deref_mut());
         }
         if self.cached.as_ref().is_some_and(|f| f.start_unit == start) {
-            return Ok(self.cached.as_mut());
+            return Ok(self.cached.as_deref_mut());
         }
         let Some(mapped) = self.map_file(start, create)? else {
             return Ok(None);
@@ -561,42 +654,42 @@ impl ConsumeQueue {
         // The file holding the write position (or beyond it) becomes the active one.
         if start >= self.file_start(self.max_offset) {
             self.active = Some(mapped);
-            Ok(self.active.as_mut())
+            Ok(self.active.as_deref_mut())
         } else {
             self.cached = Some(mapped);
-            Ok(self.cached.as_mut())
+            Ok(self.cached.as_deref_mut())
         }
     }
 
     /// Writes unit `index` (recovery re-dispatch writes at the index the record carries).
     pub(crate) fn write_unit(&mut self, index: u64, unit: Unit) -> io::Result<()> {
-        self.known_end = None;
-        self.first_unit = None;
+        self.forget_on_write();
         let units_per_file = self.units_per_file;
-        let file = self
-            .slot(index, true)?
-            .ok_or_else(|| io::Error::other("file vanished"))?;
         let at = ((index % units_per_file) * CQ_UNIT_BYTES) as usize;
         let end = at as u64 + CQ_UNIT_BYTES;
-        if end > file.reserved_bytes {
+        let vanished = || io::Error::other("file vanished");
+        let file = self.slot(index, true)?.ok_or_else(vanished)?;
+        let (start_unit, reserved_bytes) = (file.start_unit, file.reserved_bytes);
+        if end > reserved_bytes {
             let size_bytes = units_per_file * CQ_UNIT_BYTES;
             let want = (end + CQ_RESERVE_CHUNK_BYTES)
                 .next_multiple_of(4096)
                 .min(size_bytes);
-            let reserved = match file.reserve(file.reserved_bytes, want) {
+            let path = self.file_path(start_unit);
+            let reserved = match reserve_at(&path, reserved_bytes, want) {
                 Ok(()) => want,
                 // A full disk: no room ahead, but the unit's own block may be there already
                 // (recovery writes units again over a file that holds them).
                 Err(error) if super::error::is_space_error(&error) => {
                     let need = end.next_multiple_of(4096).min(size_bytes);
-                    file.reserve(file.reserved_bytes, need)?;
+                    reserve_at(&path, reserved_bytes, need)?;
                     need
                 }
                 Err(error) => return Err(error),
             };
-            file.reserved_bytes = reserved;
+            self.slot(index, true)?.ok_or_else(vanished)?.reserved_bytes = reserved;
         }
-        let start_unit = file.start_unit;
+        let file = self.slot(index, true)?.ok_or_else(vanished)?;
         unit.encode(&mut file.map[at..at + CQ_UNIT_BYTES as usize]);
         self.mark_dirty(start_unit);
         Ok(())
@@ -642,6 +735,7 @@ impl ConsumeQueue {
         [&self.active, &self.cached]
             .into_iter()
             .flatten()
+            .map(|m| &**m)
             .find(|m| m.start_unit == start)
     }
 
@@ -652,11 +746,11 @@ impl ConsumeQueue {
         start: u64,
         opened: &'a mut Option<(u64, fs::File)>,
     ) -> io::Result<Option<&'a fs::File>> {
-        if !self.files.contains(&start) {
+        if !self.files.contains(start) {
             return Ok(None);
         }
         if opened.as_ref().is_none_or(|(held, _)| *held != start) {
-            match open_for_probes(&self.dir.join(file_name(start)), false) {
+            match open_for_probes(&self.file_path(start), false) {
                 Ok(file) => *opened = Some((start, file)),
                 Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(error) => return Err(error),
@@ -716,8 +810,7 @@ impl ConsumeQueue {
     /// a binary search, valid because those units form a prefix (see module invariants).
     pub(crate) fn count_units_below(&self, end: u64) -> io::Result<u64> {
         let mut opened = None;
-        let starts: Vec<u64> = self.files.iter().rev().copied().collect();
-        for start in starts {
+        for &start in self.files.0.iter().rev() {
             // The first file of a queue started mid-file holds units from `min_offset` on.
             let first = start.max(self.min_offset);
             if !self.probe_below(first, end, &mut opened)? {
@@ -744,20 +837,16 @@ impl ConsumeQueue {
     /// that it ends there (`known_end`): unless the scan writes to it, recovery needs no other
     /// look into its files (with 80,000 queues a shard, each look was an open and a read).
     pub(crate) fn check_recorded(&mut self, end: u64, recorded: u64) -> io::Result<u64> {
-        if self.known_end == Some(recorded) {
+        if self.known_end_is(recorded) {
             return Ok(recorded); // `load` found it, given the same count and offset
         }
         let mut opened = None;
         let exact = recorded >= self.min_offset
             && (recorded == self.min_offset || self.probe_below(recorded - 1, end, &mut opened)?)
-            && self
-                .files
-                .range(self.file_start(recorded) + 1..)
-                .next()
-                .is_none()
+            && self.files.after(self.file_start(recorded)).is_empty()
             && self.nothing_written_from(recorded, &mut opened)?;
         if exact {
-            self.known_end = Some(recorded);
+            self.notes_mut().known_end = Some(recorded);
             return Ok(recorded);
         }
         self.count_units_below_near(end, recorded)
@@ -765,7 +854,7 @@ impl ConsumeQueue {
 
     /// What `check_recorded` found, while nothing has been written since.
     pub(crate) fn known_end(&self) -> Option<u64> {
-        self.known_end
+        self.notes.as_ref().and_then(|n| n.known_end)
     }
 
     /// Whether the unit at `index` and the rest of its page are zeros (no file there counts
@@ -824,13 +913,13 @@ impl ConsumeQueue {
         );
         self.active = None;
         self.cached = None;
-        for start in std::mem::take(&mut self.files) {
-            match fs::remove_file(self.dir.join(file_name(start))) {
+        for start in self.files.take() {
+            match fs::remove_file(self.file_path(start)) {
                 Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
                 _ => {}
             }
         }
-        self.dirty_files.clear();
+        self.dirty_files.take();
         self.min_offset = index;
         self.max_offset = index;
         let file_start = self.file_start(index);
@@ -838,20 +927,20 @@ impl ConsumeQueue {
             return Ok(());
         }
         let units_per_file = self.units_per_file;
-        let file = self
-            .slot(index, true)?
-            .ok_or_else(|| io::Error::other("file vanished"))?;
+        let vanished = || io::Error::other("file vanished");
+        let reserved_bytes = self.slot(index, true)?.ok_or_else(vanished)?.reserved_bytes;
         let at = (index % units_per_file) * CQ_UNIT_BYTES;
         let size_bytes = units_per_file * CQ_UNIT_BYTES;
         let want = (at + CQ_UNIT_BYTES + CQ_RESERVE_CHUNK_BYTES)
             .next_multiple_of(4096)
             .min(size_bytes);
-        if want > file.reserved_bytes {
-            let from = (at - at % 4096).max(file.reserved_bytes);
-            file.reserve(from, want)?;
-            // Below `from` only the mark's first blocks are held; nothing is written there.
-            file.reserved_bytes = want;
+        if want > reserved_bytes {
+            let from = (at - at % 4096).max(reserved_bytes);
+            reserve_at(&self.file_path(file_start), from, want)?;
         }
+        let file = self.slot(index, true)?.ok_or_else(vanished)?;
+        // Below `from` only the mark's first blocks are held; nothing is written there.
+        file.reserved_bytes = file.reserved_bytes.max(want);
         Unit::start_mark(index).encode(&mut file.map[..CQ_UNIT_BYTES as usize]);
         self.mark_dirty(file_start);
         Ok(())
@@ -866,14 +955,14 @@ impl ConsumeQueue {
                 *held = None;
             }
         }
-        let later: Vec<u64> = self.files.range(keep_start + 1..).copied().collect();
+        let later: Vec<u64> = self.files.after(keep_start).to_vec();
         for start in later {
-            fs::remove_file(self.dir.join(file_name(start)))?;
-            self.files.remove(&start);
-            self.dirty_files.remove(&start);
+            fs::remove_file(self.file_path(start))?;
+            self.files.remove(start);
+            self.dirty_files.remove(start);
         }
         // A queue recovery found ending at `new_max` holds nothing past it to zero.
-        if self.files.contains(&keep_start) && self.known_end != Some(new_max) {
+        if self.files.contains(keep_start) && !self.known_end_is(new_max) {
             // Zero the dropped units in place, and only where something was written: no
             // truncate (ext4 reuses freed blocks only after its next commit, so shrinking and
             // re-reserving fails on a full disk), and nothing to do in the usual case.
@@ -887,7 +976,7 @@ impl ConsumeQueue {
             let wrote = match mapped {
                 Some(file) => zero_mapped_to_first_zero_page(&mut file.map[..], at),
                 None => {
-                    let path = self.dir.join(file_name(keep_start));
+                    let path = self.file_path(keep_start);
                     zero_to_first_zero_page(&path, at, self.units_per_file * CQ_UNIT_BYTES)?
                 }
             };
@@ -899,11 +988,13 @@ impl ConsumeQueue {
             self.min_offset = new_max.min(self.min_offset);
         }
         self.max_offset = new_max.max(self.min_offset);
-        self.known_end = None;
-        // The first unit stays unless it was cut (recovery truncates every queue before it
-        // finds their retention floors, which read it).
-        if self.first_unit.is_some_and(|(index, _)| index >= new_max) {
-            self.first_unit = None;
+        if let Some(notes) = self.notes.as_mut() {
+            notes.known_end = None;
+            // The first unit stays unless it was cut (recovery truncates every queue before
+            // it finds their retention floors, which read it).
+            if notes.first_unit.is_some_and(|(index, _)| index >= new_max) {
+                notes.first_unit = None;
+            }
         }
         Ok(())
     }
@@ -919,7 +1010,7 @@ impl ConsumeQueue {
     ) -> io::Result<()> {
         let mut opened = None;
         while self.files.len() > 1 {
-            let Some(&first) = self.files.first() else {
+            let Some(first) = self.files.first() else {
                 break;
             };
             let last_unit = self.probe_unit(first + self.units_per_file - 1, &mut opened)?;
@@ -933,11 +1024,11 @@ impl ConsumeQueue {
             if self.active.as_ref().is_some_and(|f| f.start_unit == first) {
                 self.active = None;
             }
-            self.files.remove(&first);
-            self.dirty_files.remove(&first);
-            paths.push(self.dir.join(file_name(first)));
+            self.files.remove(first);
+            self.dirty_files.remove(first);
+            paths.push(self.file_path(first));
         }
-        let floor = self.files.first().copied().unwrap_or(self.max_offset);
+        let floor = self.files.first().unwrap_or(self.max_offset);
         let (mut low, mut high) = (self.min_offset.max(floor), self.max_offset);
         let kept = |unit: Unit| unit.size_bytes > 0 && unit.physical_offset >= min_physical;
         let held = |queue: &Self, index, opened: &mut _| -> io::Result<bool> {
@@ -945,7 +1036,7 @@ impl ConsumeQueue {
         };
         // Most queues lose nothing: their first unit is held, one read (none when `load`
         // read it).
-        let first_held = match self.first_unit {
+        let first_held = match self.notes.as_ref().and_then(|n| n.first_unit) {
             Some((index, unit)) if index == low => kept(unit),
             _ => low < high && held(self, low, &mut opened)?,
         };
@@ -974,8 +1065,8 @@ impl ConsumeQueue {
     }
 
     fn take_dirty_paths(&mut self, out: &mut Vec<PathBuf>) {
-        for start in std::mem::take(&mut self.dirty_files) {
-            out.push(self.dir.join(file_name(start)));
+        for start in self.dirty_files.take() {
+            out.push(self.file_path(start));
         }
     }
 }
@@ -1130,11 +1221,11 @@ impl QueueTable {
                 continue;
             };
             let start = queue.file_start(index);
-            if queue.mapped(start).is_some() || !queue.files.contains(&start) {
+            if queue.mapped(start).is_some() || !queue.files.contains(start) {
                 continue;
             }
             let at = (index - start) * CQ_UNIT_BYTES;
-            if queue.files.first() == Some(&start) && at < PAGE {
+            if queue.files.first() == Some(start) && at < PAGE {
                 // `load` read that page for the start mark (most queues: they hold fewer
                 // than 200 units): an open and a read saved per queue.
                 continue;
@@ -1146,7 +1237,7 @@ impl QueueTable {
         }
         let files: Vec<(PathBuf, BTreeSet<u64>)> = pages
             .into_iter()
-            .map(|((_, _, start), (queue, offsets))| (queue.dir.join(file_name(start)), offsets))
+            .map(|((_, _, start), (queue, offsets))| (queue.file_path(start), offsets))
             .collect();
         crate::runtime::fan_out::map(files, |(path, offsets)| {
             use std::os::unix::fs::FileExt;
@@ -1510,7 +1601,7 @@ mod tests {
             let mut table = QueueTable::load(dir.path().to_path_buf(), 64).unwrap();
             let queue = table.get_mut("T", 2).unwrap();
             queue.truncate_to(5).unwrap(); // as recovery does first: the first unit stays
-            assert!(queue.first_unit.is_some());
+            assert!(queue.notes.as_ref().is_some_and(|n| n.first_unit.is_some()));
             table.expire_below(min_physical).unwrap();
             let floor = table.get("T", 2).unwrap().min_offset();
             assert_eq!(floor, min_physical.div_ceil(100).min(5), "{min_physical}");
