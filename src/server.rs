@@ -589,11 +589,7 @@ pub async fn trim_memory() {
             continue;
         }
         CLOSED_SINCE_TRIM.with(|closed| closed.set(0));
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only releases free memory of the allocator; no pointer is given.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        runtime::release_free_memory().await;
     }
 }
 
