@@ -1,7 +1,8 @@
 //! The console's short memory of the node's totals, on shard 0: a sample of the shards'
 //! published figures every `HISTORY_INTERVAL_MS`, at most `HISTORY_SAMPLES_MAX` kept (ten
 //! minutes), from which the charts' rates and send latency percentiles and the tables'
-//! per-topic and per-group rates are differences. Pure state: the sampler task feeds it.
+//! per-topic and per-group rates are differences. Only the samples the rates span keep the
+//! per-topic, per-group and per-node counts. Pure state: the sampler task feeds it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -94,6 +95,19 @@ impl History {
             self.samples.pop_front();
         }
         self.samples.push_back(sample);
+        // Only the last `RATE_SPAN_SAMPLES + 1` samples' maps are read (`span`): older ones
+        // keep the totals the charts draw. Kept whole, ten minutes of samples held every
+        // topic 300 times (10,000 topics: ~200 MB).
+        if let Some(aged) = self
+            .samples
+            .len()
+            .checked_sub(RATE_SPAN_SAMPLES + 2)
+            .and_then(|at| self.samples.get_mut(at))
+        {
+            aged.in_by_topic = HashMap::new();
+            aged.out_by_group = HashMap::new();
+            aged.by_node = HashMap::new();
+        }
     }
 
     /// Points of the charts: `[{"atMs","produceTps","consumeTps","sendP50Ms","sendP99Ms"}]`,
@@ -201,5 +215,32 @@ mod tests {
             history.push(Sample::of(4_000 + index as u64, &[]));
         }
         assert_eq!(history.samples.len(), HISTORY_SAMPLES_MAX);
+        let with_topics = history.samples.iter().filter(|s| !s.in_by_topic.is_empty());
+        assert_eq!(
+            with_topics.count(),
+            0,
+            "the rates span only empty samples now"
+        );
+    }
+
+    #[test]
+    fn only_the_samples_the_rates_span_keep_their_topics() {
+        let mut history = History::default();
+        for index in 0..40 {
+            history.push(Sample::of(index * 2_000, &[shard(10 * index, &[])]));
+        }
+        let kept: Vec<bool> = history
+            .samples
+            .iter()
+            .map(|s| !s.in_by_topic.is_empty() && !s.by_node.is_empty())
+            .collect();
+        assert_eq!(kept.iter().filter(|k| **k).count(), RATE_SPAN_SAMPLES + 1);
+        assert!(kept[kept.len() - RATE_SPAN_SAMPLES - 1..]
+            .iter()
+            .all(|k| *k));
+        // The charts' totals stay in every sample; the rates still see their span.
+        assert_eq!(history.points().as_array().unwrap().len(), 39);
+        assert_eq!(history.topic_rate("T"), 5.0);
+        assert_eq!(history.node_rates(""), (5.0, 2.5));
     }
 }
