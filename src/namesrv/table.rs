@@ -65,6 +65,48 @@ struct LiveBroker {
     ha_server_addr: String,
 }
 
+/// One topic's queue data, one per broker name, in the order of the names. A sorted vector:
+/// a topic has a few broker names, and as a B-tree map each topic took a ~700-byte node and
+/// every name twice (10,000 topics from two brokers: 8.5 MB a replica).
+#[derive(Debug, Default)]
+struct TopicQueues(Vec<QueueData>);
+
+impl TopicQueues {
+    fn position(&self, broker_name: &str) -> Result<usize, usize> {
+        self.0
+            .binary_search_by(|held| held.broker_name.as_str().cmp(broker_name))
+    }
+
+    /// Sets the queue data of its broker name.
+    fn insert(&mut self, queue_data: QueueData) {
+        match self.position(&queue_data.broker_name) {
+            Ok(at) => self.0[at] = queue_data,
+            Err(at) => {
+                self.0.reserve_exact(1);
+                self.0.insert(at, queue_data);
+            }
+        }
+    }
+
+    fn remove(&mut self, broker_name: &str) {
+        if let Ok(at) = self.position(broker_name) {
+            self.0.remove(at);
+        }
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&QueueData) -> bool) {
+        self.0.retain(keep);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &QueueData> {
+        self.0.iter()
+    }
+}
+
 /// The replica.
 #[derive(Debug, Default)]
 pub struct RouteTable {
@@ -72,8 +114,8 @@ pub struct RouteTable {
     brokers: BTreeMap<String, (String, BTreeMap<u64, String>)>,
     /// cluster → broker names
     clusters: BTreeMap<String, BTreeSet<String>>,
-    /// topic → broker name → queue data
-    topic_queues: BTreeMap<String, BTreeMap<String, QueueData>>,
+    /// topic → queue data of each broker name
+    topic_queues: BTreeMap<String, TopicQueues>,
     /// broker address → liveness
     live: BTreeMap<String, LiveBroker>,
     /// namespace → key → value
@@ -144,7 +186,7 @@ impl RouteTable {
                 self.topic_queues
                     .entry(topic.topic_name.clone())
                     .or_default()
-                    .insert(name.clone(), queue_data);
+                    .insert(queue_data);
             }
         }
         let timeout_ms = if registration.heartbeat_timeout_ms > 0 {
@@ -215,7 +257,7 @@ impl RouteTable {
             Some(cluster) => {
                 let names = self.clusters.get(cluster).cloned().unwrap_or_default();
                 if let Some(queues) = self.topic_queues.get_mut(topic) {
-                    queues.retain(|name, _| !names.contains(name));
+                    queues.retain(|queue_data| !names.contains(&queue_data.broker_name));
                     if queues.is_empty() {
                         self.topic_queues.remove(topic);
                     }
@@ -250,7 +292,8 @@ impl RouteTable {
     pub fn route(&self, topic: &str) -> Option<TopicRouteData> {
         let queues = self.topic_queues.get(topic)?;
         let mut route = TopicRouteData::default();
-        for (name, queue_data) in queues {
+        for queue_data in queues.iter() {
+            let name = &queue_data.broker_name;
             route.queue_datas.push(queue_data.clone());
             if let Some((cluster, addrs)) = self.brokers.get(name) {
                 route.broker_datas.push(BrokerData {
@@ -303,7 +346,7 @@ impl RouteTable {
         let names = self.clusters.get(cluster).cloned().unwrap_or_default();
         self.topic_queues
             .iter()
-            .filter(|(_, queues)| queues.keys().any(|name| names.contains(name)))
+            .filter(|(_, queues)| queues.iter().any(|q| names.contains(&q.broker_name)))
             .map(|(topic, _)| topic.clone())
             .collect()
     }
