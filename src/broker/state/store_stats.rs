@@ -171,10 +171,12 @@ impl PutLatency {
     }
 }
 
-/// What one stats item counts (StatsItem's value and times).
+/// What one stats item counts (StatsItem's value and times), or two that share their key
+/// and times (a topic's TOPIC_PUT_NUMS and TOPIC_PUT_SIZE, a group's GROUP_GET_NUMS and
+/// GROUP_GET_SIZE: `values` holds the NUMS then the SIZE), sampled as one (`item_family`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct ItemCount {
-    value: u64,
+    values: [u64; 2],
     times: u64,
 }
 
@@ -208,7 +210,9 @@ pub const STATS_NAMES: [&str; 7] = [
 pub struct StatsHistory {
     /// (time ms, counts), one a second, oldest first.
     seconds: VecDeque<(i64, StoreCounts)>,
-    /// (stats name index, key) → its minute, hour and day samples.
+    /// (stats name index of the family, key) → its minute, hour and day samples
+    /// (`item_family`). Every topic and group the flows keep has one, sampled whether it
+    /// moves or not, so its size is per topic: one key and at most 39 samples of 32 bytes.
     items: HashMap<(usize, String), [VecDeque<ItemSample>; 3]>,
     ticks: u64,
 }
@@ -240,8 +244,13 @@ impl StatsHistory {
                     let count = ItemCount::default();
                     ring.push_back(ItemSample { at_ms, count });
                 }
-                if ring.len() == ITEM_SAMPLING[*window].1 {
+                let kept = ITEM_SAMPLING[*window].1;
+                if ring.len() == kept {
                     ring.pop_front();
+                } else if ring.len() == ring.capacity() {
+                    // Grown by doubling up to what it keeps, not past it.
+                    let want = (ring.len() * 2).clamp(2, kept);
+                    ring.reserve_exact(want - ring.len());
                 }
                 ring.push_back(ItemSample {
                     at_ms: now_ms,
@@ -272,16 +281,27 @@ impl StatsHistory {
     /// The minute, hour and day of one item (None: RocketMQ's "not exist").
     pub fn windows(&self, name: &str, key: &str) -> Option<[Window; 3]> {
         let name = STATS_NAMES.iter().position(|n| *n == name)?;
-        let rings = self.items.get(&(name, key.to_string()))?;
-        Some(std::array::from_fn(|window| compute(&rings[window])))
+        let (family, lane) = item_family(name);
+        let rings = self.items.get(&(family, key.to_string()))?;
+        Some(std::array::from_fn(|window| compute(&rings[window], lane)))
     }
 }
 
-fn compute(ring: &VecDeque<ItemSample>) -> Window {
+/// The family a stats name is sampled in (the index of its first name) and its lane in
+/// `ItemCount::values`.
+fn item_family(name: usize) -> (usize, usize) {
+    match name {
+        1 | 3 => (name - 1, 1),
+        _ => (name, 0),
+    }
+}
+
+/// One window of lane `lane` of a ring.
+fn compute(ring: &VecDeque<ItemSample>, lane: usize) -> Window {
     let (Some(first), Some(last)) = (ring.front(), ring.back()) else {
         return Window::default();
     };
-    let sum = last.count.value.saturating_sub(first.count.value);
+    let sum = last.count.values[lane].saturating_sub(first.count.values[lane]);
     let elapsed_ms = last.at_ms - first.at_ms;
     // One sample: Java divides by zero (NaN); a rate of nothing yet is 0.
     let tps = if elapsed_ms > 0 {
@@ -298,64 +318,36 @@ fn compute(ring: &VecDeque<ItemSample>) -> Window {
     Window { sum, tps, avgpt }
 }
 
-/// Every item the flows hold now: (stats name index, key, count).
+/// Every item family the flows hold now: (stats name index of the family, key, count).
 fn item_counts(flows: &Flows, cluster: &str) -> Vec<(usize, String, ItemCount)> {
     let mut items = Vec::new();
     for (topic, flow) in &flows.in_by_topic {
-        let times = flow.calls;
-        items.push((
-            0,
-            topic.clone(),
-            ItemCount {
-                value: flow.messages,
-                times,
-            },
-        ));
-        items.push((
-            1,
-            topic.clone(),
-            ItemCount {
-                value: flow.bytes,
-                times,
-            },
-        ));
+        let count = ItemCount {
+            values: [flow.messages, flow.bytes],
+            times: flow.calls,
+        };
+        items.push((0, topic.clone(), count));
     }
     for (topic, groups) in &flows.out_by_group {
         for (group, flow) in groups {
-            let key = format!("{topic}@{group}");
-            let times = flow.calls;
-            items.push((
-                2,
-                key.clone(),
-                ItemCount {
-                    value: flow.messages,
-                    times,
-                },
-            ));
-            items.push((
-                3,
-                key,
-                ItemCount {
-                    value: flow.bytes,
-                    times,
-                },
-            ));
+            let count = ItemCount {
+                values: [flow.messages, flow.bytes],
+                times: flow.calls,
+            };
+            items.push((2, format!("{topic}@{group}"), count));
         }
     }
     for (key, count) in &flows.sent_back {
-        items.push((
-            4,
-            key.clone(),
-            ItemCount {
-                value: *count,
-                times: *count,
-            },
-        ));
+        let count = ItemCount {
+            values: [*count, 0],
+            times: *count,
+        };
+        items.push((4, key.clone(), count));
     }
     let totals = [(5, flows.in_total), (6, flows.out_total)];
     for (name, flow) in totals {
         let count = ItemCount {
-            value: flow.messages,
+            values: [flow.messages, 0],
             times: flow.calls,
         };
         items.push((name, cluster.to_string(), count));
