@@ -219,3 +219,48 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
     std::fs::write(&light_path, serde_json::to_vec(&light).unwrap()).unwrap();
     check(None);
 }
+
+/// A checkpoint taken while queues created by appends awaited their files leaves them out
+/// and records where their units start (`awaiting_from`): recovery scans from there and
+/// rebuilds them, even when that is segments before the checkpoint's own.
+#[test]
+fn queues_left_out_of_a_checkpoint_while_their_files_were_made_are_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_count, b_offset) = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let b = append(&store, "B", 0, 0, 300, "t");
+        let (mut last, mut i) = (b, 1);
+        while last.end_offset.0 < 2 * SEGMENT + 1 {
+            last = append(&store, "A", 0, i, 300, "t");
+            i += 1;
+        }
+        store.wait_durable(last.end_offset).await.unwrap();
+        store.close().await.unwrap();
+        (i - 1, b.physical_offset.0)
+    });
+    // As a checkpoint taken while B awaited its file: B uncounted, B's files not made.
+    let path = dir.path().join("checkpoint");
+    let mut taken: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    taken["queues"].as_object_mut().unwrap().remove("B");
+    let reopen = |checkpoint: &serde_json::Value| {
+        let _ = std::fs::remove_dir_all(dir.path().join("consumequeue").join("B"));
+        let _ = std::fs::remove_file(dir.path().join("checkpoint.light"));
+        std::fs::write(&path, serde_json::to_vec(checkpoint).unwrap()).unwrap();
+        run(|| async {
+            let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+                .await
+                .unwrap();
+            let b = pull_all(&store, "B", 0, 0).await;
+            let a = pull_all(&store, "A", 0, 0).await.len() as u64;
+            store.close().await.unwrap();
+            (b, a)
+        })
+    };
+    // Without the mark the scan starts in the checkpoint's segment, past B's record.
+    assert_eq!(reopen(&taken), (Vec::<Vec<u8>>::new(), a_count));
+    taken["awaiting_from"] = serde_json::Value::from(b_offset);
+    assert_eq!(reopen(&taken), (vec![body_of(0, 300)], a_count));
+}

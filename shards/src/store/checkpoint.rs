@@ -11,6 +11,7 @@
 //! | `queues` | topic → queueId → max offset at that point; a queue on disk with fewer units (files deleted) makes recovery rebuild every queue from the first segment |
 //! | `index` | the message index's last file and entry count at that point (`index.rs`); absent in checkpoints older than the index, which then is rebuilt from the first segment |
 //! | `boot` | only in `checkpoint.light`: the boot of the machine it holds for |
+//! | `awaiting_from` | present when queues created by appends still awaited their files (their units in memory, queue_files.rs): they are not in `queues`, and recovery scans from the segment holding this commitlog offset, the first of their units, to rebuild them |
 //!
 //! A store with many queues written also writes light checkpoints, `<root>/checkpoint.light`
 //! (the same record with `boot`), between the synced ones: the commitlog is durable up to
@@ -53,6 +54,10 @@ pub(crate) struct Checkpoint {
     /// A light checkpoint: the boot it holds for (see the module doc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<String>,
+    /// The first commitlog offset of a unit of a queue left out of `queues` because its
+    /// files were being made (see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_from: Option<u64>,
 }
 
 impl Checkpoint {
@@ -163,6 +168,7 @@ mod tests {
             queues: BTreeMap::new(),
             index: None,
             boot: boot.map(str::to_string),
+            awaiting_from: None,
         }
     }
 

@@ -35,7 +35,7 @@
 //! | 12 | 8 | `QUEUE_START_MARK` |
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -121,6 +121,15 @@ pub(crate) struct ConsumeQueue {
     dirty_count: Rc<Cell<usize>>,
     /// None when nothing is noted (every queue once written after a start).
     notes: Option<Box<LoadNotes>>,
+    /// A queue created by an append whose directory and first file are still being made
+    /// (queue_files.rs): its units so far, held here until the file is there.
+    awaiting_file: Option<Box<AwaitingFile>>,
+}
+
+/// The units of a queue whose first file is being made, from unit 0 on.
+#[derive(Default)]
+struct AwaitingFile {
+    units: Vec<Unit>,
 }
 
 /// What `load` and recovery learned of a queue, kept until a write makes it stale.
@@ -532,7 +541,55 @@ impl ConsumeQueue {
                     first_unit: found.first_unit,
                 })
             }),
+            awaiting_file: None,
         }
+    }
+
+    /// A new queue in `dir` whose directory and first file are yet to be made
+    /// (`QueueTable::get_or_begin`): it takes units in memory until `file_made`.
+    fn awaiting_file(dir: PathBuf, units_per_file: u64) -> ConsumeQueue {
+        let found = QueueFiles {
+            dir,
+            files: FileStarts::default(),
+            min_offset: 0,
+            known_end: None,
+            first_unit: None,
+        };
+        let mut queue = ConsumeQueue::from_files(found, units_per_file);
+        queue.awaiting_file = Some(Box::default());
+        queue
+    }
+
+    /// Whether the queue's first file is still being made (its units are in memory).
+    pub(crate) fn is_awaiting_file(&self) -> bool {
+        self.awaiting_file.is_some()
+    }
+
+    /// The queue's first file was made (`make_first_file`, off the shard): maps it and
+    /// writes the units held in memory into it. On failure the units stay in memory (a write
+    /// of a unit twice is harmless) and the queue still awaits its file.
+    fn file_made(&mut self) -> io::Result<()> {
+        let Some(awaiting) = self.awaiting_file.take() else {
+            return Ok(());
+        };
+        let written = (|| {
+            if self.active.is_none() {
+                let mut mapped = self
+                    .map_file(0, false)?
+                    .ok_or_else(|| io::Error::other("the queue file just made is gone"))?;
+                mapped.reserved_bytes = CQ_RESERVE_CHUNK_BYTES.min(mapped.map.len() as u64);
+                self.files.insert(0);
+                self.active = Some(mapped);
+            }
+            for (index, unit) in awaiting.units.iter().enumerate() {
+                self.write_unit(index as u64, *unit)?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            self.awaiting_file = Some(awaiting);
+        }
+        written
     }
 
     /// The notes, made when there are none.
@@ -663,6 +720,22 @@ impl ConsumeQueue {
 
     /// Writes unit `index` (recovery re-dispatch writes at the index the record carries).
     pub(crate) fn write_unit(&mut self, index: u64, unit: Unit) -> io::Result<()> {
+        if let Some(awaiting) = self.awaiting_file.as_mut() {
+            // Units wait in memory, from 0 on and without gaps, until the file is made.
+            let at = usize::try_from(index).map_err(io::Error::other)?;
+            match at.cmp(&awaiting.units.len()) {
+                std::cmp::Ordering::Less => awaiting.units[at] = unit,
+                std::cmp::Ordering::Equal => awaiting.units.push(unit),
+                std::cmp::Ordering::Greater => {
+                    return Err(io::Error::other(format!(
+                        "unit {index} of a queue whose file is being made, past its {} units",
+                        awaiting.units.len()
+                    )))
+                }
+            }
+            self.used = true;
+            return Ok(());
+        }
         self.forget_on_write();
         let units_per_file = self.units_per_file;
         let at = ((index % units_per_file) * CQ_UNIT_BYTES) as usize;
@@ -705,6 +778,12 @@ impl ConsumeQueue {
 
     /// Reads unit `index`; None when its file does not exist.
     pub(crate) fn read_unit(&mut self, index: u64) -> io::Result<Option<Unit>> {
+        if let Some(awaiting) = self.awaiting_file.as_ref() {
+            let held = usize::try_from(index)
+                .ok()
+                .and_then(|i| awaiting.units.get(i));
+            return Ok(held.copied());
+        }
         let units_per_file = self.units_per_file;
         let Some(file) = self.slot(index, false)? else {
             return Ok(None);
@@ -1008,6 +1087,9 @@ impl ConsumeQueue {
         min_physical: u64,
         paths: &mut Vec<PathBuf>,
     ) -> io::Result<()> {
+        if self.awaiting_file.is_some() {
+            return Ok(()); // just created: its records are the newest
+        }
         let mut opened = None;
         while self.files.len() > 1 {
             let Some(first) = self.files.first() else {
@@ -1081,6 +1163,37 @@ pub(crate) struct QueueTable {
     /// over the queues. Files that go away meanwhile (a topic deleted, retention, a cut) stay
     /// counted until then, so it may be high, never low.
     dirty: Rc<Cell<usize>>,
+    /// Queues created by appends whose files are being made (`get_or_begin`), and those
+    /// not yet handed out to be made (`take_files_to_make`).
+    awaiting: BTreeSet<(String, u32)>,
+    to_make: VecDeque<(String, u32)>,
+}
+
+/// Makes the directory and first file of a new queue in `dir` (queue_files.rs runs it off
+/// the shard: a mkdir and a file creation wait for the filesystem's journal, which took up
+/// to 0.9 s while 160,000 queues got their first message): sized for `units_per_file`
+/// units, its first `CQ_RESERVE_CHUNK_BYTES` reserved. A file that cannot get its blocks is
+/// removed again.
+pub(crate) fn make_first_file(dir: &Path, units_per_file: u64) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let path = dir.join(file_name(0));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)?;
+    let size_bytes = units_per_file * CQ_UNIT_BYTES;
+    let made = (|| {
+        if file.metadata()?.len() != size_bytes {
+            file.set_len(size_bytes)?;
+        }
+        reserve_blocks(&file, 0, CQ_RESERVE_CHUNK_BYTES.min(size_bytes))
+    })();
+    if made.is_err() {
+        let _ = fs::remove_file(&path);
+    }
+    made
 }
 
 impl QueueTable {
@@ -1132,6 +1245,8 @@ impl QueueTable {
             units_per_file,
             topics: BTreeMap::new(),
             dirty: Rc::default(),
+            awaiting: BTreeSet::new(),
+            to_make: VecDeque::new(),
         }
     }
 
@@ -1202,6 +1317,8 @@ impl QueueTable {
             units_per_file,
             topics,
             dirty,
+            awaiting: BTreeSet::new(),
+            to_make: VecDeque::new(),
         })
     }
 
@@ -1278,6 +1395,81 @@ impl QueueTable {
             .ok_or_else(|| io::Error::other("queue just inserted"))
     }
 
+    /// The queue, created on first use without touching the disk: its directory and first
+    /// file are made off the shard (`take_files_to_make`, `file_made`), and its units wait in
+    /// memory meanwhile. The second value says that a file is wanted now.
+    pub(crate) fn get_or_begin(
+        &mut self,
+        topic: &str,
+        queue_id: u32,
+    ) -> io::Result<(&mut ConsumeQueue, bool)> {
+        let began = self.get(topic, queue_id).is_none();
+        if began {
+            let dir = self.root.join(topic).join(queue_id.to_string());
+            let mut queue = ConsumeQueue::awaiting_file(dir, self.units_per_file);
+            queue.dirty_count = self.dirty.clone();
+            self.topics
+                .entry(topic.to_string())
+                .or_default()
+                .insert(queue_id, queue);
+            self.awaiting.insert((topic.to_string(), queue_id));
+            self.to_make.push_back((topic.to_string(), queue_id));
+        }
+        let queue = self
+            .get_mut(topic, queue_id)
+            .ok_or_else(|| io::Error::other("queue just inserted"))?;
+        Ok((queue, began))
+    }
+
+    /// Up to `max` of the queues whose files are to be made, with their directories, each
+    /// handed out once.
+    pub(crate) fn take_files_to_make(&mut self, max: usize) -> Vec<(String, u32, PathBuf)> {
+        let count = max.min(self.to_make.len());
+        let taken: Vec<(String, u32)> = self.to_make.drain(..count).collect();
+        taken
+            .into_iter()
+            .map(|(topic, queue_id)| {
+                let dir = self.root.join(&topic).join(queue_id.to_string());
+                (topic, queue_id, dir)
+            })
+            .collect()
+    }
+
+    /// Hands the queue out to be made again (its making failed).
+    pub(crate) fn make_again(&mut self, topic: String, queue_id: u32) {
+        if self.awaiting.contains(&(topic.clone(), queue_id)) {
+            self.to_make.push_back((topic, queue_id));
+        }
+    }
+
+    /// The files of a queue that awaited them were made: its units go into them. Ok(false)
+    /// when the table no longer awaits that queue (its topic was deleted, the store reset).
+    pub(crate) fn file_made(&mut self, topic: &str, queue_id: u32) -> io::Result<bool> {
+        let key = (topic.to_string(), queue_id);
+        if !self.awaiting.contains(&key) {
+            return Ok(false);
+        }
+        let Some(queue) = self.get_mut(topic, queue_id) else {
+            self.awaiting.remove(&key);
+            return Ok(false);
+        };
+        queue.file_made()?;
+        self.awaiting.remove(&key);
+        Ok(true)
+    }
+
+    /// The lowest commitlog offset of a unit held in memory by a queue awaiting its file:
+    /// a checkpoint leaves those queues out, and recovery must scan from there to rebuild
+    /// them (`Checkpoint::awaiting_from`).
+    pub(crate) fn first_awaiting_physical(&self) -> Option<u64> {
+        self.awaiting
+            .iter()
+            .filter_map(|(topic, queue_id)| self.get(topic, *queue_id))
+            .filter_map(|queue| queue.awaiting_file.as_ref()?.units.first())
+            .map(|unit| unit.physical_offset)
+            .min()
+    }
+
     /// Whether the table holds no queue at all (a store that never held a message).
     pub(crate) fn is_empty(&self) -> bool {
         self.topics.is_empty()
@@ -1293,7 +1485,13 @@ impl QueueTable {
     /// Forgets the topic's queues and removes their files.
     pub(crate) fn delete_topic(&mut self, topic: &str) -> io::Result<()> {
         if self.topics.remove(topic).is_some() {
-            fs::remove_dir_all(self.root.join(topic))?;
+            self.awaiting.retain(|(held, _)| held != topic);
+            self.to_make.retain(|(held, _)| held != topic);
+            match fs::remove_dir_all(self.root.join(topic)) {
+                // Only queues awaiting their files: no directory yet.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                removed => removed?,
+            }
         }
         Ok(())
     }
@@ -1312,7 +1510,7 @@ impl QueueTable {
         })
     }
 
-    /// (topic, queueId) → max offset of every queue, for the checkpoint.
+    /// (topic, queueId) → max offset of every queue.
     pub(crate) fn max_offsets(&self) -> QueueCounts {
         self.topics
             .iter()
@@ -1323,6 +1521,24 @@ impl QueueTable {
                 )
             })
             .collect()
+    }
+
+    /// `max_offsets` of the queues whose units are in their files, for the checkpoint:
+    /// those awaiting their files are left out (recovery rebuilds them from the scan, which
+    /// `first_awaiting_physical` tells where to start).
+    pub(crate) fn max_offsets_in_files(&self) -> QueueCounts {
+        let mut counts = QueueCounts::new();
+        for (topic, queues) in &self.topics {
+            let held: BTreeMap<u32, u64> = queues
+                .iter()
+                .filter(|(_, queue)| !queue.is_awaiting_file())
+                .map(|(id, queue)| (*id, queue.max_offset))
+                .collect();
+            if !held.is_empty() {
+                counts.insert(topic.clone(), held);
+            }
+        }
+        counts
     }
 
     /// Retention for every queue (`ConsumeQueue::expire_below`): the paths of the files to
@@ -1366,6 +1582,61 @@ mod tests {
             size_bytes: 100,
             tags_code: offset as i64,
         }
+    }
+
+    #[test]
+    fn a_queue_an_append_creates_holds_its_units_in_memory_until_its_file_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue_dir = dir.path().join("T").join("0");
+        let (queue, began) = table.get_or_begin("T", 0).unwrap();
+        assert!(began);
+        for i in 0..6 {
+            assert_eq!(queue.append(unit(1_000 + i * 100)).unwrap(), i);
+        }
+        assert!(!table.get_or_begin("T", 0).unwrap().1, "begun once");
+        // Nothing on disk yet; reads come from memory; the checkpoint leaves it out.
+        assert!(!queue_dir.exists());
+        let queue = table.get_mut("T", 0).unwrap();
+        assert_eq!(queue.read_unit(5).unwrap(), Some(unit(1_500)));
+        assert_eq!(queue.read_unit(6).unwrap(), None);
+        assert_eq!((queue.min_offset(), queue.max_offset()), (0, 6));
+        assert!(table.max_offsets_in_files().is_empty());
+        assert_eq!(table.max_offsets()["T"][&0], 6);
+        assert_eq!(table.first_awaiting_physical(), Some(1_000));
+        assert_eq!(table.expire_below(5_000).unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(
+            table.get("T", 0).unwrap().min_offset(),
+            0,
+            "retention waits"
+        );
+
+        let made = table.take_files_to_make(10);
+        assert_eq!(made.len(), 1);
+        assert!(table.take_files_to_make(10).is_empty(), "handed out once");
+        make_first_file(&made[0].2, 4).unwrap();
+        assert!(table.file_made("T", 0).unwrap());
+        assert_eq!(table.first_awaiting_physical(), None);
+        assert_eq!(table.max_offsets_in_files()["T"][&0], 6);
+        // The units went into the files (the second file made on the shard, as before).
+        let queue = table.get_mut("T", 0).unwrap();
+        queue.append(unit(1_600)).unwrap();
+        assert_eq!(queue.read_unit(5).unwrap(), Some(unit(1_500)));
+        drop(table);
+        let mut reopened = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = reopened.get_mut("T", 0).unwrap();
+        for i in 0..7 {
+            assert_eq!(queue.read_unit(i).unwrap(), Some(unit(1_000 + i * 100)));
+        }
+
+        // A topic deleted while its queue awaits its file: the made file is a stray.
+        let (queue, _) = reopened.get_or_begin("U", 1).unwrap();
+        queue.append(unit(9_000)).unwrap();
+        reopened.delete_topic("U").unwrap();
+        let made = reopened.take_files_to_make(10);
+        assert!(made.is_empty(), "its making was called off");
+        make_first_file(&dir.path().join("U").join("1"), 4).unwrap();
+        assert!(!reopened.file_made("U", 1).unwrap());
     }
 
     #[test]

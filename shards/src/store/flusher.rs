@@ -182,6 +182,8 @@ pub(crate) struct FlushState {
     segment_preparing: bool,
     /// Allocation runs in a task of its own (`Action::Allocate`).
     allocating: bool,
+    /// The helper thread is making files of new consume queues (queue_files.rs).
+    pub(crate) queue_files_making: bool,
     /// Creating a segment ahead failed for want of resources: not tried again before this.
     segment_retry_at: Option<Instant>,
     /// The last checkpoint of either kind (light ones see `checkpoint.rs`).
@@ -250,6 +252,7 @@ impl FlushState {
             checkpoint_running: false,
             segment_preparing: false,
             allocating: false,
+            queue_files_making: false,
             segment_retry_at: None,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
@@ -550,10 +553,10 @@ fn next_action(inner: &Inner) -> Action {
     let log = inner.log.borrow();
     let flush = &log.flush;
     // Before the exit: a reset asked for before `close` is done first (it refuses to start
-    // after it). Both wait for allocation and for a segment file being created ahead (their
-    // end wakes the loop).
+    // after it). Both wait for allocation, for a segment file being created ahead and for
+    // files of new queues being made (their end wakes the loop).
     if log.reset.is_some() || log.closing {
-        return if flush.segment_preparing || flush.allocating {
+        return if flush.segment_preparing || flush.allocating || flush.queue_files_making {
             Action::Wait(None)
         } else if log.reset.is_some() {
             Action::Reset
@@ -1540,10 +1543,17 @@ pub(crate) struct CheckpointPlan {
 /// takes the files written since the last synced one (a light one leaves them for it). None
 /// when the flush failed.
 async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<CheckpointPlan> {
-    let (offset, queues, index) = {
+    let (offset, queues, index, awaiting_from) = {
         let log = inner.log.borrow();
         let index = inner.index.borrow().mark();
-        (log.tail.end(), inner.queues.borrow().max_offsets(), index)
+        let table = inner.queues.borrow();
+        let awaiting_from = table.first_awaiting_physical();
+        (
+            log.tail.end(),
+            table.max_offsets_in_files(),
+            index,
+            awaiting_from,
+        )
     };
     if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return None;
@@ -1557,6 +1567,7 @@ async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<Che
             .then(checkpoint::boot_id)
             .flatten()
             .map(str::to_string),
+        awaiting_from,
     };
     if !synced {
         return Some(CheckpointPlan {

@@ -54,6 +54,7 @@ mod idle_maps;
 mod index;
 mod index_query;
 mod pull;
+mod queue_files;
 mod read_cache;
 pub use shardmq_protocol::record;
 mod recovery;
@@ -407,6 +408,8 @@ pub(crate) struct Inner {
     pub(crate) queues: RefCell<QueueTable>,
     pub(crate) index: RefCell<index::Index>,
     pub(crate) notify: Rc<Notify>,
+    /// Wakes the task that makes the files of new queues (queue_files.rs).
+    pub(crate) queue_files: Rc<crate::sync::Signal>,
     /// Reaps the commitlog ring from busy loops (`runtime::run_poll_hooks`, which holds it
     /// weakly: it goes with the store).
     reap_hook: Rc<dyn Fn()>,
@@ -512,6 +515,7 @@ impl Store {
                 queues: RefCell::new(recovered.queues),
                 index: RefCell::new(recovered.index),
                 notify: Rc::new(Notify::default()),
+                queue_files: Rc::default(),
                 reap_hook: Rc::new(move || {
                     if let Some(inner) = weak.upgrade() {
                         flusher::reap(&inner);
@@ -532,6 +536,7 @@ impl Store {
         }
         flusher::spawn(&inner, wake_rx);
         idle_maps::spawn(&inner);
+        queue_files::spawn(&inner);
         Ok(Store { inner })
     }
 
@@ -609,9 +614,12 @@ impl Store {
         };
         let queue_offset = {
             let mut queues = inner.queues.borrow_mut();
-            queues
-                .get_or_create(msg.topic, msg.queue_id)?
-                .append(unit)?
+            let (queue, began) = queues.get_or_begin(msg.topic, msg.queue_id)?;
+            let queue_offset = queue.append(unit)?;
+            if began {
+                inner.queue_files.notify();
+            }
+            queue_offset
         };
         let store_timestamp_ms = inner.clock.now_ms().max(log.last_store_timestamp_ms);
         log.last_store_timestamp_ms = store_timestamp_ms;

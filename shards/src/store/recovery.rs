@@ -221,6 +221,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         queues: queues.max_offsets(),
         index: Some(index.mark()),
         boot: saved.as_ref().and_then(|saved| saved.boot.clone()),
+        awaiting_from: None,
     };
     match checkpoint::write(root, &record).await {
         Ok(()) => {}
@@ -294,7 +295,12 @@ fn scan_start(
             }
         }
     }
-    Ok((align_down(offset, segment_size_bytes).max(first), true))
+    // Queues that awaited their files are not counted: their units from `awaiting_from` on
+    // are rebuilt by the scan.
+    let from = saved
+        .awaiting_from
+        .map_or(offset, |awaiting| awaiting.min(offset));
+    Ok((align_down(from, segment_size_bytes).max(first), true))
 }
 
 /// What the scan found at one position.
