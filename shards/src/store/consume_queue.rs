@@ -659,23 +659,9 @@ impl ConsumeQueue {
             Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
-        let fresh = file.metadata()?.len() == 0;
-        if file.metadata()?.len() != size_bytes {
-            file.set_len(size_bytes)?;
-        }
-        // A new file gets its first blocks now (a creation that cannot is undone: nothing is
-        // left behind); an existing one reserves as units are written (`write_unit`).
-        let reserved_bytes = if fresh {
-            let first = CQ_RESERVE_CHUNK_BYTES.min(size_bytes);
-            if let Err(error) = reserve_blocks(&file, 0, first) {
-                let _ = fs::remove_file(&path);
-                return Err(error);
-            }
-            first
-        } else {
-            0
-        };
+        // A new file gets its first blocks now; an existing one reserves as units are
+        // written (`write_unit`).
+        let reserved_bytes = size_queue_file(&file, &path, self.units_per_file, false)?;
         // SAFETY: the file is private to this shard's store; nothing else truncates it while
         // it is mapped (truncate_to drops the maps first). Stores go only below
         // `reserved_bytes`; loads of a hole read zeros.
@@ -741,31 +727,39 @@ impl ConsumeQueue {
         let at = ((index % units_per_file) * CQ_UNIT_BYTES) as usize;
         let end = at as u64 + CQ_UNIT_BYTES;
         let vanished = || io::Error::other("file vanished");
-        let file = self.slot(index, true)?.ok_or_else(vanished)?;
-        let (start_unit, reserved_bytes) = (file.start_unit, file.reserved_bytes);
-        if end > reserved_bytes {
-            let size_bytes = units_per_file * CQ_UNIT_BYTES;
-            let want = (end + CQ_RESERVE_CHUNK_BYTES)
-                .next_multiple_of(4096)
-                .min(size_bytes);
-            let path = self.file_path(start_unit);
-            let reserved = match reserve_at(&path, reserved_bytes, want) {
-                Ok(()) => want,
-                // A full disk: no room ahead, but the unit's own block may be there already
-                // (recovery writes units again over a file that holds them).
-                Err(error) if super::error::is_space_error(&error) => {
-                    let need = end.next_multiple_of(4096).min(size_bytes);
-                    reserve_at(&path, reserved_bytes, need)?;
-                    need
-                }
-                Err(error) => return Err(error),
-            };
-            self.slot(index, true)?.ok_or_else(vanished)?.reserved_bytes = reserved;
+        let mut file = self.slot(index, true)?.ok_or_else(vanished)?;
+        if end > file.reserved_bytes {
+            let (start_unit, reserved_bytes) = (file.start_unit, file.reserved_bytes);
+            let reserved = self.reserve_through(start_unit, reserved_bytes, end)?;
+            file = self.slot(index, true)?.ok_or_else(vanished)?;
+            file.reserved_bytes = reserved;
         }
-        let file = self.slot(index, true)?.ok_or_else(vanished)?;
         unit.encode(&mut file.map[at..at + CQ_UNIT_BYTES as usize]);
+        let start_unit = file.start_unit;
         self.mark_dirty(start_unit);
         Ok(())
+    }
+
+    /// Reserves the blocks of the file starting at unit `start_unit` from `reserved_bytes`
+    /// to `CQ_RESERVE_CHUNK_BYTES` past `end`, or on a full disk just through `end`; returns
+    /// the bytes reserved from its start now.
+    fn reserve_through(&self, start_unit: u64, reserved_bytes: u64, end: u64) -> io::Result<u64> {
+        let size_bytes = self.units_per_file * CQ_UNIT_BYTES;
+        let want = (end + CQ_RESERVE_CHUNK_BYTES)
+            .next_multiple_of(4096)
+            .min(size_bytes);
+        let path = self.file_path(start_unit);
+        match reserve_at(&path, reserved_bytes, want) {
+            Ok(()) => Ok(want),
+            // A full disk: no room ahead, but the unit's own block may be there already
+            // (recovery writes units again over a file that holds them).
+            Err(error) if super::error::is_space_error(&error) => {
+                let need = end.next_multiple_of(4096).min(size_bytes);
+                reserve_at(&path, reserved_bytes, need)?;
+                Ok(need)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Appends a unit at `max_offset`; returns its queue offset.
@@ -1183,17 +1177,36 @@ pub(crate) fn make_first_file(dir: &Path, units_per_file: u64) -> io::Result<()>
         .create(true)
         .truncate(false)
         .open(&path)?;
+    size_queue_file(&file, &path, units_per_file, true).map(drop)
+}
+
+/// Sizes the queue file `file` (at `path`) for `units_per_file` units, a sparse file. One
+/// found empty (just created), or any with `reserve_first`, gets its first
+/// `CQ_RESERVE_CHUNK_BYTES` of blocks; an empty one that cannot is removed again, so a
+/// creation that fails leaves nothing behind. Returns the bytes reserved from its start.
+fn size_queue_file(
+    file: &fs::File,
+    path: &Path,
+    units_per_file: u64,
+    reserve_first: bool,
+) -> io::Result<u64> {
     let size_bytes = units_per_file * CQ_UNIT_BYTES;
-    let made = (|| {
-        if file.metadata()?.len() != size_bytes {
+    let len = file.metadata()?.len();
+    let sized = (|| {
+        if len != size_bytes {
             file.set_len(size_bytes)?;
         }
-        reserve_blocks(&file, 0, CQ_RESERVE_CHUNK_BYTES.min(size_bytes))
+        if len != 0 && !reserve_first {
+            return Ok(0);
+        }
+        let first = CQ_RESERVE_CHUNK_BYTES.min(size_bytes);
+        reserve_blocks(file, 0, first)?;
+        Ok(first)
     })();
-    if made.is_err() {
-        let _ = fs::remove_file(&path);
+    if sized.is_err() && len == 0 {
+        let _ = fs::remove_file(path);
     }
-    made
+    sized
 }
 
 impl QueueTable {
@@ -1383,16 +1396,23 @@ impl QueueTable {
         queue_id: u32,
     ) -> io::Result<&mut ConsumeQueue> {
         if self.get(topic, queue_id).is_none() {
-            let dir = self.root.join(topic).join(queue_id.to_string());
-            let mut queue = ConsumeQueue::open(dir, self.units_per_file)?;
-            queue.dirty_count = self.dirty.clone();
-            self.topics
-                .entry(topic.to_string())
-                .or_default()
-                .insert(queue_id, queue);
+            let queue = ConsumeQueue::open(self.queue_dir(topic, queue_id), self.units_per_file)?;
+            return Ok(self.insert(topic, queue_id, queue));
         }
         self.get_mut(topic, queue_id)
-            .ok_or_else(|| io::Error::other("queue just inserted"))
+            .ok_or_else(|| io::Error::other("queue just looked up"))
+    }
+
+    /// Where the queue's files are (or go).
+    fn queue_dir(&self, topic: &str, queue_id: u32) -> PathBuf {
+        self.root.join(topic).join(queue_id.to_string())
+    }
+
+    /// Adds a queue made just now (it counts its dirty files in the table's count).
+    fn insert(&mut self, topic: &str, queue_id: u32, mut queue: ConsumeQueue) -> &mut ConsumeQueue {
+        queue.dirty_count = self.dirty.clone();
+        let queues = self.topics.entry(topic.to_string()).or_default();
+        queues.entry(queue_id).insert_entry(queue).into_mut()
     }
 
     /// The queue, created on first use without touching the disk: its directory and first
@@ -1403,22 +1423,17 @@ impl QueueTable {
         topic: &str,
         queue_id: u32,
     ) -> io::Result<(&mut ConsumeQueue, bool)> {
-        let began = self.get(topic, queue_id).is_none();
-        if began {
-            let dir = self.root.join(topic).join(queue_id.to_string());
-            let mut queue = ConsumeQueue::awaiting_file(dir, self.units_per_file);
-            queue.dirty_count = self.dirty.clone();
-            self.topics
-                .entry(topic.to_string())
-                .or_default()
-                .insert(queue_id, queue);
+        if self.get(topic, queue_id).is_none() {
             self.awaiting.insert((topic.to_string(), queue_id));
             self.to_make.push_back((topic.to_string(), queue_id));
+            let queue =
+                ConsumeQueue::awaiting_file(self.queue_dir(topic, queue_id), self.units_per_file);
+            return Ok((self.insert(topic, queue_id, queue), true));
         }
         let queue = self
             .get_mut(topic, queue_id)
-            .ok_or_else(|| io::Error::other("queue just inserted"))?;
-        Ok((queue, began))
+            .ok_or_else(|| io::Error::other("queue just looked up"))?;
+        Ok((queue, false))
     }
 
     /// Up to `max` of the queues whose files are to be made, with their directories, each
@@ -1429,7 +1444,7 @@ impl QueueTable {
         taken
             .into_iter()
             .map(|(topic, queue_id)| {
-                let dir = self.root.join(&topic).join(queue_id.to_string());
+                let dir = self.queue_dir(&topic, queue_id);
                 (topic, queue_id, dir)
             })
             .collect()
@@ -1512,26 +1527,23 @@ impl QueueTable {
 
     /// (topic, queueId) → max offset of every queue.
     pub(crate) fn max_offsets(&self) -> QueueCounts {
-        self.topics
-            .iter()
-            .map(|(t, qs)| {
-                (
-                    t.clone(),
-                    qs.iter().map(|(id, q)| (*id, q.max_offset)).collect(),
-                )
-            })
-            .collect()
+        self.max_offsets_of(|_| true)
     }
 
     /// `max_offsets` of the queues whose units are in their files, for the checkpoint:
     /// those awaiting their files are left out (recovery rebuilds them from the scan, which
     /// `first_awaiting_physical` tells where to start).
     pub(crate) fn max_offsets_in_files(&self) -> QueueCounts {
+        self.max_offsets_of(|queue| !queue.is_awaiting_file())
+    }
+
+    /// The max offsets of the queues `counted` takes; a topic with none is left out.
+    fn max_offsets_of(&self, counted: impl Fn(&ConsumeQueue) -> bool) -> QueueCounts {
         let mut counts = QueueCounts::new();
         for (topic, queues) in &self.topics {
             let held: BTreeMap<u32, u64> = queues
                 .iter()
-                .filter(|(_, queue)| !queue.is_awaiting_file())
+                .filter(|(_, queue)| counted(queue))
                 .map(|(id, queue)| (*id, queue.max_offset))
                 .collect();
             if !held.is_empty() {
