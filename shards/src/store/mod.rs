@@ -537,7 +537,17 @@ impl Store {
         flusher::spawn(&inner, wake_rx);
         idle_maps::spawn(&inner);
         queue_files::spawn(&inner);
+        // New queues recovery found wait for their files like those of a creation storm.
+        if inner.queues.borrow().files_to_make() > 0 {
+            inner.queue_files.notify();
+        }
         Ok(Store { inner })
+    }
+
+    /// How many new queues hold their units in memory while their files are made
+    /// (`queue_files.rs`).
+    pub fn queues_awaiting_files(&self) -> usize {
+        self.inner.queues.borrow().queues_awaiting_files()
     }
 
     /// Appends one message (synchronous: no I/O waits). The message is readable at once and

@@ -9,7 +9,8 @@
 //! taken meanwhile leaves those queues out and records where their units start
 //! (`Checkpoint::awaiting_from`), so recovery rebuilds them from the commitlog. A making
 //! that fails (a full disk, no descriptors left) is tried again after `RETRY_MS`; the units
-//! stay readable from memory.
+//! stay readable from memory. Queues that recovery found without files (a crash during a
+//! storm) are handed to this task the same way once the store opens.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -51,7 +52,7 @@ pub(crate) fn spawn(inner: &Rc<Inner>) {
                     batch
                         .into_iter()
                         .map(|(topic, queue_id, dir)| {
-                            let made = make_first_file(&dir, units_per_file);
+                            let made = make_first_file(&dir, units_per_file, &[]);
                             (topic, queue_id, dir, made)
                         })
                         .collect::<Vec<_>>()
@@ -74,13 +75,13 @@ pub(crate) fn spawn(inner: &Rc<Inner>) {
 /// again).
 fn take_made(
     inner: &Inner,
-    made: Vec<(String, u32, std::path::PathBuf, std::io::Result<()>)>,
+    made: Vec<(String, u32, std::path::PathBuf, std::io::Result<usize>)>,
 ) -> bool {
     let mut failures = 0;
     let mut strays = Vec::new();
     for (topic, queue_id, dir, result) in made {
         let mut queues = inner.queues.borrow_mut();
-        let outcome = result.and_then(|()| queues.file_made(&topic, queue_id));
+        let outcome = result.and_then(|written| queues.file_made(&topic, queue_id, written));
         match outcome {
             Ok(true) => {}
             // The topic was deleted (or the store reset) meanwhile: what was made goes.

@@ -23,7 +23,13 @@
 //!    carries, so it is idempotent), except the records below the checkpoint whose units the
 //!    queues were found holding, then cut every queue back to its units below the end. The
 //!    queues are read here with pread, not mapped (`ConsumeQueue::probe_unit`): a node with
-//!    100,000 queues opens in seconds and holds no map for a queue nobody writes.
+//!    100,000 queues opens in seconds and holds no map for a queue nobody writes. A queue
+//!    the scan finds without files (a crash came while a creation storm's files were being
+//!    made) holds its units in memory, as during the storm, and the store opens without
+//!    making its files: they are made once it serves (`queue_files.rs`), and the checkpoint
+//!    recovery writes leaves those queues out (`Checkpoint::awaiting_from`). Only past
+//!    `NEW_QUEUES_MAX` such queues or `UNITS_IN_MEMORY_MAX` units does the scan make their
+//!    files itself, on several threads, writing the units with pwrite.
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next.
@@ -129,6 +135,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         index: &mut index,
         units_held: saved.as_ref().filter(|_| trusted),
         unindexed: 0,
+        units_in_memory: 0,
     };
     config
         .progress
@@ -172,9 +179,12 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
             let known = queue
                 .known_end()
                 .filter(|_| queue.rebuilt_end() == 0 && trusted && end >= durable_mark);
-            let units = match known {
-                Some(units) => units,
-                None => queue.count_units_below_near(end, guess)?,
+            let units = match (queue.units_in_memory(), known) {
+                // A new queue whose units wait in memory: the scan wrote them all, below
+                // the end.
+                (Some(held), _) => held,
+                (None, Some(units)) => units,
+                (None, None) => queue.count_units_below_near(end, guess)?,
             };
             queue.truncate_to(units)?;
         }
@@ -218,10 +228,12 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let record = Checkpoint {
         commitlog_offset: end,
         clean: false,
-        queues: queues.max_offsets(),
+        // New queues still awaiting their files are left out, as in the flusher's
+        // checkpoints: a crash before they are made scans from their first unit again.
+        queues: queues.max_offsets_in_files(),
         index: Some(index.mark()),
         boot: saved.as_ref().and_then(|saved| saved.boot.clone()),
-        awaiting_from: None,
+        awaiting_from: queues.first_awaiting_physical(),
     };
     match checkpoint::write(root, &record).await {
         Ok(()) => {}
@@ -351,6 +363,31 @@ struct Rebuilt<'a> {
     /// Records left out of the index because the disk had no room for it: a full disk must
     /// not stop the store from opening for an index of keys (queries by key miss them).
     unindexed: u64,
+    /// Units written to new queues that await their files (`QueueTable::get_or_begin`).
+    units_in_memory: u64,
+}
+
+/// New queues whose files the scan lets wait (~300 bytes of memory each) before it makes
+/// them all at once.
+const NEW_QUEUES_MAX: usize = 131_072;
+/// Units held in memory by new queues (24 bytes each) that make the scan make their files.
+const UNITS_IN_MEMORY_MAX: u64 = 524_288;
+
+impl Rebuilt<'_> {
+    /// Makes the files of the new queues (`dispatch`) on several threads, once enough of them
+    /// wait or hold enough units in memory. Those still waiting when the scan ends are made
+    /// off the shard once the store serves (`queue_files.rs`), as during a creation storm.
+    fn make_new_queue_files(&mut self) -> Result<(), StoreError> {
+        let waiting = self.queues.files_to_make();
+        let enough = waiting >= NEW_QUEUES_MAX || self.units_in_memory >= UNITS_IN_MEMORY_MAX;
+        if enough {
+            if waiting > 0 {
+                self.queues.make_files_now()?;
+            }
+            self.units_in_memory = 0;
+        }
+        Ok(())
+    }
 }
 
 /// Damage in the middle of the log the scan stepped over.
@@ -403,6 +440,7 @@ async fn scan(
                 .set(segment + chunk.pos + chunk.len as u64 - from);
             // The open's watch prints progress lines meanwhile (`next_chunk` above blocks).
             crate::runtime::yield_now().await;
+            rebuilt.make_new_queue_files()?;
             let window_all = chunk.with_front(&carry);
             let window = &window_all[skip..];
             skip = 0;
@@ -627,11 +665,23 @@ fn dispatch(
             && counted.is_some_and(|&units| message.queue_offset < units)
     });
     if !held {
-        let queue = rebuilt
-            .queues
-            .get_or_create(message.topic, message.queue_id)
-            .map_err(|e| context("opening the queue", e))?;
-        if queue.holds_no_files() && message.queue_offset != queue.max_offset() {
+        let queues = &mut *rebuilt.queues;
+        let (topic, queue_id, at) = (message.topic, message.queue_id, message.queue_offset);
+        let queue = match queues.get(topic, queue_id) {
+            // A new queue from its first unit on: its units wait in memory and its files are
+            // made with those of other new queues, on several threads (`make_new_queue_files`).
+            None if at == 0 => queues.get_or_begin(topic, queue_id).map(|(queue, _)| queue),
+            // A gap in the units of a queue awaiting its files (damage stepped over): only a
+            // file holds units past a gap, so they are made now.
+            Some(queue) if queue.units_in_memory().is_some_and(|held| at > held) => queues
+                .make_files_of(topic, queue_id)
+                .and_then(|()| queues.get_or_create(topic, queue_id)),
+            _ => queues.get_or_create(topic, queue_id),
+        }
+        .map_err(|e| context("opening the queue", e))?;
+        if queue.is_awaiting_file() {
+            rebuilt.units_in_memory += 1;
+        } else if queue.holds_no_files() && message.queue_offset != queue.max_offset() {
             // A queue rebuilt from a log that starts past its beginning (retention, or a
             // replica that joined mid-log) starts at its first record's offset.
             queue
