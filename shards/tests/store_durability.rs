@@ -764,3 +764,41 @@ fn message(body: &[u8]) -> shards::store::MessageToStore<'_> {
         tags_code: 0,
     }
 }
+
+/// A periodic checkpoint waits for the flusher's own flushes to make its offset durable (the
+/// flusher goes on allocating meanwhile). A close that comes while it waits on a slow disk
+/// goes ahead, and the close's own checkpoint covers every message.
+#[test]
+fn a_checkpoint_waiting_for_a_slow_flush_lets_the_close_go_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, 1 << 20))
+            .await
+            .unwrap();
+        let first = append(&store, "T", 0, 0, 64, "t");
+        store.wait_durable(first.end_offset).await.unwrap();
+        let before = store.stats().checkpoints;
+        store.set_test_flush_delay(Some(std::time::Duration::from_millis(1_500)));
+        append(&store, "T", 0, 1, 64, "t");
+        // A checkpoint is due a second after the last: it is planned at the second append's
+        // end and waits, with the flush, for the slow disk.
+        shards::runtime::sleep(std::time::Duration::from_millis(1_200)).await;
+        assert_eq!(
+            store.stats().checkpoints,
+            before,
+            "nothing was durable to record"
+        );
+        store.close().await.unwrap();
+    });
+    run(|| async {
+        let config = config(dir.path(), FlushMode::Sync, 1 << 20);
+        let progress = config.progress.clone();
+        let store = Store::open(config).await.unwrap();
+        assert!(progress.recovered.get().unwrap().clean);
+        assert_eq!(
+            pull_all(&store, "T", 0, 0).await,
+            vec![body_of(0, 64), body_of(1, 64)]
+        );
+        store.close().await.unwrap();
+    });
+}

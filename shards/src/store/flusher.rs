@@ -38,7 +38,7 @@
 //! | exit (final flush + clean checkpoint) | `close` was called (after allocation and segment creation in flight) |
 //! | allocate (in a task of its own) | less than half the allocation window is left ahead of the appends (`space.rs`) |
 //! | create a segment file ahead (in a task of its own) | one within `segments_prepared_ahead` of the allocation target is missing |
-//! | checkpoint (flush and take the dirty files here; sync them and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues; with thousands of dirty queue files synced ones up to 30 s or 2 GiB apart, light ones each second between), or when asked (delete_topic) |
+//! | checkpoint (take the counts and the dirty files here; wait for the flushes to make its offset durable, sync the files and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues; with thousands of dirty queue files synced ones up to 30 s or 2 GiB apart, light ones each second between), or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
 //! | sync (Async) | written and not durable, none in flight, and `sync_due` |
 //! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
@@ -525,16 +525,36 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
                 start_sync(&inner, false);
             }
             Action::Checkpoint { synced } => {
-                // The flush and the taking of the dirty files here; their sync (a syncfs of
+                // The taking of the counts and of the dirty files here; the wait for the log
+                // to be durable up to the checkpoint's offset, the files' sync (a syncfs of
                 // thousands of queue files can take a second) and the write in a task of their
-                // own, so that allocation and flushes go on meanwhile. The task holds the store
+                // own, so that allocation and flushes go on meanwhile. The loop used to flush
+                // up to the offset itself: under SYNC_FLUSH load that took it 150-200 ms a
+                // checkpoint, in which no allocation was started, and sends ran into the end
+                // of the allocated space ("space is being prepared"). The task holds the store
                 // only weakly: a store dropped meanwhile (a crash, in tests) is not kept.
-                let Some(plan) = plan_checkpoint(&inner, false, synced).await else {
+                let Some(plan) = plan_checkpoint(&inner, false, synced, false).await else {
                     continue;
                 };
                 inner.log.borrow_mut().flush.checkpoint_running = true;
                 let (root, weak) = (inner.config.root_dir.clone(), Rc::downgrade(&inner));
                 crate::runtime::spawn_detached(async move {
+                    let offset = plan.record.commitlog_offset;
+                    if !durable_through(&weak, offset).await {
+                        // Given up (closing, a reset, a failed store): the files it took stay
+                        // to be synced by the next checkpoint.
+                        if let Some(inner) = weak.upgrade() {
+                            let mut log = inner.log.borrow_mut();
+                            log.flush.unsynced_paths.extend(plan.paths);
+                            if log.flush.unsynced_dir.is_none() {
+                                log.flush.unsynced_dir = plan.dir;
+                            }
+                            log.flush.checkpoint_running = false;
+                            drop(log);
+                            inner.notify.signal();
+                        }
+                        return;
+                    }
                     let outcome = write_checkpoint(root, plan).await;
                     if let Some(inner) = weak.upgrade() {
                         checkpoint_done(&inner, outcome);
@@ -1522,7 +1542,7 @@ async fn zero_fill_step(inner: &Inner) {
 
 /// Makes the consume queues durable up to the current end and records it in the checkpoint.
 pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
-    let Some(plan) = plan_checkpoint(inner, clean, true).await else {
+    let Some(plan) = plan_checkpoint(inner, clean, true, true).await else {
         return false;
     };
     let outcome = write_checkpoint(inner.config.root_dir.clone(), plan).await;
@@ -1539,10 +1559,16 @@ pub(crate) struct CheckpointPlan {
     whole_fs: bool,
 }
 
-/// A checkpoint's first step, on the store: flushes what is appended and, for a synced one,
+/// A checkpoint's first step, on the store: with `flush_now`, flushes what is appended (else
+/// the record waits for the flusher's own flushes, `durable_through`) and, for a synced one,
 /// takes the files written since the last synced one (a light one leaves them for it). None
 /// when the flush failed.
-async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<CheckpointPlan> {
+async fn plan_checkpoint(
+    inner: &Inner,
+    clean: bool,
+    synced: bool,
+    flush_now: bool,
+) -> Option<CheckpointPlan> {
     let (offset, queues, index, awaiting_from) = {
         let log = inner.log.borrow();
         let index = inner.index.borrow().mark();
@@ -1555,7 +1581,7 @@ async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<Che
             awaiting_from,
         )
     };
-    if inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
+    if flush_now && inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
         return None;
     }
     let record = Checkpoint {
@@ -1594,6 +1620,31 @@ async fn plan_checkpoint(inner: &Inner, clean: bool, synced: bool) -> Option<Che
         dir: dir.or(index_dir),
         whole_fs: inner.log.borrow().flush.syncfs_next,
     })
+}
+
+/// How often a periodic checkpoint looks whether the log is durable up to its offset.
+const CHECKPOINT_DURABLE_POLL_MS: u64 = 5;
+
+/// Waits until the flusher's own flushes made the log durable through `offset` (true), or
+/// gives up (false): the store is gone, closing, being reset or failed. It looks every
+/// `CHECKPOINT_DURABLE_POLL_MS` rather than waiting as a send does, because the exit and a
+/// reset wait for the checkpoint under way before they flush.
+async fn durable_through(weak: &std::rc::Weak<Inner>, offset: u64) -> bool {
+    loop {
+        {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            let log = inner.log.borrow();
+            if log.flush.durable_end >= offset {
+                return true;
+            }
+            if log.closing || log.reset.is_some() || log.poison.is_some() {
+                return false;
+            }
+        }
+        crate::runtime::sleep(Duration::from_millis(CHECKPOINT_DURABLE_POLL_MS)).await;
+    }
 }
 
 /// A checkpoint written: its offset, whether it was a synced one, and whether that synced
