@@ -1223,7 +1223,11 @@ pub(crate) fn make_first_file(
     {
         unit.encode(out);
     }
-    let end = (bytes.len() as u64).next_multiple_of(4096);
+    // Through the block that holds the last unit, not past the file's end: fallocate would
+    // grow the file.
+    let end = (bytes.len() as u64)
+        .next_multiple_of(4096)
+        .min(units_per_file * CQ_UNIT_BYTES);
     if end > reserved {
         reserve_blocks(&file, reserved, end)?;
     }
@@ -1811,6 +1815,19 @@ mod tests {
         for t in 0..topics {
             let queue = table.get(&format!("T{t}"), 0).unwrap();
             assert_eq!(queue.units_in_memory(), None);
+        }
+        for t in 0..topics {
+            let first_file = dir
+                .path()
+                .join(format!("T{t}"))
+                .join("0")
+                .join(file_name(0));
+            let len = fs::metadata(first_file).unwrap().len();
+            assert_eq!(
+                len,
+                4 * CQ_UNIT_BYTES,
+                "queue T{t}'s first file keeps its size"
+            );
         }
         drop(table);
         let mut reopened = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();

@@ -236,6 +236,16 @@ struct DataChain {
 }
 
 impl FlushState {
+    /// Files a checkpoint took and did not sync (it failed, or gave up) stay for the next
+    /// one, beside any an earlier one left: a light checkpoint takes none of those, and its
+    /// failure must not drop them.
+    fn keep_unsynced(&mut self, paths: Vec<std::path::PathBuf>, dir: Option<std::path::PathBuf>) {
+        self.unsynced_paths.extend(paths);
+        if self.unsynced_dir.is_none() {
+            self.unsynced_dir = dir;
+        }
+    }
+
     /// `unsynced_files`: the store opened on a light checkpoint (`syncfs_next`).
     pub(crate) fn new(durable_end: u64, zero_fill_next: u64, unsynced_files: bool) -> FlushState {
         FlushState {
@@ -545,10 +555,7 @@ async fn run(weak: Weak<Inner>, notify: Rc<Notify>) {
                         // to be synced by the next checkpoint.
                         if let Some(inner) = weak.upgrade() {
                             let mut log = inner.log.borrow_mut();
-                            log.flush.unsynced_paths.extend(plan.paths);
-                            if log.flush.unsynced_dir.is_none() {
-                                log.flush.unsynced_dir = plan.dir;
-                            }
+                            log.flush.keep_unsynced(plan.paths, plan.dir);
                             log.flush.checkpoint_running = false;
                             drop(log);
                             inner.notify.signal();
@@ -1702,8 +1709,7 @@ fn checkpoint_done(inner: &Inner, outcome: Result<CheckpointWritten, SyncFailure
         }
         Err(failure) => {
             let mut log = inner.log.borrow_mut();
-            log.flush.unsynced_paths = failure.paths;
-            log.flush.unsynced_dir = failure.dir;
+            log.flush.keep_unsynced(failure.paths, failure.dir);
             drop(log);
             checkpoint_failed(inner, failure.context, &failure.error);
             false
