@@ -511,9 +511,14 @@ fn report_recovery(
     let scanned = progress.scanned_bytes.get();
     let seconds = started.elapsed().as_secs_f64();
     log::info!(
-        "shard {shard_id}: store open in {seconds:.2} s: {} stop, scanned {} MiB from \
+        "shard {shard_id}: store open in {seconds:.2} s: {} stop{}, scanned {} MiB from \
          offset {} ({:.0} MiB/s), log ends at {}",
         if summary.clean { "clean" } else { "unclean" },
+        if summary.queues_from_catalog {
+            ", queues from the catalog"
+        } else {
+            ""
+        },
         scanned >> 20,
         summary.scan_from,
         scanned as f64 / 1_048_576.0 / seconds.max(0.001),

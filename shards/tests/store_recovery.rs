@@ -406,3 +406,126 @@ fn a_gap_in_a_new_queues_units_gets_its_file_made_at_once() {
         store.close().await.unwrap();
     });
 }
+
+/// Every queue's offsets, units and bodies, in topic order: what a start found.
+type Found = Vec<(String, u32, u64, u64, Vec<Vec<u8>>)>;
+
+async fn found_in(store: &Store, queues: &[(String, u32)]) -> Found {
+    let mut found = Vec::new();
+    for (topic, queue_id) in queues {
+        let id = shards::QueueId(*queue_id);
+        let min = store.min_queue_offset(topic, id).0;
+        let max = store.max_queue_offset(topic, id).0;
+        let bodies = pull_all(store, topic, *queue_id, min).await;
+        found.push((topic.clone(), *queue_id, min, max, bodies));
+    }
+    found
+}
+
+/// A clean stop lists every queue in `consumequeue.catalog`, and the next start takes the
+/// queues from it instead of reading their directories: it finds what a walk of the
+/// directories finds (units, minimums past retention, maximums, a queue over several files),
+/// and removes the catalog before anything changes. A topic directory removed after the stop
+/// makes the start walk instead; a crash after a start from the catalog recovers as any crash.
+#[test]
+fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
+    const TOPICS: u64 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("consumequeue.catalog");
+    let mut queues: Vec<(String, u32)> = (0..TOPICS)
+        .flat_map(|t| [(format!("T{t}"), 0), (format!("T{t}"), 1)])
+        .collect();
+    queues.push(("Long".to_string(), 0));
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        // Long/0 spans several files (64 units a file) and several segments, which retention
+        // then deletes: its minimum moves past unit 0.
+        let mut i = 400;
+        for k in 0..i {
+            append(&store, "Long", 0, k, 600, "t");
+        }
+        let mut last = None;
+        for t in 0..TOPICS {
+            for queue_id in std::iter::repeat_n(0, 1 + (t % 5) as usize).chain([1]) {
+                last = Some(append(&store, &format!("T{t}"), queue_id, i, 300, "t"));
+                i += 1;
+            }
+        }
+        store.wait_durable(last.unwrap().end_offset).await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while store.queues_awaiting_files() > 0 {
+            assert!(std::time::Instant::now() < deadline, "queue files not made");
+            shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let oldest = store.oldest_sealed_segment().unwrap();
+        store.delete_oldest_segment(oldest).await.unwrap().unwrap();
+        assert!(store.min_queue_offset("Long", shards::QueueId(0)).0 > 0);
+        store.close().await.unwrap();
+    });
+    assert!(catalog.exists());
+    let open = |from_catalog: bool| -> Found {
+        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
+        let progress = config.progress.clone();
+        run(|| async {
+            let store = Store::open(config).await.unwrap();
+            let summary = progress.recovered.get().unwrap();
+            assert!(summary.clean, "{summary:?}");
+            assert_eq!(summary.queues_from_catalog, from_catalog, "{summary:?}");
+            // Gone once the store is open: its queue files may change from here on.
+            assert!(!catalog.exists());
+            let found = found_in(&store, &queues).await;
+            store.close().await.unwrap();
+            found
+        })
+    };
+    let listed = open(true);
+    assert_eq!(listed.len(), queues.len());
+    assert!(listed.iter().all(|(_, _, _, max, _)| *max > 0));
+    // The same data directory without the catalog: every directory read.
+    std::fs::remove_file(&catalog).unwrap();
+    let walked = open(false);
+    assert_eq!(listed, walked);
+    // The catalog that stop wrote, then the one a start from a catalog stopped with.
+    assert_eq!(open(true), walked);
+    assert_eq!(open(true), walked);
+    // A topic directory removed after the stop: the catalog no longer tells the disk, the
+    // start reads the directories (and rebuilds the topic from the log).
+    std::fs::remove_dir_all(dir.path().join("consumequeue").join("T3")).unwrap();
+    assert_eq!(open(false), walked);
+
+    // A crash after a start from the catalog: appends to listed and new queues since.
+    let crashed = tempfile::tempdir().unwrap();
+    let copy = crashed.path().join("store");
+    run(|| async {
+        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
+        let progress = config.progress.clone();
+        let store = Store::open(config).await.unwrap();
+        assert!(progress.recovered.get().unwrap().queues_from_catalog);
+        append(&store, "T0", 0, 10_000, 300, "t");
+        let last = append(&store, "New", 0, 10_001, 300, "t");
+        store.wait_durable(last.end_offset).await.unwrap();
+        copy_dir(dir.path(), &copy);
+        store.close().await.unwrap();
+    });
+    let config = config(&copy, FlushMode::Sync, SEGMENT);
+    let progress = config.progress.clone();
+    run(|| async {
+        let store = Store::open(config).await.unwrap();
+        let summary = progress.recovered.get().unwrap();
+        assert!(
+            !summary.clean && !summary.queues_from_catalog,
+            "{summary:?}"
+        );
+        let mut expected = walked.clone();
+        expected[0].3 += 1;
+        expected[0].4.push(body_of(10_000, 300));
+        assert_eq!(found_in(&store, &queues).await, expected);
+        assert_eq!(
+            pull_all(&store, "New", 0, 0).await,
+            vec![body_of(10_001, 300)]
+        );
+        store.close().await.unwrap();
+    });
+}

@@ -1179,6 +1179,10 @@ pub(crate) struct QueueTable {
     /// not yet handed out to be made (`take_files_to_make`).
     awaiting: BTreeSet<(String, u32)>,
     to_make: VecDeque<(String, u32)>,
+    /// The commitlog offset every queue's first unit was last found at or past (`expire_below`
+    /// succeeded with it): a queue catalog records it, and a start whose log begins there
+    /// has nothing to expire.
+    expired_below: u64,
 }
 
 /// `error` of making the files of queue `topic`/`queue_id`, saying so (its OS error code
@@ -1315,6 +1319,7 @@ impl QueueTable {
             dirty: Rc::default(),
             awaiting: BTreeSet::new(),
             to_make: VecDeque::new(),
+            expired_below: 0,
         }
     }
 
@@ -1387,7 +1392,81 @@ impl QueueTable {
             dirty,
             awaiting: BTreeSet::new(),
             to_make: VecDeque::new(),
+            expired_below: 0,
         })
+    }
+
+    /// The table a clean stop's queue catalog lists (`catalog.rs`), touching no queue file:
+    /// each queue ends at `recorded`'s count (the clean checkpoint's) with nothing written
+    /// past it, as `check_recorded` would find, unless a later file is listed.
+    pub(crate) fn from_catalog(
+        root: PathBuf,
+        units_per_file: u64,
+        catalog: super::catalog::Catalog,
+        recorded: &QueueCounts,
+    ) -> QueueTable {
+        let mut topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>> = BTreeMap::new();
+        let dirty: Rc<Cell<usize>> = Rc::default();
+        for listed in catalog.queues {
+            let dir = root.join(&listed.topic).join(listed.queue_id.to_string());
+            let mut files = FileStarts::default();
+            for start in listed.files {
+                files.insert(start);
+            }
+            let count = recorded
+                .get(&listed.topic)
+                .and_then(|queues| queues.get(&listed.queue_id))
+                .copied();
+            let known_end = count.filter(|&count| {
+                let start = count - count % units_per_file;
+                count >= listed.min_offset && files.after(start).is_empty()
+            });
+            let found = QueueFiles {
+                dir,
+                files,
+                min_offset: listed.min_offset,
+                known_end,
+                first_unit: None,
+            };
+            let mut queue = ConsumeQueue::from_files(found, units_per_file);
+            queue.dirty_count = dirty.clone();
+            topics
+                .entry(listed.topic)
+                .or_default()
+                .insert(listed.queue_id, queue);
+        }
+        QueueTable {
+            root,
+            units_per_file,
+            topics,
+            dirty,
+            awaiting: BTreeSet::new(),
+            to_make: VecDeque::new(),
+            expired_below: catalog.expired_below,
+        }
+    }
+
+    /// The queue catalog of this table (`catalog.rs`) stamped `stamp`: every queue with its
+    /// files (those awaiting theirs are rebuilt from the log instead).
+    pub(crate) fn catalog(&self, stamp: u64) -> Vec<u8> {
+        let listed: Vec<(&str, u32, u64, &[u64])> = self
+            .queues()
+            .filter(|(_, _, queue)| !queue.is_awaiting_file())
+            .map(|(topic, queue_id, queue)| {
+                (topic, queue_id, queue.min_offset, queue.files.0.as_slice())
+            })
+            .collect();
+        super::catalog::encode(
+            stamp,
+            self.units_per_file,
+            self.expired_below,
+            listed.into_iter(),
+        )
+    }
+
+    /// See `expired_below` (the field).
+    pub(crate) fn expired_below(&self) -> u64 {
+        self.expired_below
     }
 
     /// Reads into the page cache, on several threads (`runtime::fan_out`), the pages that
@@ -1705,6 +1784,7 @@ impl QueueTable {
                 queue.expire_below(min_physical, &mut paths)?;
             }
         }
+        self.expired_below = self.expired_below.max(min_physical);
         Ok(paths)
     }
 

@@ -1560,6 +1560,8 @@ pub(crate) async fn checkpoint(inner: &Inner, clean: bool) -> bool {
 /// (none for a light checkpoint).
 pub(crate) struct CheckpointPlan {
     record: Checkpoint,
+    /// A clean stop's queue catalog and its stamp (`catalog.rs`), written before the record.
+    catalog: Option<(u64, Vec<u8>)>,
     paths: Vec<std::path::PathBuf>,
     dir: Option<std::path::PathBuf>,
     /// Sync the whole filesystem, whatever `paths` holds (`FlushState::syncfs_next`).
@@ -1601,10 +1603,12 @@ async fn plan_checkpoint(
             .flatten()
             .map(str::to_string),
         awaiting_from,
+        catalog: None,
     };
     if !synced {
         return Some(CheckpointPlan {
             record,
+            catalog: None,
             paths: Vec::new(),
             dir: None,
             whole_fs: false,
@@ -1621,8 +1625,14 @@ async fn plan_checkpoint(
     paths.extend(inner.queues.borrow_mut().take_dirty_paths());
     let (index_paths, index_dir) = inner.index.borrow_mut().take_dirty_paths();
     paths.extend(index_paths);
+    // The queues as they stand: the store takes no append while it closes.
+    let catalog = clean.then(|| {
+        let stamp = super::catalog::new_stamp();
+        (stamp, inner.queues.borrow().catalog(stamp))
+    });
     Some(CheckpointPlan {
         record,
+        catalog,
         paths,
         dir: dir.or(index_dir),
         whole_fs: inner.log.borrow().flush.syncfs_next,
@@ -1667,11 +1677,22 @@ pub(crate) struct CheckpointWritten {
 /// record (a light one is only written).
 async fn write_checkpoint(
     root: std::path::PathBuf,
-    plan: CheckpointPlan,
+    mut plan: CheckpointPlan,
 ) -> Result<CheckpointWritten, SyncFailure> {
     let synced = !plan.record.light();
     if synced {
         sync_written(&root, plan.paths, plan.dir, plan.whole_fs).await?;
+    }
+    if let Some((stamp, bytes)) = plan.catalog {
+        // Without it the next start reads every queue's directory: slower, as correct.
+        match super::catalog::write(&root, bytes).await {
+            Ok(()) => plan.record.catalog = Some(stamp),
+            Err(error) => log::warn!(
+                "store {}: cannot write the queue catalog ({error}); the next start reads \
+                 every queue's directory",
+                root.display()
+            ),
+        }
     }
     checkpoint::write(&root, &plan.record)
         .await

@@ -41,10 +41,11 @@
 //! allocated ahead of them, so an acknowledged message is always written, even on a full disk.
 //! Directory layout under `root_dir`:
 //! `commitlog/<20-digit offset>`, `consumequeue/<topic>/<queueId>/<20-digit offset>`,
-//! `index/<20-digit offset>`, `checkpoint` and `checkpoint.light` (`checkpoint.rs`), and
-//! `.dma_probe` (see `open`); `reset-in-progress`
+//! `index/<20-digit offset>`, `checkpoint` and `checkpoint.light` (`checkpoint.rs`),
+//! `consumequeue.catalog` after a clean stop (`catalog.rs`), and `.dma_probe` (see `open`); `reset-in-progress`
 //! only while a reset removes files (`open` then finishes the reset first).
 
+mod catalog;
 mod checkpoint;
 mod commit_ring;
 mod consume_queue;
@@ -189,6 +190,9 @@ pub struct RecoverySummary {
     /// Damaged regions in the middle of the log the scan stepped over, and their bytes.
     pub damaged_regions: u64,
     pub damaged_bytes: u64,
+    /// The queues were taken from the clean stop's queue catalog (`catalog.rs`), not read
+    /// from their directories.
+    pub queues_from_catalog: bool,
 }
 
 impl StoreConfig {

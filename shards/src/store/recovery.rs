@@ -49,6 +49,7 @@ use crate::runtime::fs::DirectFile;
 use crate::runtime::read_ahead::ReadAhead;
 use crate::runtime::workarounds;
 
+use super::catalog;
 use super::checkpoint::{self, Checkpoint};
 use super::consume_queue::{QueueTable, Unit};
 use super::flusher::ZERO_FILL_CHUNK_BYTES;
@@ -95,11 +96,22 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     prime_dma_probe(root).await?;
     let mut segments = Segments::open(root.join("commitlog"), size, &config.progress).await?;
     let saved = checkpoint::read(root);
-    let mut queues = QueueTable::load_with(
-        root.join("consumequeue"),
-        config.consume_queue_units_per_file,
-        saved.as_ref().map(|c| (&c.queues, c.commitlog_offset)),
-    )?;
+    let queue_root = root.join("consumequeue");
+    let units_per_file = config.consume_queue_units_per_file;
+    // After a clean stop, its queue catalog lists the queues: no directory is read.
+    let stamp = saved.as_ref().filter(|c| c.clean).and_then(|c| c.catalog);
+    let listed = catalog::take(root, &queue_root, stamp, units_per_file).await?;
+    let from_catalog = listed.is_some();
+    let mut queues = match (listed, saved.as_ref()) {
+        (Some(listed), Some(saved)) => {
+            QueueTable::from_catalog(queue_root, units_per_file, listed, &saved.queues)
+        }
+        _ => QueueTable::load_with(
+            queue_root,
+            units_per_file,
+            saved.as_ref().map(|c| (&c.queues, c.commitlog_offset)),
+        )?,
+    };
     let mark = saved
         .as_ref()
         .and_then(|c| c.index.map(|mark| (mark, c.commitlog_offset)));
@@ -108,11 +120,20 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let first = segments.first_start().unwrap_or(0);
     let files_end = segments.last_start().map_or(0, |s| s + size);
     if let Some(saved) = saved.as_ref() {
-        // `scan_start` probes each queue at the checkpoint's count.
+        // `scan_start` probes each queue at the checkpoint's count, unless it is known to
+        // end there.
+        let queues = &queues;
         queues.prefetch_units(saved.queues.iter().flat_map(|(topic, counts)| {
-            counts.iter().flat_map(move |(&queue_id, &count)| {
-                [count.saturating_sub(1), count].map(|unit| (topic.as_str(), queue_id, unit))
-            })
+            counts
+                .iter()
+                .filter(move |(&queue_id, &count)| {
+                    queues
+                        .get(topic, queue_id)
+                        .is_none_or(|queue| queue.known_end() != Some(count))
+                })
+                .flat_map(move |(&queue_id, &count)| {
+                    [count.saturating_sub(1), count].map(|unit| (topic.as_str(), queue_id, unit))
+                })
         }));
     }
     let (scan_from, trusted) = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
@@ -191,12 +212,18 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     }
     // Segments retention deleted: the units and index entries that pointed into them go
     // (a crash between a segment's deletion and theirs leaves them behind).
-    for path in queues
-        .expire_below(first)?
-        .into_iter()
-        .chain(index.expire_below(first))
-    {
-        std::fs::remove_file(path)?;
+    // Nothing to expire when the catalog's queues were expired up to where the log begins.
+    let expired = from_catalog && first <= queues.expired_below();
+    let queue_paths = if expired {
+        Vec::new()
+    } else {
+        queues.expire_below(first)?
+    };
+    for path in queue_paths.into_iter().chain(index.expire_below(first)) {
+        match std::fs::remove_file(path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
+            _ => {}
+        }
     }
     let clean = saved
         .as_ref()
@@ -207,6 +234,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         clean,
         damaged_regions: damage.regions,
         damaged_bytes: damage.bytes,
+        queues_from_catalog: from_catalog,
     }));
     if !clean {
         zero_after_end(&segments, end, &config.progress).await?;
@@ -234,6 +262,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         index: Some(index.mark()),
         boot: saved.as_ref().and_then(|saved| saved.boot.clone()),
         awaiting_from: queues.first_awaiting_physical(),
+        catalog: None,
     };
     match checkpoint::write(root, &record).await {
         Ok(()) => {}
