@@ -5,7 +5,8 @@ set -uo pipefail
 # it ROUNDS times with each binary in turn (A, B, A, B, ...) and prints the seconds each took to
 # be ready (every shard registered). STOP=kill sends SIGKILL to each restarted node instead of
 # SIGTERM, so the next start recovers after a crash; COLD=1 drops the page cache before each
-# start (root). CRASHED=1 ends the fill with a SIGKILL right after the last send and starts
+# start (root), after a start and clean stop by the same build (a clean stop writes the queue
+# catalog the next start reads). CRASHED=1 ends the fill with a SIGKILL right after the last send and starts
 # every round from a fresh copy of that crashed data directory, so each binary recovers the
 # same crash (the copy is taken before each start, page cache warm). Many queues need
 # vm.max_map_count above 65,530 (one map per written queue).
@@ -43,14 +44,18 @@ for round in $(seq $rounds); do
         if [ $crashed = 1 ]; then
             rm -rf $dir/data; cp -a $filled $dir/data
         fi
+        if [ "${COLD:-0}" = 1 ]; then
+            # As after a reboot: the node was last stopped by this build, the cache is cold.
+            if [ $crashed = 0 ]; then serve $binary; kill $pid; wait $pid 2>/dev/null; fi
+            sync; echo 3 > /proc/sys/vm/drop_caches
+        fi
         sync
-        [ "${COLD:-0}" = 1 ] && echo 3 > /proc/sys/vm/drop_caches
         start=$(date +%s.%N)
         serve $binary
         took=$(echo "$(date +%s.%N) - $start" | bc)
         rss=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
         echo "round $round $which: ready in $took s, RSS $((rss / 1024)) MB"
-        [ $crashed = 1 ] && grep -o "shard [0-9]: store open in .*" $dir/broker.log | sed 's/^/    /'
+        grep -o "shard [0-9]: store open in .*" $dir/broker.log | tail -2 | sed 's/^/    /'
         if [ $stop = kill ]; then kill -9 $pid; else kill $pid; fi
         wait $pid 2>/dev/null
     done
