@@ -1312,14 +1312,26 @@ impl QueueTable {
     /// A table with no queue, under `root`, touching no file (a store emptied by a reset,
     /// which removes the files itself).
     pub(crate) fn empty(root: PathBuf, units_per_file: u64) -> QueueTable {
+        QueueTable::holding(root, units_per_file, BTreeMap::new(), Rc::default(), 0)
+    }
+
+    /// A table of `topics`, whose queues count their dirty files in `dirty`, none awaiting
+    /// its files.
+    fn holding(
+        root: PathBuf,
+        units_per_file: u64,
+        topics: BTreeMap<String, BTreeMap<u32, ConsumeQueue>>,
+        dirty: Rc<Cell<usize>>,
+        expired_below: u64,
+    ) -> QueueTable {
         QueueTable {
             root,
             units_per_file,
-            topics: BTreeMap::new(),
-            dirty: Rc::default(),
+            topics,
+            dirty,
             awaiting: BTreeSet::new(),
             to_make: VecDeque::new(),
-            expired_below: 0,
+            expired_below,
         }
     }
 
@@ -1385,15 +1397,7 @@ impl QueueTable {
                 held.insert(queue_id, queue);
             }
         }
-        Ok(QueueTable {
-            root,
-            units_per_file,
-            topics,
-            dirty,
-            awaiting: BTreeSet::new(),
-            to_make: VecDeque::new(),
-            expired_below: 0,
-        })
+        Ok(QueueTable::holding(root, units_per_file, topics, dirty, 0))
     }
 
     /// The table a clean stop's queue catalog lists (`catalog.rs`), touching no queue file:
@@ -1435,15 +1439,7 @@ impl QueueTable {
                 .or_default()
                 .insert(listed.queue_id, queue);
         }
-        QueueTable {
-            root,
-            units_per_file,
-            topics,
-            dirty,
-            awaiting: BTreeSet::new(),
-            to_make: VecDeque::new(),
-            expired_below: catalog.expired_below,
-        }
+        QueueTable::holding(root, units_per_file, topics, dirty, catalog.expired_below)
     }
 
     /// The queue catalog of this table (`catalog.rs`) stamped `stamp`: every queue with its

@@ -10,9 +10,9 @@
 //!    0.9 reads the first DMA file opened on a device (per thread) to decide whether the device
 //!    takes polled I/O; on an empty file the read "succeeds", the device is marked pollable,
 //!    and every later O_DIRECT read on a virtio disk fails with EOPNOTSUPP (os error 95).
-//! 2. Scan the commitlog from the start of the segment holding the checkpoint (from the
-//!    checkpoint itself after a clean stop; from the first segment when there is none, it
-//!    does not fit the files, or a queue on disk holds fewer units than it recorded), checking every record's TOTALSIZE, magic, BODYCRC,
+//! 2. Scan the commitlog from the start of the segment holding the checkpoint (or from the
+//!    first segment when there is none, it does not fit the files, or a queue on disk holds
+//!    fewer units than it recorded), checking every record's TOTALSIZE, magic, BODYCRC,
 //!    PHYSICALOFFSET, topic and the last byte of its properties (see `dispatch`). A blank
 //!    filler moves to the next segment. Zeros past what the checkpoint knew durable end the
 //!    log; so does any other bad record there, unless a valid record follows beyond what a
@@ -137,14 +137,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         }));
     }
     let (scan_from, trusted) = scan_start(saved.as_ref(), &mut queues, first, files_end, size)?;
-    // After a clean stop the index's end is a record boundary too (the checkpoint's offset
-    // when its mark is trusted, else the log's start).
-    let index_from = if saved.as_ref().is_some_and(|c| c.clean) {
-        index.indexed_end()
-    } else {
-        align_down(index.indexed_end(), size)
-    };
-    let scan_from = scan_from.min(index_from.max(first));
+    let scan_from = scan_from.min(align_down(index.indexed_end(), size).max(first));
     // The scan writes each queue's units from its count at the checkpoint on, or from its
     // first unit when the checkpoint does not count it (or is not trusted): each of those
     // writes first faults in a page of the queue's file, one at a time.
@@ -348,12 +341,6 @@ fn scan_start(
     let from = saved
         .awaiting_from
         .map_or(offset, |awaiting| awaiting.min(offset));
-    if saved.clean {
-        // Nothing was appended after a clean stop's checkpoint: the scan starts right there
-        // (a record's start, as is `awaiting_from`). Reading the rest of its segment again
-        // took a cold start seconds with 1 GiB segments, for records the queues all hold.
-        return Ok((from.max(first), true));
-    }
     Ok((align_down(from, segment_size_bytes).max(first), true))
 }
 
@@ -397,9 +384,8 @@ struct Rebuilt<'a> {
     queues: &'a mut QueueTable,
     index: &'a mut Index,
     /// The checkpoint, when every queue was found holding the units it counted: a record
-    /// below its offset whose unit is among those is not written again. After a crash the
-    /// scan reads the whole segment holding the checkpoint to validate it, and writing each
-    /// of its units
+    /// below its offset whose unit is among those is not written again. The scan reads the
+    /// whole segment holding the checkpoint to validate it, and writing each of its units
     /// again mapped and unmapped every queue file it touched (at 100,000 queues, most of a
     /// start).
     units_held: Option<&'a Checkpoint>,
