@@ -490,6 +490,26 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
     // The catalog that stop wrote, then the one a start from a catalog stopped with.
     assert_eq!(open(true), walked);
     assert_eq!(open(true), walked);
+    // `shardmq verify` finds the catalog the start would take in step with the disk...
+    let verified = shards::store::verify::verify_store(dir.path(), Some(SEGMENT)).unwrap();
+    assert_eq!(verified.damage, 0, "{:?}", verified.findings);
+    let takes = format!("the next start takes its {} queue(s)", queues.len());
+    assert!(
+        verified.notes.iter().any(|n| n.starts_with(&takes)),
+        "{:?}",
+        verified.notes
+    );
+    // ... and a queue directory removed by hand, which that start would not see, as damage.
+    let queue_dir = dir.path().join("consumequeue").join("T5").join("1");
+    std::fs::rename(&queue_dir, dir.path().join("T5-1")).unwrap();
+    let verified = shards::store::verify::verify_store(dir.path(), Some(SEGMENT)).unwrap();
+    assert_eq!(verified.damage, 1, "{:?}", verified.findings);
+    assert!(
+        verified.findings[0].contains("T5/1 listed, not on disk"),
+        "{:?}",
+        verified.findings
+    );
+    std::fs::rename(dir.path().join("T5-1"), &queue_dir).unwrap();
     // A topic directory removed after the stop: the catalog no longer tells the disk, the
     // start reads the directories (and rebuilds the topic from the log).
     std::fs::remove_dir_all(dir.path().join("consumequeue").join("T3")).unwrap();

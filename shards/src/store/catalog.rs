@@ -29,7 +29,7 @@ use std::path::Path;
 
 use crate::runtime::fs;
 
-const FILE_NAME: &str = "consumequeue.catalog";
+pub(crate) const FILE_NAME: &str = "consumequeue.catalog";
 const TEMP_FILE_NAME: &str = "consumequeue.catalog.tmp";
 const MAGIC: &[u8; 8] = b"SHMQCQL1";
 const HEADER_BYTES: usize = 8 + 4 * 8;
@@ -91,9 +91,13 @@ pub(crate) fn encode<'a>(
     out
 }
 
-/// Reads `bytes` as a catalog stamped `stamp` for `units_per_file`; an error says what is
-/// wrong with it.
-pub(crate) fn decode(bytes: &[u8], stamp: u64, units_per_file: u64) -> Result<Catalog, String> {
+/// Reads `bytes` as a catalog stamped `stamp`, for `units_per_file` when given (else for
+/// what it says); an error says what is wrong with it.
+pub(crate) fn decode(
+    bytes: &[u8],
+    stamp: u64,
+    units_per_file: Option<u64>,
+) -> Result<Catalog, String> {
     let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
         return Err("too short".into());
     };
@@ -111,7 +115,8 @@ pub(crate) fn decode(bytes: &[u8], stamp: u64, units_per_file: u64) -> Result<Ca
         ));
     }
     let found_units = reader.u64()?;
-    if found_units != units_per_file {
+    let units_per_file = units_per_file.unwrap_or(found_units);
+    if found_units != units_per_file || units_per_file == 0 {
         return Err(format!(
             "made for {found_units} units a file, the store uses {units_per_file}"
         ));
@@ -200,29 +205,36 @@ pub(crate) async fn take(
     if !root.join(FILE_NAME).exists() && !root.join(TEMP_FILE_NAME).exists() {
         return Ok(None);
     }
-    let catalog = stamp.and_then(|stamp| read(root, queue_root, stamp, units_per_file));
+    let catalog =
+        stamp.and_then(
+            |stamp| match usable(root, queue_root, stamp, Some(units_per_file)) {
+                Ok(catalog) => Some(catalog),
+                Err(why) => {
+                    log::warn!(
+                        "store: not using the queue catalog {} ({why}); reading every queue's \
+                     directory",
+                        root.join(FILE_NAME).display()
+                    );
+                    None
+                }
+            },
+        );
     remove(root).await?;
     Ok(catalog)
 }
 
-fn read(root: &Path, queue_root: &Path, stamp: u64, units_per_file: u64) -> Option<Catalog> {
+/// The catalog in `root` when the next start would take it (see `take`), else why not. With
+/// `units_per_file` None it is read for what it says (`shardmq verify`).
+pub(crate) fn usable(
+    root: &Path,
+    queue_root: &Path,
+    stamp: u64,
+    units_per_file: Option<u64>,
+) -> Result<Catalog, String> {
     let path = root.join(FILE_NAME);
-    let ignored = |why: &str| {
-        log::warn!(
-            "store: not using the queue catalog {} ({why}); reading every queue's directory",
-            path.display()
-        );
-    };
-    let meta = match std::fs::metadata(&path) {
-        Ok(meta) => meta,
-        Err(error) => {
-            ignored(&error.to_string());
-            return None;
-        }
-    };
+    let meta = std::fs::metadata(&path).map_err(|error| error.to_string())?;
     if meta.len() > CATALOG_SIZE_MAX_BYTES {
-        ignored("oversized");
-        return None;
+        return Err("oversized".into());
     }
     // A topic directory made, removed or renamed since the stop (by hand) changes the
     // listing the catalog holds.
@@ -230,23 +242,10 @@ fn read(root: &Path, queue_root: &Path, stamp: u64, units_per_file: u64) -> Opti
         .and_then(|queues| Ok(queues.modified()? > meta.modified()?))
         .unwrap_or(true);
     if changed_after {
-        ignored("consumequeue/ changed after it was written");
-        return None;
+        return Err("consumequeue/ changed after it was written".into());
     }
-    let bytes = match std::fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(error) => {
-            ignored(&error.to_string());
-            return None;
-        }
-    };
-    match decode(&bytes, stamp, units_per_file) {
-        Ok(catalog) => Some(catalog),
-        Err(why) => {
-            ignored(&why);
-            None
-        }
-    }
+    let bytes = std::fs::read(&path).map_err(|error| error.to_string())?;
+    decode(&bytes, stamp, units_per_file)
 }
 
 /// Removes the catalog and a temp file an interrupted write left, then syncs `root`.
@@ -288,7 +287,7 @@ mod tests {
     #[test]
     fn a_catalog_reads_back_as_written_and_only_with_its_stamp() {
         let bytes = encoded(42);
-        let catalog = decode(&bytes, 42, 100).unwrap();
+        let catalog = decode(&bytes, 42, Some(100)).unwrap();
         assert_eq!(catalog.expired_below, 4096);
         let back: Vec<_> = catalog
             .queues
@@ -296,21 +295,25 @@ mod tests {
             .map(|l| (l.topic, l.queue_id, l.min_offset, l.files))
             .collect();
         assert_eq!(back, sample());
-        assert!(decode(&bytes, 43, 100).unwrap_err().contains("stamped 42"));
-        assert!(decode(&bytes, 42, 300).unwrap_err().contains("100 units"));
+        assert!(decode(&bytes, 43, Some(100))
+            .unwrap_err()
+            .contains("stamped 42"));
+        assert!(decode(&bytes, 42, Some(300))
+            .unwrap_err()
+            .contains("100 units"));
     }
 
     #[test]
     fn a_torn_or_damaged_catalog_is_refused() {
         let bytes = encoded(7);
         for cut in [0, 3, 20, bytes.len() / 2, bytes.len() - 1] {
-            assert!(decode(&bytes[..cut], 7, 100).is_err(), "cut at {cut}");
+            assert!(decode(&bytes[..cut], 7, Some(100)).is_err(), "cut at {cut}");
         }
         let mut flipped = bytes.clone();
         flipped[HEADER_BYTES + 3] ^= 0x40;
-        assert!(decode(&flipped, 7, 100).unwrap_err().contains("CRC"));
+        assert!(decode(&flipped, 7, Some(100)).unwrap_err().contains("CRC"));
         // Whole, but a file that does not start at a multiple of the units per file.
         let bad = encode(7, 100, 0, std::iter::once(("T", 0, 0, &[0u64, 150][..])));
-        assert!(decode(&bad, 7, 100).unwrap_err().contains("T/0"));
+        assert!(decode(&bad, 7, None).unwrap_err().contains("T/0"));
     }
 }

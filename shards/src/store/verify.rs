@@ -15,6 +15,9 @@
 //! 3. Every index file: its header, its slot heads and links within its entries, and each
 //!    entry at or past the first segment pointing at the start of a valid record.
 //! 4. The config files (`config/*.json`, the checkpoint): each one parses as JSON.
+//! 5. The queue catalog of a clean stop, when the next start would take it: it lists the
+//!    queues and files that step 2 found (an edit by hand below a topic directory is not seen
+//!    by such a start).
 //!
 //! What counts as damage makes `shardmq verify` exit non-zero; notes (expired units, units
 //! past the end, a store not stopped cleanly) do not.
@@ -118,9 +121,10 @@ pub fn verify_store(root: &Path, segment_size_bytes: Option<u64>) -> io::Result<
     };
     let log = open_log(root, segment_size_bytes, &mut report)?;
     scan_log(&log, &mut report)?;
-    check_queues(root, &log, &mut report)?;
+    let found = check_queues(root, &log, &mut report)?;
     check_index(root, &log, &mut report)?;
     check_config(root, &mut report);
+    check_catalog(root, &found, &mut report);
     Ok(report)
 }
 
@@ -314,10 +318,14 @@ fn next_valid(log: &Log, segment: &Segment, from: u64, end: u64) -> io::Result<O
 }
 
 /// Step 2: every consume-queue unit.
-fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<()> {
+/// Every queue directory found: (topic, queue id) → the first unit of each of its files.
+type QueueListing = BTreeMap<(String, u32), Vec<u64>>;
+
+fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<QueueListing> {
     let dir = root.join("consumequeue");
+    let mut found = QueueListing::new();
     if !dir.is_dir() {
-        return Ok(());
+        return Ok(found);
     }
     for topic_entry in fs::read_dir(&dir)? {
         let topic_entry = topic_entry?;
@@ -332,10 +340,11 @@ fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result
                 continue;
             };
             report.queues += 1;
-            check_queue(&queue_entry.path(), &topic, queue_id, log, report)?;
+            let files = check_queue(&queue_entry.path(), &topic, queue_id, log, report)?;
+            found.insert((topic.clone(), queue_id), files);
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 fn check_queue(
@@ -344,7 +353,7 @@ fn check_queue(
     queue_id: u32,
     log: &Log,
     report: &mut VerifyReport,
-) -> io::Result<()> {
+) -> io::Result<Vec<u64>> {
     let unit_bytes = super::consume_queue::CQ_UNIT_BYTES;
     let mut files = BTreeMap::new();
     for entry in fs::read_dir(dir)? {
@@ -360,6 +369,11 @@ fn check_queue(
     let mut hole_from: Option<u64> = None;
     let mut seen_written = false;
     let mut last_physical = 0u64;
+    let starts = files
+        .keys()
+        .filter(|&&start| start % unit_bytes == 0)
+        .map(|start| start / unit_bytes)
+        .collect();
     for (start, path) in files {
         if start % unit_bytes != 0 {
             report.damaged(format!(
@@ -429,7 +443,7 @@ fn check_queue(
             }
         }
     }
-    Ok(())
+    Ok(starts)
 }
 
 impl Log {
@@ -509,6 +523,84 @@ fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<
         }
     }
     Ok(())
+}
+
+/// Step 5: the queue catalog a clean stop wrote (`catalog.rs`). When the next start would
+/// take it, it must list the queues and files step 2 found: a queue directory or file made or
+/// removed by hand below a topic directory is not seen by a start that takes the catalog.
+/// Queues found but not listed are harmless only when the checkpoint has recovery rebuild
+/// queues that awaited their files (`awaiting_from`).
+fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
+    let name = super::catalog::FILE_NAME;
+    if !root.join(name).exists() {
+        return;
+    }
+    let checkpoint: Option<serde_json::Value> = fs::read(root.join("checkpoint"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let clean = checkpoint
+        .as_ref()
+        .filter(|c| c.get("clean") == Some(&serde_json::Value::Bool(true)));
+    let Some(stamp) = clean.and_then(|c| c.get("catalog")?.as_u64()) else {
+        report.notes.push(format!(
+            "{name} is named by no clean checkpoint: the next start reads the queue \
+             directories (and removes it)"
+        ));
+        return;
+    };
+    let rebuilt_too = clean.is_some_and(|c| c.get("awaiting_from").is_some_and(|a| !a.is_null()));
+    let catalog = match super::catalog::usable(root, &root.join("consumequeue"), stamp, None) {
+        Ok(catalog) => catalog,
+        Err(why) => {
+            report.notes.push(format!(
+                "the next start does not take the queues from {name} ({why}): it reads \
+                 the queue directories"
+            ));
+            return;
+        }
+    };
+    let listed: QueueListing = catalog
+        .queues
+        .into_iter()
+        .map(|queue| ((queue.topic, queue.queue_id), queue.files))
+        .collect();
+    let mut differ = Vec::new();
+    for (queue, files) in &listed {
+        match found.get(queue) {
+            None => differ.push(format!("{}/{} listed, not on disk", queue.0, queue.1)),
+            Some(on_disk) if on_disk != files => differ.push(format!(
+                "{}/{} lists files at units {files:?}, the disk holds {on_disk:?}",
+                queue.0, queue.1
+            )),
+            Some(_) => {}
+        }
+    }
+    let unlisted = found.keys().filter(|q| !listed.contains_key(*q));
+    if rebuilt_too {
+        let count = unlisted.count();
+        if count > 0 {
+            report.notes.push(format!(
+                "{count} queue(s) on disk are not in {name}: the next start rebuilds them \
+                 from the commitlog (they awaited their files at the stop)"
+            ));
+        }
+    } else {
+        differ.extend(unlisted.map(|q| format!("{}/{} on disk, not listed", q.0, q.1)));
+    }
+    if differ.is_empty() {
+        report.notes.push(format!(
+            "the next start takes its {} queue(s) from {name}",
+            listed.len()
+        ));
+        return;
+    }
+    let shown: Vec<&str> = differ.iter().take(3).map(String::as_str).collect();
+    report.damaged(format!(
+        "{name} does not match the queue directories ({} queue(s) differ: {}): remove it \
+         before the next start, which would take its listing",
+        differ.len(),
+        shown.join("; ")
+    ));
 }
 
 /// Step 4: the config files and the checkpoint parse.
