@@ -1165,6 +1165,30 @@ impl ConsumeQueue {
     }
 }
 
+/// Reads the pages at `offsets` of each file into the page cache, on several threads
+/// (`runtime::fan_out`), while `go_on` says so; a file that cannot be opened is skipped (the
+/// probe or map that needs it reports the error). Returns how many files it read.
+pub(crate) fn read_pages(
+    files: Vec<(PathBuf, BTreeSet<u64>)>,
+    go_on: &(dyn Fn() -> bool + Sync),
+) -> usize {
+    let read = crate::runtime::fan_out::map(files, |(path, offsets)| {
+        use std::os::unix::fs::FileExt;
+        if !go_on() {
+            return false;
+        }
+        let Ok(file) = open_for_probes(&path, false) else {
+            return false;
+        };
+        let mut byte = [0u8; 1];
+        for offset in offsets {
+            let _ = file.read_at(&mut byte, offset);
+        }
+        true
+    });
+    read.into_iter().filter(|&read| read).count()
+}
+
 /// All consume queues of one store.
 pub(crate) struct QueueTable {
     root: PathBuf,
@@ -1499,16 +1523,33 @@ impl QueueTable {
             .into_iter()
             .map(|((_, _, start), (queue, offsets))| (queue.file_path(start), offsets))
             .collect();
-        crate::runtime::fan_out::map(files, |(path, offsets)| {
-            use std::os::unix::fs::FileExt;
-            let Ok(file) = open_for_probes(&path, false) else {
-                return;
-            };
-            let mut byte = [0u8; 1];
-            for offset in offsets {
-                let _ = file.read_at(&mut byte, offset);
+        read_pages(files, &|| true);
+    }
+
+    /// The pages a queue's first pull and next append touch, by file: its first unit held and
+    /// its last one, for every queue with files and no map. A start from the queue catalog
+    /// reads none of them; `read_pages` reads them in behind it (`Store::open`), so the
+    /// shard does not wait for each one at a queue's first use.
+    pub(crate) fn pages_in_use(&self) -> Vec<(PathBuf, BTreeSet<u64>)> {
+        const PAGE: u64 = 4096;
+        let mut files: BTreeMap<PathBuf, BTreeSet<u64>> = BTreeMap::new();
+        for (_, _, queue) in self.queues() {
+            if queue.is_awaiting_file() || queue.active.is_some() {
+                continue;
             }
-        });
+            let last = queue.max_offset.saturating_sub(1).max(queue.min_offset);
+            for index in [queue.min_offset, last] {
+                let start = queue.file_start(index);
+                if queue.files.contains(start) {
+                    let at = (index - start) * CQ_UNIT_BYTES;
+                    files
+                        .entry(queue.file_path(start))
+                        .or_default()
+                        .insert(at - at % PAGE);
+                }
+            }
+        }
+        files.into_iter().collect()
     }
 
     pub(crate) fn get_mut(&mut self, topic: &str, queue_id: u32) -> Option<&mut ConsumeQueue> {

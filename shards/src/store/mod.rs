@@ -425,6 +425,9 @@ pub(crate) struct Inner {
     pub(crate) reaper: Rc<flusher::ReaperState>,
     /// Windows of durable commitlog read for pulls of cold data (read_cache.rs).
     pub(crate) read_cache: RefCell<read_cache::ReadCache>,
+    /// Held while the store lives: threads working beside it (`warm_queue_pages`) hold it
+    /// weakly and stop once it is gone.
+    alive: std::sync::Arc<()>,
 }
 
 /// Called with (topic, queue id, queue offset) of every message the store appends, once it
@@ -467,6 +470,38 @@ pub(crate) fn validate_topic(topic: &str) -> Result<(), StoreError> {
         return Err(StoreError::InvalidTopic(topic.to_string()));
     }
     Ok(())
+}
+
+/// After a start from the queue catalog, which read no queue file, reads in the pages each
+/// queue's first pull and next append touch, on a thread of its own (fanning out): the shard
+/// serves meanwhile. Without it, the first pull of each queue after a reboot waited on the
+/// shard for a directory block, an inode and a page (a catch-up of 160,000 queues took 25 s
+/// instead of 7 s). It stops once the store is gone.
+fn warm_queue_pages(inner: &Rc<Inner>) {
+    let pages = inner.queues.borrow().pages_in_use();
+    let alive = std::sync::Arc::downgrade(&inner.alive);
+    let root = inner.config.root_dir.clone();
+    let started = std::time::Instant::now();
+    let spawned = std::thread::Builder::new()
+        .name("queue-warm-up".into())
+        .spawn(move || {
+            // Behind the shard it shares a core with: SCHED_IDLE (its fan-out threads
+            // inherit it) runs only when the core has nothing else to run.
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: plain syscall on this thread; its failure only leaves the priority.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            let files = pages.len();
+            let read = consume_queue::read_pages(pages, &|| alive.strong_count() > 0);
+            log::info!(
+                "store {}: read in the pages in use of {read} of {files} queue files in \
+                 {:.2} s (after a start from the queue catalog)",
+                root.display(),
+                started.elapsed().as_secs_f64()
+            );
+        });
+    if let Err(error) = spawned {
+        log::warn!("store: no thread to read in the queues' pages ({error}); each is read at its first use");
+    }
 }
 
 impl Store {
@@ -529,6 +564,7 @@ impl Store {
                 segment_listener: RefCell::new(None),
                 reaper: Rc::default(),
                 read_cache: RefCell::default(),
+                alive: std::sync::Arc::new(()),
             }
         });
         crate::runtime::register_poll_hook(&inner.reap_hook);
@@ -544,6 +580,9 @@ impl Store {
         // New queues recovery found wait for their files like those of a creation storm.
         if inner.queues.borrow().files_to_make() > 0 {
             inner.queue_files.notify();
+        }
+        if recovered.queues_from_catalog {
+            warm_queue_pages(&inner);
         }
         Ok(Store { inner })
     }

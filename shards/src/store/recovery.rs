@@ -83,6 +83,8 @@ pub(crate) struct Recovered {
     /// Recovery started from a light checkpoint (`checkpoint.rs`): queue and index files may
     /// hold unsynced units that no dirty path lists.
     pub unsynced_files: bool,
+    /// The queues came from a clean stop's catalog: none of their files was read.
+    pub queues_from_catalog: bool,
 }
 
 pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
@@ -288,6 +290,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         zero_fill_next,
         allocated_end: end,
         unsynced_files,
+        queues_from_catalog: from_catalog,
     })
 }
 
