@@ -212,6 +212,15 @@ async fn write_file(path: &Path, bytes: Vec<u8>, sync: bool) -> io::Result<()> {
     file.close().await.map_err(io_error)
 }
 
+/// Removes the file at `path`; one already gone is no error (a removal that a crash cut
+/// short, done again).
+pub fn remove_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
 /// Renames `from` to `to` (through io_uring).
 pub async fn rename(from: &Path, to: &Path) -> io::Result<()> {
     glommio::io::rename(from, to).await.map_err(io_error)

@@ -395,14 +395,16 @@ where
 /// Asks the allocator to give its free pages back to the system (glibc keeps freed blocks in
 /// its arenas for good), on this shard's helper thread: a trim walks every arena.
 pub async fn release_free_memory() {
+    blocking(trim_free_memory).await;
+}
+
+/// `release_free_memory` on the calling thread (one that may block).
+pub fn trim_free_memory() {
     #[cfg(target_env = "gnu")]
-    blocking(|| {
-        // SAFETY: malloc_trim only releases free memory of the allocator; no pointer is given.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    })
-    .await;
+    // SAFETY: malloc_trim only releases free memory of the allocator; no pointer is given.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Gives the executor back once, so other tasks of this shard run before this one goes on.

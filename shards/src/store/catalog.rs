@@ -251,10 +251,7 @@ pub(crate) fn usable(
 /// Removes the catalog and a temp file an interrupted write left, then syncs `root`.
 async fn remove(root: &Path) -> io::Result<()> {
     for name in [FILE_NAME, TEMP_FILE_NAME] {
-        match std::fs::remove_file(root.join(name)) {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-            _ => {}
-        }
+        fs::remove_if_present(&root.join(name))?;
     }
     fs::sync_dir(root).await
 }

@@ -139,10 +139,7 @@ pub(crate) fn remove(root: &Path) -> io::Result<()> {
         LIGHT_FILE_NAME,
         LIGHT_TEMP_FILE_NAME,
     ] {
-        match std::fs::remove_file(root.join(name)) {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-            _ => {}
-        }
+        fs::remove_if_present(&root.join(name))?;
     }
     Ok(())
 }

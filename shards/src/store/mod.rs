@@ -494,11 +494,7 @@ fn warm_queue_pages(inner: &Rc<Inner>) {
             let read = consume_queue::read_pages(pages, &|| alive.strong_count() > 0);
             // The list (tens of MB at 80,000 queues) and the catalog's, freed, would stay in
             // glibc's arenas: ~40 MB of RSS for good after a start.
-            #[cfg(target_env = "gnu")]
-            // SAFETY: malloc_trim only releases free memory of the allocator.
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            crate::runtime::trim_free_memory();
             log::info!(
                 "store {}: read in the pages in use of {read} of {files} queue files in \
                  {:.2} s (after a start from the queue catalog)",

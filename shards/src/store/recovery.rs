@@ -222,10 +222,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         queues.expire_below(first)?
     };
     for path in queue_paths.into_iter().chain(index.expire_below(first)) {
-        match std::fs::remove_file(path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
-            _ => {}
-        }
+        crate::runtime::fs::remove_if_present(&path)?;
     }
     let clean = saved
         .as_ref()
