@@ -220,14 +220,110 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
         })
     };
     // A crash in this boot: the scan starts at the light checkpoint's segment.
+    let synced_bytes = std::fs::read(dir.path().join("checkpoint")).unwrap();
     check(light_offset - light_offset % SEGMENT);
     // A restart of the machine: the light checkpoint names another boot, so the scan starts
-    // at the synced checkpoint (taken before the second units) and writes those again.
+    // at the synced checkpoint (taken before the second units) and writes those again. The
+    // store just opened asked for a synced checkpoint at once: the machine restarts as if
+    // before that one.
+    std::fs::write(dir.path().join("checkpoint"), synced_bytes).unwrap();
     let mut light: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&light_path).unwrap()).unwrap();
     light["boot"] = serde_json::Value::from("another-boot");
     std::fs::write(&light_path, serde_json::to_vec(&light).unwrap()).unwrap();
     check(synced_from - synced_from % SEGMENT);
+}
+
+/// After a restart of the machine (a crash that leaves the synced checkpoint only), recovery
+/// does not sync the queues its scan wrote: it writes a light checkpoint at the end, the
+/// synced one stays, and the flusher takes a synced checkpoint (syncing the filesystem) as
+/// soon as the store serves. A second restart of the machine before that one recovers from
+/// the old synced checkpoint again; after it, from the new one.
+#[test]
+fn after_a_restart_of_the_machine_the_rebuilt_queues_are_synced_while_the_store_serves() {
+    let Some(boot) = shards::store::boot_id() else {
+        println!("could not run: this machine names no boot (/proc/sys/kernel/random/boot_id)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let synced_path = dir.path().join("checkpoint");
+    let light_path = dir.path().join("checkpoint.light");
+    let offset_of = |path: &Path| -> (u64, serde_json::Value) {
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        (value["commitlog_offset"].as_u64().unwrap(), value)
+    };
+    const QUEUES: u64 = 8;
+    let (first_end, results) = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let mut results = Vec::new();
+        for i in 0..100 {
+            results.push(append(&store, &format!("T{}", i % QUEUES), 0, i, 300, "t"));
+        }
+        let first_end = results.last().unwrap().end_offset;
+        store.wait_durable(first_end).await.unwrap();
+        // A synced checkpoint at the first appends' end (a second apart with few queues).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !synced_path.exists() || offset_of(&synced_path).0 < first_end.0 {
+            assert!(std::time::Instant::now() < deadline, "no synced checkpoint");
+            shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        for i in 100..400 {
+            results.push(append(&store, &format!("T{}", i % QUEUES), 0, i, 300, "t"));
+        }
+        store
+            .wait_durable(results.last().unwrap().end_offset)
+            .await
+            .unwrap();
+        drop(store); // a crash
+        (first_end.0, results)
+    });
+    let end = results.last().unwrap().end_offset.0;
+    let expected = |queue: u64| -> Vec<Vec<u8>> {
+        (0..400)
+            .filter(|i| i % QUEUES == queue)
+            .map(|i| body_of(i, 300))
+            .collect()
+    };
+    // Each start is a restart of the machine: the light checkpoints no longer hold.
+    let restart = |check_open: &dyn Fn(u64)| {
+        let _ = std::fs::remove_file(&light_path);
+        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
+        let progress = config.progress.clone();
+        run(|| async {
+            let store = Store::open(config).await.unwrap();
+            let summary = progress.recovered.get().unwrap();
+            assert_eq!(summary.end, end, "{summary:?}");
+            // Before the store has run anything: what recovery itself wrote.
+            check_open(summary.scan_from);
+            for queue in 0..QUEUES {
+                let bodies = pull_all(&store, &format!("T{queue}"), 0, 0).await;
+                assert_eq!(bodies, expected(queue), "queue T{queue}");
+            }
+            // The flusher's first synced checkpoint comes at once, at the end.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while offset_of(&synced_path).0 < end {
+                assert!(std::time::Instant::now() < deadline, "no synced checkpoint");
+                shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            drop(store); // a crash again
+        })
+    };
+    let old_synced = offset_of(&synced_path).0;
+    assert!(old_synced >= first_end && old_synced < end, "{old_synced}");
+    restart(&|scan_from| {
+        assert!(scan_from <= old_synced, "{scan_from} > {old_synced}");
+        // The rebuilt queues were not synced: the synced checkpoint is the old one, and the
+        // record at the end is a light one of this boot.
+        assert_eq!(offset_of(&synced_path).0, old_synced);
+        let (light_offset, light) = offset_of(&light_path);
+        assert_eq!(light_offset, end, "{light}");
+        assert_eq!(light["boot"].as_str(), Some(boot), "{light}");
+    });
+    // The synced checkpoint the flusher took holds: the next restart scans from its segment.
+    restart(&|scan_from| assert_eq!(scan_from, end - end % SEGMENT));
 }
 
 /// A checkpoint taken while queues created by appends awaited their files leaves them out

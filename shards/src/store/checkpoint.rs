@@ -26,6 +26,9 @@
 //! crash costs a recovery scan from at most a second back, whatever the number of queues,
 //! while the syncfs of tens of thousands of queue files (a write of a page of each, and a
 //! write fault on each at its next unit) comes every half minute instead of every second.
+//! Recovery after a crash writes a light checkpoint too, whichever one it started from
+//! (`recovery.rs`, step 5): the queues its scan rebuilt are synced by the flusher's first
+//! synced checkpoint, taken as soon as the store serves, not before the store opens.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -246,7 +246,9 @@ impl FlushState {
         }
     }
 
-    /// `unsynced_files`: the store opened on a light checkpoint (`syncfs_next`).
+    /// `unsynced_files`: recovery left written files unsynced and wrote a light checkpoint
+    /// (`Recovered::unsynced_files`): the first synced checkpoint syncs the whole filesystem
+    /// (`syncfs_next`), and it is due at once.
     pub(crate) fn new(durable_end: u64, zero_fill_next: u64, unsynced_files: bool) -> FlushState {
         FlushState {
             durable_end,
@@ -258,7 +260,7 @@ impl FlushState {
             waiters: BTreeMap::new(),
             close_waiters: Vec::new(),
             dirty_since: None,
-            checkpoint_wanted: false,
+            checkpoint_wanted: unsynced_files,
             checkpoint_running: false,
             segment_preparing: false,
             allocating: false,
