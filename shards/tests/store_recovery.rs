@@ -157,11 +157,10 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
         }
         // The new queues' files are made off the shard, a batch at a time: once they are
         // all there, a second unit to each queue dirties them all at once.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while store.queues_awaiting_files() > 0 {
-            assert!(std::time::Instant::now() < deadline, "queue files not made");
-            shards::runtime::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        wait_until("queue files not made", 60, || {
+            store.queues_awaiting_files() == 0
+        })
+        .await;
         for i in QUEUES..2 * QUEUES {
             results.push(append(&store, &format!("T{}", i - QUEUES), 0, i, 300, "t"));
         }
@@ -170,11 +169,7 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
             .await
             .unwrap();
         // A light checkpoint comes within a second; then more appends.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !light_path.exists() {
-            assert!(std::time::Instant::now() < deadline, "no light checkpoint");
-            shards::runtime::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        wait_until("no light checkpoint", 10, || light_path.exists()).await;
         for i in 2 * QUEUES..2 * QUEUES + 10 {
             results.push(append(&store, "T0", 0, i, 300, "t"));
         }
@@ -265,11 +260,10 @@ fn after_a_restart_of_the_machine_the_rebuilt_queues_are_synced_while_the_store_
         let first_end = results.last().unwrap().end_offset;
         store.wait_durable(first_end).await.unwrap();
         // A synced checkpoint at the first appends' end (a second apart with few queues).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !synced_path.exists() || offset_of(&synced_path).0 < first_end.0 {
-            assert!(std::time::Instant::now() < deadline, "no synced checkpoint");
-            shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        wait_until("no synced checkpoint", 10, || {
+            synced_path.exists() && offset_of(&synced_path).0 >= first_end.0
+        })
+        .await;
         for i in 100..400 {
             results.push(append(&store, &format!("T{}", i % QUEUES), 0, i, 300, "t"));
         }
@@ -303,11 +297,10 @@ fn after_a_restart_of_the_machine_the_rebuilt_queues_are_synced_while_the_store_
                 assert_eq!(bodies, expected(queue), "queue T{queue}");
             }
             // The flusher's first synced checkpoint comes at once, at the end.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while offset_of(&synced_path).0 < end {
-                assert!(std::time::Instant::now() < deadline, "no synced checkpoint");
-                shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            wait_until("no synced checkpoint", 10, || {
+                offset_of(&synced_path).0 >= end
+            })
+            .await;
             drop(store); // a crash again
         })
     };
@@ -422,11 +415,7 @@ fn new_queues_a_crash_left_without_files_open_at_once_and_get_their_files_later(
                 assert_eq!(pull_all(&store, &format!("N{t}"), 0, 0).await, expected(t));
             }
             assert_eq!(store.queues_awaiting_files(), TOPICS as usize);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while store.queues_awaiting_files() > 0 {
-                assert!(std::time::Instant::now() < deadline, "files not made");
-                shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            wait_until("files not made", 30, || store.queues_awaiting_files() == 0).await;
             assert_eq!(queue_dirs(path).len(), TOPICS as usize);
             store.close().await.unwrap();
         });
@@ -550,11 +539,10 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
             }
         }
         store.wait_durable(last.unwrap().end_offset).await.unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while store.queues_awaiting_files() > 0 {
-            assert!(std::time::Instant::now() < deadline, "queue files not made");
-            shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        wait_until("queue files not made", 30, || {
+            store.queues_awaiting_files() == 0
+        })
+        .await;
         let oldest = store.oldest_sealed_segment().unwrap();
         store.delete_oldest_segment(oldest).await.unwrap().unwrap();
         assert!(store.min_queue_offset("Long", shards::QueueId(0)).0 > 0);

@@ -29,11 +29,10 @@ async fn fill(store: &Store) {
     store.wait_durable(last).await.unwrap();
     // The new queues' first files are made off the shard (their units wait in memory till
     // then): the checks below count files.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while store.queues_awaiting_files() > 0 {
-        assert!(std::time::Instant::now() < deadline, "queue files not made");
-        shards::runtime::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until("queue files not made", 30, || {
+        store.queues_awaiting_files() == 0
+    })
+    .await;
 }
 
 async fn delete_all_sealed(store: &Store) -> usize {

@@ -23,6 +23,19 @@ where
     shards::runtime::run_local(make)
 }
 
+/// Waits, looking every 20 ms, until `done` holds; fails the test with `what` after `secs`
+/// seconds (work the store does behind the caller: files made, checkpoints written).
+pub async fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} within {secs} s"
+        );
+        shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 pub fn config(dir: &Path, mode: FlushMode, segment_size_bytes: u64) -> StoreConfig {
     let host: SocketAddrV4 = STORE_HOST.parse().unwrap();
     let mut config = StoreConfig::new(dir.to_path_buf(), host);
