@@ -49,6 +49,9 @@ pub(crate) type QueueCounts = BTreeMap<String, BTreeMap<u32, u64>>;
 
 /// Size of one consume-queue unit (RocketMQ's CQ_STORE_UNIT_SIZE).
 pub const CQ_UNIT_BYTES: u64 = 20;
+/// The page a queue file is read and probed in (`PageReader`, `prefetch_units`,
+/// `pages_in_use`): what one random read brings into the page cache.
+const PAGE_BYTES: u64 = 4096;
 
 /// One consume-queue unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,11 +295,10 @@ fn written_end(
     size_bytes: u64,
     mut read: impl FnMut(u64, &mut [u8]) -> io::Result<usize>,
 ) -> io::Result<u64> {
-    const PAGE: u64 = 4096;
-    let mut page = [0u8; PAGE as usize];
+    let mut page = [0u8; PAGE_BYTES as usize];
     let (mut pos, mut stop) = (at, at);
     while pos < size_bytes {
-        let page_end = (pos / PAGE + 1) * PAGE;
+        let page_end = (pos / PAGE_BYTES + 1) * PAGE_BYTES;
         let chunk = &mut page[..(page_end.min(size_bytes) - pos) as usize];
         let got = read(pos, chunk)?;
         match chunk[..got].iter().rposition(|&byte| byte != 0) {
@@ -381,23 +383,21 @@ struct QueueFiles {
 struct PageReader {
     file: fs::File,
     /// The page held, by index (zeros past the file's end).
-    page: Option<(u64, [u8; PageReader::PAGE as usize])>,
+    page: Option<(u64, [u8; PAGE_BYTES as usize])>,
 }
 
 impl PageReader {
-    const PAGE: u64 = 4096;
-
     /// The bytes at `[at, at + len)` (within one page), zeros past the file's end.
     fn bytes(&mut self, at: u64, len: u64) -> io::Result<&[u8]> {
         use std::os::unix::fs::FileExt;
-        let index = at / Self::PAGE;
+        let index = at / PAGE_BYTES;
         if self.page.as_ref().is_none_or(|(held, _)| *held != index) {
-            let mut buf = [0u8; Self::PAGE as usize];
+            let mut buf = [0u8; PAGE_BYTES as usize];
             let mut got = 0;
             while got < buf.len() {
                 match self
                     .file
-                    .read_at(&mut buf[got..], index * Self::PAGE + got as u64)?
+                    .read_at(&mut buf[got..], index * PAGE_BYTES + got as u64)?
                 {
                     0 => break,
                     n => got += n,
@@ -408,7 +408,7 @@ impl PageReader {
         let Some((_, buf)) = self.page.as_ref() else {
             unreachable!("a page was read just above")
         };
-        let from = (at % Self::PAGE) as usize;
+        let from = (at % PAGE_BYTES) as usize;
         Ok(&buf[from..from + len as usize])
     }
 
@@ -420,7 +420,7 @@ impl PageReader {
 
     /// Whether everything from `at` to the end of its page (or `size_bytes`) is zero.
     fn zeros_from(&mut self, at: u64, size_bytes: u64) -> io::Result<bool> {
-        let page_end = ((at / Self::PAGE + 1) * Self::PAGE).min(size_bytes);
+        let page_end = ((at / PAGE_BYTES + 1) * PAGE_BYTES).min(size_bytes);
         Ok(self.bytes(at, page_end - at)?.iter().all(|&b| b == 0))
     }
 }
@@ -487,7 +487,7 @@ impl QueueFiles {
             self.min_offset = marked;
         }
         let min = self.min_offset;
-        if (min - first) * CQ_UNIT_BYTES + CQ_UNIT_BYTES <= PageReader::PAGE {
+        if (min - first) * CQ_UNIT_BYTES + CQ_UNIT_BYTES <= PAGE_BYTES {
             self.first_unit = Some((min, pages.unit(min - first)?));
         }
         let Some((count, end)) = recorded else {
@@ -952,10 +952,10 @@ impl ConsumeQueue {
         opened: &mut Option<(u64, fs::File)>,
     ) -> io::Result<bool> {
         use std::os::unix::fs::FileExt;
-        const PAGE: u64 = 4096;
         let start = self.file_start(index);
         let at = (index % self.units_per_file) * CQ_UNIT_BYTES;
-        let page_end = ((at / PAGE + 1) * PAGE).min(self.units_per_file * CQ_UNIT_BYTES);
+        let page_end =
+            ((at / PAGE_BYTES + 1) * PAGE_BYTES).min(self.units_per_file * CQ_UNIT_BYTES);
         if let Some(mapped) = self.mapped(start) {
             return Ok(mapped.map[at as usize..page_end as usize]
                 .iter()
@@ -964,7 +964,7 @@ impl ConsumeQueue {
         let Some(file) = self.probe_file(start, opened)? else {
             return Ok(true);
         };
-        let mut page = [0u8; PAGE as usize];
+        let mut page = [0u8; PAGE_BYTES as usize];
         let chunk = &mut page[..(page_end - at) as usize];
         let got = file.read_at(chunk, at)?;
         Ok(chunk[..got].iter().all(|&b| b == 0))
@@ -1502,7 +1502,6 @@ impl QueueTable {
     /// seconds. Units of a mapped file, of a file that does not exist or of a queue not held
     /// are left out; a failed read is left for the probe to meet and report.
     pub(crate) fn prefetch_units<'a>(&self, units: impl Iterator<Item = (&'a str, u32, u64)>) {
-        const PAGE: u64 = 4096;
         // Pages of one file go to one thread, in order. (Keyed by the queue and file, not by
         // the file's path: comparing paths component by component was 4% of a start.)
         let mut pages: BTreeMap<(&str, u32, u64), (&ConsumeQueue, BTreeSet<u64>)> = BTreeMap::new();
@@ -1515,7 +1514,7 @@ impl QueueTable {
                 continue;
             }
             let at = (index - start) * CQ_UNIT_BYTES;
-            if queue.files.first() == Some(start) && at < PAGE {
+            if queue.files.first() == Some(start) && at < PAGE_BYTES {
                 // `load` read that page for the start mark (most queues: they hold fewer
                 // than 200 units): an open and a read saved per queue.
                 continue;
@@ -1523,7 +1522,7 @@ impl QueueTable {
             let (_, offsets) = pages
                 .entry((topic, queue_id, start))
                 .or_insert_with(|| (queue, BTreeSet::new()));
-            offsets.insert(at - at % PAGE);
+            offsets.insert(at - at % PAGE_BYTES);
         }
         let files: Vec<(PathBuf, BTreeSet<u64>)> = pages
             .into_iter()
@@ -1537,7 +1536,6 @@ impl QueueTable {
     /// reads none of them; `read_pages` reads them in behind it (`Store::open`), so the
     /// shard does not wait for each one at a queue's first use.
     pub(crate) fn pages_in_use(&self) -> Vec<(PathBuf, BTreeSet<u64>)> {
-        const PAGE: u64 = 4096;
         let mut files: BTreeMap<PathBuf, BTreeSet<u64>> = BTreeMap::new();
         for (_, _, queue) in self.queues() {
             if queue.is_awaiting_file() || queue.active.is_some() {
@@ -1551,7 +1549,7 @@ impl QueueTable {
                     files
                         .entry(queue.file_path(start))
                         .or_default()
-                        .insert(at - at % PAGE);
+                        .insert(at - at % PAGE_BYTES);
                 }
             }
         }
