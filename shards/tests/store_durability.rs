@@ -791,10 +791,8 @@ fn a_checkpoint_waiting_for_a_slow_flush_lets_the_close_go_ahead() {
         store.close().await.unwrap();
     });
     run(|| async {
-        let config = config(dir.path(), FlushMode::Sync, 1 << 20);
-        let progress = config.progress.clone();
-        let store = Store::open(config).await.unwrap();
-        assert!(progress.recovered.get().unwrap().clean);
+        let (store, summary) = open_recovered(config(dir.path(), FlushMode::Sync, 1 << 20)).await;
+        assert!(summary.clean);
         assert_eq!(
             pull_all(&store, "T", 0, 0).await,
             vec![body_of(0, 64), body_of(1, 64)]

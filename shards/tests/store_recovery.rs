@@ -197,11 +197,9 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
         .map_or(synced_offset, |from| from.min(synced_offset));
     // The scan starts in the segment of the checkpoint it trusts.
     let check = |scan_from: u64| {
-        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
         run(|| async {
-            let store = Store::open(config).await.unwrap();
-            let summary = progress.recovered.get().unwrap();
+            let (store, summary) =
+                open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
             assert_eq!(summary.scan_from, scan_from, "{summary:?}");
             for i in 0..QUEUES {
                 let bodies = pull_all(&store, &format!("T{i}"), 0, 0).await;
@@ -284,11 +282,9 @@ fn after_a_restart_of_the_machine_the_rebuilt_queues_are_synced_while_the_store_
     // Each start is a restart of the machine: the light checkpoints no longer hold.
     let restart = |check_open: &dyn Fn(u64)| {
         let _ = std::fs::remove_file(&light_path);
-        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
         run(|| async {
-            let store = Store::open(config).await.unwrap();
-            let summary = progress.recovered.get().unwrap();
+            let (store, summary) =
+                open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
             assert_eq!(summary.end, end, "{summary:?}");
             // Before the store has run anything: what recovery itself wrote.
             check_open(summary.scan_from);
@@ -401,11 +397,9 @@ fn new_queues_a_crash_left_without_files_open_at_once_and_get_their_files_later(
     std::fs::remove_dir_all(dir.path().join("consumequeue")).unwrap();
     let crashed_copy = crashed.path().join("store");
     for (path, copy_to) in [(dir.path(), Some(&crashed_copy)), (&crashed_copy, None)] {
-        let crash_config = config(path, FlushMode::Sync, SEGMENT);
-        let progress = crash_config.progress.clone();
         run(|| async {
-            let store = Store::open(crash_config).await.unwrap();
-            assert_eq!(progress.recovered.get().unwrap().scan_from, 0);
+            let (store, summary) = open_recovered(config(path, FlushMode::Sync, SEGMENT)).await;
+            assert_eq!(summary.scan_from, 0);
             // Nothing has run on the shard since the open: recovery made no queue's files.
             assert_eq!(queue_dirs(path), Vec::<String>::new());
             if let Some(copy_to) = copy_to {
@@ -420,11 +414,9 @@ fn new_queues_a_crash_left_without_files_open_at_once_and_get_their_files_later(
             store.close().await.unwrap();
         });
         // After a clean close every queue is read from its files.
-        let config = config(path, FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
         run(|| async {
-            let store = Store::open(config).await.unwrap();
-            assert!(progress.recovered.get().unwrap().clean);
+            let (store, summary) = open_recovered(config(path, FlushMode::Sync, SEGMENT)).await;
+            assert!(summary.clean);
             for t in 0..TOPICS {
                 assert_eq!(pull_all(&store, &format!("N{t}"), 0, 0).await, expected(t));
             }
@@ -463,10 +455,8 @@ fn a_gap_in_a_new_queues_units_gets_its_file_made_at_once() {
     file.write_all_at(&[byte[0] ^ 0xff], damaged).unwrap();
     std::fs::remove_dir_all(dir.path().join("consumequeue")).unwrap();
     run(|| async {
-        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
-        let store = Store::open(config).await.unwrap();
-        assert_eq!(progress.recovered.get().unwrap().damaged_regions, 1);
+        let (store, summary) = open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
+        assert_eq!(summary.damaged_regions, 1);
         // Made during recovery, with unit 0 and unit 2 in it.
         assert_eq!(queue_dirs(dir.path()), vec!["G".to_string()]);
         for (offset, i) in [(0, 0), (2, 2)] {
@@ -550,11 +540,9 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
     });
     assert!(catalog.exists());
     let open = |from_catalog: bool| -> Found {
-        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
         run(|| async {
-            let store = Store::open(config).await.unwrap();
-            let summary = progress.recovered.get().unwrap();
+            let (store, summary) =
+                open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
             assert!(summary.clean, "{summary:?}");
             assert_eq!(summary.queues_from_catalog, from_catalog, "{summary:?}");
             // Gone once the store is open: its queue files may change from here on.
@@ -603,21 +591,16 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
     let crashed = tempfile::tempdir().unwrap();
     let copy = crashed.path().join("store");
     run(|| async {
-        let config = config(dir.path(), FlushMode::Sync, SEGMENT);
-        let progress = config.progress.clone();
-        let store = Store::open(config).await.unwrap();
-        assert!(progress.recovered.get().unwrap().queues_from_catalog);
+        let (store, summary) = open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
+        assert!(summary.queues_from_catalog);
         append(&store, "T0", 0, 10_000, 300, "t");
         let last = append(&store, "New", 0, 10_001, 300, "t");
         store.wait_durable(last.end_offset).await.unwrap();
         copy_dir(dir.path(), &copy);
         store.close().await.unwrap();
     });
-    let config = config(&copy, FlushMode::Sync, SEGMENT);
-    let progress = config.progress.clone();
     run(|| async {
-        let store = Store::open(config).await.unwrap();
-        let summary = progress.recovered.get().unwrap();
+        let (store, summary) = open_recovered(config(&copy, FlushMode::Sync, SEGMENT)).await;
         assert!(
             !summary.clean && !summary.queues_from_catalog,
             "{summary:?}"

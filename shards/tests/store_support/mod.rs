@@ -8,7 +8,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use shards::store::{
-    record, Clock, FlushMode, GetMessageResult, MessageToStore, Store, StoreConfig,
+    record, Clock, FlushMode, GetMessageResult, MessageToStore, RecoverySummary, Store, StoreConfig,
 };
 
 pub const STORE_HOST: &str = "10.1.2.3:10911";
@@ -54,6 +54,17 @@ impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.0.get()
     }
+}
+
+/// Opens the store `config` describes, with what its recovery found.
+pub async fn open_recovered(config: StoreConfig) -> (Store, RecoverySummary) {
+    let progress = config.progress.clone();
+    let store = Store::open(config).await.unwrap();
+    let summary = progress
+        .recovered
+        .get()
+        .expect("an open store has its recovery summary");
+    (store, summary)
 }
 
 pub fn properties(tag: &str, key: &str) -> Vec<u8> {
