@@ -20,10 +20,12 @@
 //!   that rate; and why not an fdatasync at the end of a flush's chain: writes stopped while
 //!   it ran (100-250 ms each).
 //! - a zero-fill: `ZERO_FILL_CHUNK_BYTES` of zeros ahead of the write position, then an
-//!   fdatasync. Data written over space that was written before makes a cheap durable write;
-//!   over space only fallocated, every durable write also commits the extent conversion to
-//!   the journal (~2x dearer here, ARCHITECTURE §3). A flush whose range reaches a zero-fill
-//!   in flight waits for it (the zero-fill's end starts it), so zeros never land on data.
+//!   fdatasync, while the store is quiet. Data written over space that was written before
+//!   makes a cheap durable write; over space only fallocated, every durable write also commits
+//!   the extent conversion to the journal (a lone one ~2.5x dearer here, ARCHITECTURE §3).
+//!   Under load none runs: beside SYNC_FLUSH writes the zeros cost more than they saved
+//!   (`zero_fill_range`). A flush whose range reaches a zero-fill in flight waits for it (the
+//!   zero-fill's end starts it), so zeros never land on data.
 //!
 //! Who starts a flush: the append itself (`kick`) when one is due (SYNC_FLUSH: anything dirty;
 //! ASYNC_FLUSH: `flush_dirty_max_bytes` dirty) and no flush is in flight; the reaper when a
@@ -41,12 +43,13 @@
 //! | checkpoint (take the counts and the dirty files here; wait for the flushes to make its offset durable, sync the files and write the record in a task of its own, one at a time) | when something changed and `checkpoint_due` (1 s apart with few queues; with thousands of dirty queue files synced ones up to 30 s or 2 GiB apart, light ones each second between), or when asked (delete_topic) |
 //! | flush | Sync: anything dirty and no flush in flight (a segment file to create, a test delay); Async: dirty for `flush_interval_ms` |
 //! | sync (Async) | written and not durable, none in flight, and `sync_due` |
-//! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: after `ZERO_FILL_IDLE_MS` without a flush, up to the end of the next segment; under SYNC load, in the next segment only, paced with the writes) |
+//! | zero-fill one chunk | none in flight and one is due (`zero_fill_range`: nothing waits to be written and no flush for `ZERO_FILL_IDLE_MS`; up to the end of the next segment) |
 //! | wait | for an append, a chain's end, a `wait_durable`, `close` or the next deadline |
 //!
-//! A store past its first segment under steady SYNC load thus writes data only over zeroed
-//! space. The first segment of a new store is zeroed while the store is quiet; data that
-//! outruns that lands on fallocated space (slower durable writes, still correct).
+//! A store's pauses thus zero the space its next writes take, up to the end of the next
+//! segment within the allocation window; a steady load that outruns that writes over
+//! fallocated space (dearer durable writes, still correct, and cheaper than zeroing beside
+//! them).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -76,9 +79,6 @@ pub use crate::limits::FLUSH_DIRTY_BYTES_MAX;
 pub use crate::limits::FLUSH_WRITE_MAX_BYTES;
 /// Zero-fill write size: one fdatasync (one journal commit of converted extents) per chunk.
 pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
-/// Under SYNC_FLUSH load, how far zero-fill of the next segment runs ahead of the writes'
-/// progress through theirs (at most a quarter of a segment).
-pub const ZERO_FILL_PACE_LEAD_BYTES: u64 = 64 << 20;
 /// Time between checkpoints: the shortest between synced ones (consume queues synced, the
 /// checkpoint written), and the time between light ones (`checkpoint.rs`), which bound the
 /// recovery after a crash of the process; a synced checkpoint is due after it when
@@ -112,12 +112,10 @@ pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 2 << 30;
 pub const CLOSE_FLUSH_RETRIES_MAX: u32 = 10;
 /// The reaper looks at the ring at least this often, wake-up byte or not.
 const REAP_FALLBACK_MS: u64 = 50;
-/// Under SYNC load, how far ahead of the writes zero-fill of the current segment stays.
-pub const ZERO_FILL_SYNC_DISTANCE_BYTES: u64 = 16 << 20;
 /// A checkpoint with more dirty consume-queue and index files than this syncs them with one
 /// syncfs(2) of the store's filesystem instead of one fdatasync each.
 pub const SYNCFS_FILES_MIN: usize = 16;
-/// ASYNC_FLUSH: zero-filling waits until no flush has run for this long.
+/// Zero-filling waits until no flush has run for this long.
 pub const ZERO_FILL_IDLE_MS: u64 = 20;
 
 /// Writes one flush of data hands the ring at most: its chain's entries less the wake-up send
@@ -139,7 +137,6 @@ const SYNC_AFTER_BYTES: u64 = TAIL_UNDURABLE_MAX_BYTES / 4;
 const _: () = assert!(FLUSH_CHAIN_WRITES_MAX >= 2);
 const _: () = assert!(FLUSH_WRITE_MAX_BYTES.is_multiple_of(BLOCK_BYTES));
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
-const _: () = assert!(ZERO_FILL_PACE_LEAD_BYTES.is_multiple_of(BLOCK_BYTES));
 
 /// A disk failure to simulate on the next commitlog write or fdatasync (fault-injection hook).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -672,13 +669,15 @@ fn next_action(inner: &Inner) -> Action {
     }
     let zero_fill_waits = flush.zero_fill_retry_at.filter(|at| *at > now);
     deadlines.extend(zero_fill_waits);
-    if !log.ring.busy(Slot::ZeroFill) && zero_fill_waits.is_none() {
-        let quiet = quiet(&log, now);
-        if zero_fill_range(inner, &log, quiet).is_some() {
+    if !log.ring.busy(Slot::ZeroFill)
+        && zero_fill_waits.is_none()
+        && zero_fill_range(inner, &log).is_some()
+    {
+        if quiet(&log, now) {
             return Action::ZeroFill;
         }
         // A dirty log is no quiet spell whatever the time: its flush's end wakes the loop.
-        if !quiet && end == flush.written_end && zero_fill_range(inner, &log, true).is_some() {
+        if end == flush.written_end {
             deadlines.push(flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS));
         }
     }
@@ -733,52 +732,24 @@ fn quiet(log: &LogState, now: Instant) -> bool {
         && now >= log.flush.last_flush_at + Duration::from_millis(ZERO_FILL_IDLE_MS)
 }
 
-/// The next zero-fill chunk, `[pos, stop)` inside one segment, if one is due:
-/// - when `quiet` (either mode): from the write position up to the end of the next segment;
-/// - under SYNC_FLUSH load: only in the next segment, paced with the writes (as far into it as
-///   they are into theirs, plus `ZERO_FILL_PACE_LEAD_BYTES`). The next segment is another
-///   file, so its extent changes never hold up a durable write to the one being written, and
-///   pacing spreads its zeroing over the segment instead of one burst at the roll;
-/// - under ASYNC_FLUSH load: none (zeroing ahead of a steady load would double the bytes
-///   written, and its durable writes are few and large).
-fn zero_fill_range(inner: &Inner, log: &LogState, quiet: bool) -> Option<(u64, u64)> {
+/// The next zero-fill chunk, `[pos, stop)` inside one segment, for a quiet store (either
+/// mode): from the write position up to the end of the next segment. None under load: zeros
+/// written beside a steady load double the bytes the disk takes and hold up its writes.
+/// Under ASYNC_FLUSH the durable writes are few and large. Under SYNC_FLUSH each durable
+/// write over space only fallocated also commits its extent conversion to the journal
+/// (a lone 128 KiB one: 711 µs against 277 µs over written space on this project's VM). Yet
+/// zeros paced with the writes in the next segment ran SYNC load at 0.60-0.75 of the
+/// throughput without them, with a p99 of 25-35 ms against 5-6 ms (docs/performance.md).
+fn zero_fill_range(inner: &Inner, log: &LogState) -> Option<(u64, u64)> {
     let end = log.tail.end();
     let size = inner.config.segment_size_bytes;
-    let segment = align_down(end, size);
     let target = zero_fill_target(inner, log, end);
-    let (from, limit) = match (quiet, inner.config.flush_mode) {
-        (true, _) => (align_up(end, BLOCK_BYTES), target),
-        // Under SYNC load the next segment is zeroed as the writes go, beyond the allocation
-        // window (writing zeros allocates; a durable write over fallocated-only space costs
-        // about twice as much, ARCHITECTURE §3): disk use stays within the current segment's
-        // data plus as much of the next one.
-        (false, FlushMode::Sync) => (
-            segment + size,
-            (segment + 2 * size).min(align_down(
-                segment + size + (end - segment) + ZERO_FILL_PACE_LEAD_BYTES.min(size / 4),
-                BLOCK_BYTES,
-            )),
-        ),
-        (false, FlushMode::Async) => return None,
-    };
-    // Under SYNC load, space of the current segment inside the allocation window that is not
-    // zeroed yet (a fresh or restarted store) comes first, a distance ahead of the writes.
-    if !quiet && inner.config.flush_mode == FlushMode::Sync {
-        let near = align_up(end, BLOCK_BYTES) + ZERO_FILL_SYNC_DISTANCE_BYTES;
-        let pos = log.flush.zero_fill_next.max(near);
-        let stop = (pos + ZERO_FILL_CHUNK_BYTES)
-            .min(segment + size)
-            .min(align_down(log.space.allocated_end, BLOCK_BYTES));
-        if pos < stop {
-            return Some((pos, stop));
-        }
-    }
-    let pos = log.flush.zero_fill_next.max(from);
+    let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
     let stop = (pos + ZERO_FILL_CHUNK_BYTES)
         .min(align_down(pos, size) + size)
-        .min(limit);
+        .min(target);
     assert!(
-        pos % BLOCK_BYTES == 0 && stop % BLOCK_BYTES == 0,
+        pos.is_multiple_of(BLOCK_BYTES) && stop.is_multiple_of(BLOCK_BYTES),
         "zero-fill writes whole blocks"
     );
     (pos < stop).then_some((pos, stop))
@@ -1499,7 +1470,7 @@ fn store_io(error: StoreError) -> io::Error {
 async fn zero_fill_step(inner: &Inner) {
     let range = {
         let log = inner.log.borrow();
-        zero_fill_range(inner, &log, quiet(&log, Instant::now()))
+        zero_fill_range(inner, &log).filter(|_| quiet(&log, Instant::now()))
     };
     let Some((pos, stop)) = range else {
         return;
@@ -1516,8 +1487,8 @@ async fn zero_fill_step(inner: &Inner) {
         return;
     }
     // Appends may have moved on while the file was created: take the range afresh.
-    let quiet = quiet(&log, Instant::now());
-    let Some((pos, stop)) = zero_fill_range(inner, &log, quiet) else {
+    let range = zero_fill_range(inner, &log).filter(|_| quiet(&log, Instant::now()));
+    let Some((pos, stop)) = range else {
         return;
     };
     let Some((segment, file)) = log.segments.file_for(pos) else {

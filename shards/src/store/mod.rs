@@ -15,8 +15,8 @@
 //!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed, and a chain of its own
 //!    fdatasyncs the files written, beside the next writes, once the last sync is
 //!    `flush_interval_ms` old, 8 MiB wait for one, or somebody waits for durability.
-//!    Zero-fill chains (write + fdatasync) keep segment space written ahead of the write
-//!    position.
+//!    Zero-fill chains (write + fdatasync) write segment space ahead of the write position
+//!    while the store is quiet.
 //! 3. Reads (`pull.rs`) copy bytes still in the tail from memory and read older bytes with DMA.
 //! 4. Every second or more (`flusher::checkpoint_due`: less often as more queue files are
 //!    written) the flusher syncs the consume queues and writes the checkpoint

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# SYNC_FLUSH of two broker builds against the bare-core limit (`shardmq-bench limit`), in one
+# session: each round runs the limit, then A, then B, each a fresh one-shard node on CPU 0
+# with the bench on CPU 1 (1 KiB single sends, CONNECTIONS connections × IN_FLIGHT in
+# flight), a WARM s warm-up, then SECONDS measured. Prints msgs/s, send p50/p99, the server's
+# busy cores, what the data directory's disk did meanwhile (/proc/diskstats: writes, MB and
+# cache flushes a second, ms spent writing a second) and each build's ratio to the limit of
+# its round. These VMs are noisy: compare within a round.
+#   scripts/bench-sync-limit.sh BROKER_A BROKER_B [ROUNDS] [SECONDS]
+# Environment: PROFILE (small-vm), WARM (3), IN_FLIGHT (256), CONNECTIONS (2), MODE (sync),
+# DATA_PARENT (/var/tmp: a directory on the disk to measure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+a=$1; b=$2; rounds=${3:-3}; seconds=${4:-12}
+profile=${PROFILE:-small-vm}; warm=${WARM:-3}; in_flight=${IN_FLIGHT:-256}
+connections=${CONNECTIONS:-2}; mode=${MODE:-sync}; parent=${DATA_PARENT:-/var/tmp}
+cargo build --release -q -p shardmq-bench
+ticks=$(getconf CLK_TCK)
+device=$(basename "$(df --output=source "$parent" | tail -1)")
+# A filesystem with no block device of its own (tmpfs) shows no disk figures (all 0).
+grep -q " $device " /proc/diskstats || echo "note: $parent is on $device, not a disk in /proc/diskstats"
+disk() { awk -v d="$device" '$3 == d {f = 1; print $8, $10, $11, $19} END {if (!f) print 0, 0, 0, 0}' /proc/diskstats; }
+bench() { # args...
+    taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:43877 --queues 8 \
+        --in-flight "$in_flight" --threads 1 --connections-per-broker "$connections" \
+        --no-progress "$@"
+}
+limit_msgs=1
+run() { # name binary|limit
+    local dir pid c0 c1 d0 d1 out msgs
+    dir=$(mktemp -d "$parent/bench-sync-limit.XXXXXX")
+    if [ "$2" = limit ]; then
+        target/release/shardmq-bench limit --cpus 0 --flush "$mode" --data-dir "$dir/data" \
+            --namesrv-port 43877 --broker-port 44912 --ring-mib 256 > "$dir/log" 2>&1 &
+    else
+        "$2" serve --profile "$profile" --cpus 0 --flush "$mode" --data-dir "$dir/data" \
+            --namesrv-port 43877 --broker-port 44912 --listen-ip 127.0.0.1 \
+            --log-level warn > "$dir/log" 2>&1 &
+    fi
+    pid=$!
+    until bench --topic Ready --messages 1 > /dev/null 2>&1; do sleep 0.2; done
+    bench --topic S1 --duration-secs "$warm" > /dev/null 2>&1
+    c0=$(awk '{print $14 + $15}' "/proc/$pid/stat"); d0=$(disk)
+    out=$(bench --topic S1 --duration-secs "$seconds" 2>&1)
+    c1=$(awk '{print $14 + $15}' "/proc/$pid/stat"); d1=$(disk)
+    kill -9 "$pid"; wait "$pid" 2>/dev/null; rm -rf "$dir"
+    msgs=$(echo "$out" | grep -oP 'Throughput: \K[0-9]+')
+    [ "$2" = limit ] && limit_msgs=$msgs
+    printf "%-5s msgs/s %7d  p50 %5d us  p99 %6d us  busy %5s  " "$1" "$msgs" \
+        "$(echo "$out" | grep -oP 'p50 \K[0-9]+' | tail -1)" \
+        "$(echo "$out" | grep -oP 'p99 \K[0-9]+' | tail -1)" \
+        "$(echo "scale=2; ($c1 - $c0) / $ticks / $seconds" | bc)"
+    echo "$d0 $d1" | awk -v s="$seconds" -v m="$msgs" -v l="$limit_msgs" '{
+        printf "disk: %5.0f writes/s %6.1f MB/s %5.0f flushes/s %5.0f ms writing/s  of limit %.2f\n",
+            ($5 - $1) / s, ($6 - $2) * 512 / 1e6 / s, ($8 - $4) / s, ($7 - $3) / s, m / l }'
+}
+echo "A = $a"; echo "B = $b"; echo "disk: $device; $mode; profile $profile"
+for _ in $(seq "$rounds"); do
+    run limit limit; run A "$a"; run B "$b"
+done
