@@ -27,12 +27,13 @@
 //!   (`zero_fill_range`). A flush whose range reaches a zero-fill in flight waits for it (the
 //!   zero-fill's end starts it), so zeros never land on data.
 //!
-//! Who starts a flush: the append itself (`kick`) when one is due (SYNC_FLUSH: anything dirty;
-//! ASYNC_FLUSH: `flush_dirty_max_bytes` dirty) and no flush is in flight; the reaper when a
-//! chain ends and one is due, so group commits follow one another without waiting for a task
-//! to be scheduled; and the flusher task (one per store, spawned by `Store::open`; it holds
-//! only a weak reference, so a store dropped without `close` stops it, which is what a crash
-//! leaves behind for tests), each turn doing one thing in this order of priority:
+//! Who starts a flush: the append itself (`kick`) when one is due (SYNC_FLUSH:
+//! `SYNC_KICK_MIN_BYTES` dirty; ASYNC_FLUSH: `flush_dirty_max_bytes` dirty) and no flush is in
+//! flight; the reaper when a chain ends and as much is due, so group commits follow one
+//! another without waiting for a task to be scheduled; and the flusher task, which under
+//! SYNC_FLUSH flushes anything dirty (one per store, spawned by `Store::open`; it holds only a
+//! weak reference, so a store dropped without `close` stops it, which is what a crash leaves
+//! behind for tests), each turn doing one thing in this order of priority:
 //!
 //! | Action | When |
 //! |---|---|
@@ -77,6 +78,15 @@ use super::{
 
 pub use crate::limits::FLUSH_DIRTY_BYTES_MAX;
 pub use crate::limits::FLUSH_WRITE_MAX_BYTES;
+/// SYNC_FLUSH: dirty bytes at which an append, or the end of the flush before, starts the
+/// next flush at once. Less waits for the flusher task, which runs once the tasks ahead of it
+/// give the executor back (a connection task hands it back when its client's requests read so
+/// far are handled): a busy shard then commits what it handled, not each message. Started at
+/// once, a fast device's flush (tmpfs: a copy) ended before the next message arrived, and one
+/// shard ran 33,663 group commits a second of 3.8 messages each, at 7.5 µs of CPU a message
+/// against 3.3 µs under ASYNC_FLUSH. A slow device's flush ends with more than this dirty, so
+/// the next one starts at once as before.
+pub const SYNC_KICK_MIN_BYTES: u64 = 64 << 10;
 /// Zero-fill write size: one fdatasync (one journal commit of converted extents) per chunk.
 pub const ZERO_FILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Time between checkpoints: the shortest between synced ones (consume queues synced, the
@@ -1207,8 +1217,8 @@ fn start_sync(inner: &Inner, forced: bool) -> bool {
     true
 }
 
-/// After an append (or a chain's end): starts a flush at once if one is due and none is in
-/// flight. True when a flush is in flight afterwards or will start when the zero-fill in
+/// After an append (or a chain's end): starts a flush at once if one is due, none is in
+/// flight and, under SYNC_FLUSH, `SYNC_KICK_MIN_BYTES` are dirty. True when a flush is in flight afterwards or will start when the zero-fill in
 /// flight ends; false when the flusher task must see to it (nothing due yet, a segment file
 /// to create, a test delay).
 pub(crate) fn kick(inner: &Inner) -> bool {
@@ -1220,6 +1230,8 @@ pub(crate) fn kick(inner: &Inner) -> bool {
             || log.reset.is_some()
             || retry_waits
             || !flush_due(inner, &log)
+            || (inner.config.flush_mode == FlushMode::Sync
+                && log.tail.end() - log.flush.written_end < SYNC_KICK_MIN_BYTES)
         {
             return false;
         }

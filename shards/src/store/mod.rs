@@ -9,9 +9,10 @@
 //! 2. A flush (`flusher.rs`) hands writes of the dirty block-aligned range, gathered straight
 //!    from the tail's chunks, and a wake-up to the kernel as one chain on the store's own
 //!    io_uring ring (`commit_ring.rs`, the only writer of commitlog files). Sync mode writes
-//!    with RWF_DSYNC as soon as anything is dirty (the append starts it, the end of one flush
-//!    starts the next); the reaper then marks everything up to the written end durable and
-//!    wakes every `wait_durable` it covers (group commit). Async mode writes plainly within
+//!    with RWF_DSYNC whatever is dirty: at once when 64 KiB are (the append starts it, the end
+//!    of one flush starts the next), else once the tasks ahead of the flusher's have run; the
+//!    reaper then marks everything up to the written end durable and wakes every
+//!    `wait_durable` it covers (group commit). Async mode writes plainly within
 //!    `flush_interval_ms` or when `flush_dirty_max_bytes` is passed, and a chain of its own
 //!    fdatasyncs the files written, beside the next writes, once the last sync is
 //!    `flush_interval_ms` old, 8 MiB wait for one, or somebody waits for durability.
@@ -75,7 +76,7 @@ use std::rc::Rc;
 pub use crate::types::{CommitLogOffset, QueueId, QueueOffset};
 pub use checkpoint::boot_id;
 pub use error::StoreError;
-pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX};
+pub use flusher::{InjectedFault, FLUSH_DIRTY_BYTES_MAX, SYNC_KICK_MIN_BYTES};
 pub use index::{
     key_hash, IndexConfig, IndexLastUpdate, MessageKeys, INDEX_ENTRIES_PER_FILE_MIN,
     INDEX_KEYS_PER_MESSAGE_MAX,
@@ -724,8 +725,8 @@ impl Store {
             inner.config.flush_dirty_max_bytes,
         );
         drop(log);
-        // SYNC_FLUSH: the group commit starts now unless one is under way (whose end starts
-        // the next); otherwise the flusher task decides.
+        // SYNC_FLUSH: the group commit starts now when enough is dirty and none is under way
+        // (whose end starts the next); otherwise the flusher task decides.
         if wake_flusher && !flusher::kick(inner) {
             inner.notify.signal();
         }
