@@ -2,7 +2,8 @@
 # SYNC_FLUSH of two broker builds against the bare-core limit (`shardmq-bench limit`), in one
 # session: each round runs the limit, then A, then B, each a fresh one-shard node on CPU 0
 # with the bench on CPU 1 (1 KiB single sends, CONNECTIONS connections × IN_FLIGHT in
-# flight), a WARM s warm-up, then SECONDS measured. Prints msgs/s, send p50/p99, the server's
+# flight), a WARM s warm-up, then SECONDS measured. Prints msgs/s, the answers that refused a
+# send (SYSTEM_BUSY and the like), send p50/p99, the server's
 # busy cores, what the data directory's disk did meanwhile (/proc/diskstats: writes, MB and
 # cache flushes a second, ms spent writing a second) and each build's ratio to the limit of
 # its round. These VMs are noisy: compare within a round.
@@ -46,7 +47,8 @@ run() { # name binary|limit
     kill -9 "$pid"; wait "$pid" 2>/dev/null; rm -rf "$dir"
     msgs=$(echo "$out" | grep -oP 'Throughput: \K[0-9]+')
     [ "$2" = limit ] && limit_msgs=$msgs
-    printf "%-5s msgs/s %7d  p50 %5d us  p99 %6d us  busy %5s  " "$1" "$msgs" \
+    printf "%-5s msgs/s %7d  refused %5d  p50 %5d us  p99 %6d us  busy %5s  " "$1" "$msgs" \
+        "$(echo "$out" | grep -oP 'Response Failed: \K[0-9]+' | tail -1)" \
         "$(echo "$out" | grep -oP 'p50 \K[0-9]+' | tail -1)" \
         "$(echo "$out" | grep -oP 'p99 \K[0-9]+' | tail -1)" \
         "$(echo "scale=2; ($c1 - $c0) / $ticks / $seconds" | bc)"

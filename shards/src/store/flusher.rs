@@ -222,6 +222,8 @@ pub(crate) struct FlushState {
     zero_in_flight: Option<(u64, u64)>,
     /// Woken when a chain ends (and when the store is poisoned).
     chain_waiters: Vec<Waker>,
+    /// Chains ended (reaped) so far, per `Slot`.
+    chains_ended: [u64; 3],
     /// The flusher has exited (after `close`); the result `close` reports.
     done: Option<Result<(), Poison>>,
     /// A zero-fill failed for want of resources: not tried again before this.
@@ -291,6 +293,7 @@ impl FlushState {
             data_in_flight: None,
             zero_in_flight: None,
             chain_waiters: Vec::new(),
+            chains_ended: [0; 3],
             done: None,
             zero_fill_retry_at: None,
             unsynced_paths: Vec::new(),
@@ -1250,6 +1253,7 @@ pub(crate) fn reap(inner: &Inner) {
     }
     for (slot, outcome) in ended {
         let mut log = inner.log.borrow_mut();
+        log.flush.chains_ended[slot as usize] += 1;
         let (data, zeros, synced) = match slot {
             Slot::Data => {
                 if let Some(started) = log.flush.flush_started_at.take() {
@@ -1327,6 +1331,24 @@ fn chain_failed(inner: &Inner, slot: Slot, context: &str, error: &io::Error) {
     }
 }
 
+/// Resolves once the chain in flight in `slot` at the call has ended (at once when none is).
+/// Unlike `chain_ended` it does not wait for the slot to be free. Under SYNC_FLUSH load the end
+/// of one flush starts the next at once, so a wait for a free slot could last as long as the
+/// load: the flusher's loop, waiting so in `flush_to`, was held up to 270 ms, and started no
+/// allocation meanwhile ("space is being prepared").
+async fn this_chain_ended(inner: &Inner, slot: Slot) {
+    let ended = inner.log.borrow().flush.chains_ended[slot as usize];
+    poll_fn(|cx| {
+        let mut log = inner.log.borrow_mut();
+        if !log.ring.busy(slot) || log.flush.chains_ended[slot as usize] != ended {
+            return Poll::Ready(());
+        }
+        log.flush.chain_waiters.push(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
 /// Resolves once the chain in `slot` has ended (reaped; a failed chain ends too).
 pub(crate) async fn chain_ended(inner: &Inner, slot: Slot) {
     poll_fn(|cx| {
@@ -1395,7 +1417,7 @@ async fn flush_to(inner: &Inner, durable: bool) -> bool {
         if inner.log.borrow().flush.written_end >= target {
             // Written, not yet durable (ASYNC_FLUSH): a sync of it, or of less then another.
             if start_sync(inner, true) {
-                chain_ended(inner, Slot::Sync).await;
+                this_chain_ended(inner, Slot::Sync).await;
             }
             continue;
         }
@@ -1403,12 +1425,12 @@ async fn flush_to(inner: &Inner, durable: bool) -> bool {
         let zero_fill_ahead = inner.log.borrow().flush.zero_in_flight.is_some();
         match started {
             Started::Running if inner.log.borrow().ring.busy(Slot::Data) => {
-                chain_ended(inner, Slot::Data).await
+                this_chain_ended(inner, Slot::Data).await
             }
             // Held up by a zero-fill in flight, or by a sync (too many files unsynced).
-            Started::Running if zero_fill_ahead => chain_ended(inner, Slot::ZeroFill).await,
+            Started::Running if zero_fill_ahead => this_chain_ended(inner, Slot::ZeroFill).await,
             Started::Running if inner.log.borrow().ring.busy(Slot::Sync) => {
-                chain_ended(inner, Slot::Sync).await
+                this_chain_ended(inner, Slot::Sync).await
             }
             Started::Running => {}
             // Everything is written: the loop's next turn sees to the rest.
