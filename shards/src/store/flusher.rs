@@ -1221,9 +1221,9 @@ fn start_sync(inner: &Inner, forced: bool) -> bool {
 }
 
 /// After an append (or a chain's end): starts a flush at once if one is due, none is in
-/// flight and, under SYNC_FLUSH, `SYNC_KICK_MIN_BYTES` are dirty. True when a flush is in flight afterwards or will start when the zero-fill in
-/// flight ends; false when the flusher task must see to it (nothing due yet, a segment file
-/// to create, a test delay).
+/// flight and, under SYNC_FLUSH, `SYNC_KICK_MIN_BYTES` are dirty. True when a flush is in
+/// flight afterwards or will start when the zero-fill in flight ends; false when the flusher
+/// task must see to it (less dirty, nothing due yet, a segment file to create, a test delay).
 pub(crate) fn kick(inner: &Inner) -> bool {
     {
         let log = inner.log.borrow();
