@@ -20,7 +20,10 @@ ticks=$(getconf CLK_TCK)
 device=$(basename "$(df --output=source "$parent" | tail -1)")
 # A filesystem with no block device of its own (tmpfs) shows no disk figures (all 0).
 grep -q " $device " /proc/diskstats || echo "note: $parent is on $device, not a disk in /proc/diskstats"
-disk() { awk -v d="$device" '$3 == d {f = 1; print $8, $10, $11, $19} END {if (!f) print 0, 0, 0, 0}' /proc/diskstats; }
+disk() {
+    awk -v d="$device" '$3 == d {f = 1; print $8, $10, $11, $19} END {if (!f) print 0, 0, 0, 0}' \
+        /proc/diskstats
+}
 bench() { # args...
     taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:43877 --queues 8 \
         --in-flight "$in_flight" --threads 1 --connections-per-broker "$connections" \
