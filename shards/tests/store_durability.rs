@@ -5,6 +5,7 @@ mod store_support;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::Duration;
 
 use futures_lite::future::zip;
 use shards::runtime::fs::DirectFile;
@@ -51,6 +52,59 @@ fn sync_mode_group_commit() {
         assert!(after.messages_per_flush() > 1.0);
         store.close().await.unwrap();
     });
+}
+
+/// SYNC_FLUSH load that keeps the data slot busy (the end of each flush starts the next) while
+/// the flusher's loop runs flushes of its own (each writer's first append leaves less than
+/// `SYNC_KICK_MIN_BYTES` dirty): allocation keeps up, and no append meets the end of the
+/// allocated space. The loop once waited for a free slot there as long as the load lasted,
+/// and started no allocation meanwhile.
+#[test]
+fn sync_load_that_keeps_the_data_slot_busy_meets_no_unallocated_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let total: u64 = 512 << 20;
+    let refused = run(|| async {
+        let mut config = config(dir.path(), FlushMode::Sync, 64 << 20);
+        config.allocation_window_bytes = shards::limits::ALLOCATION_WINDOW_MIN_BYTES;
+        let store = Store::open(config).await.unwrap();
+        let refused = std::rc::Rc::new(std::cell::Cell::new(0u64));
+        let tasks: Vec<_> = (0..32u32)
+            .map(|w| {
+                let (store, refused) = (store.clone(), refused.clone());
+                shards::runtime::spawn(async move {
+                    let mut i = u64::from(w) << 32;
+                    let mut round = u64::from(w);
+                    while store.stats().write_offset < total {
+                        let mut last = None;
+                        round += 1;
+                        for _ in 0..=round % 8 {
+                            i += 1;
+                            match try_append(&store, "Slot", w % 4, i, 4000, "t") {
+                                Ok(appended) => last = Some(appended.end_offset),
+                                Err(StoreError::SpaceNotReady { .. }) => {
+                                    refused.set(refused.get() + 1)
+                                }
+                                Err(error) => panic!("{error}"),
+                            }
+                            // As a connection task does after each request: collect the ends
+                            // of chains, which start the next flush when enough is dirty.
+                            shards::runtime::run_poll_hooks();
+                        }
+                        match last {
+                            Some(end) => store.wait_durable(end).await.unwrap(),
+                            None => shards::runtime::sleep(Duration::from_millis(1)).await,
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+        store.close().await.unwrap();
+        refused.get()
+    });
+    assert_eq!(refused, 0, "appends refused for space not yet allocated");
 }
 
 #[test]

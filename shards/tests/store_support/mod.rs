@@ -86,6 +86,18 @@ pub fn append(
     len: usize,
     tag: &str,
 ) -> shards::store::AppendResult {
+    try_append(store, topic, queue_id, i, len, tag).expect("append")
+}
+
+/// `append`, with the store's refusal (busy, full) returned instead of a panic.
+pub fn try_append(
+    store: &Store,
+    topic: &str,
+    queue_id: u32,
+    i: u64,
+    len: usize,
+    tag: &str,
+) -> Result<shards::store::AppendResult, shards::store::StoreError> {
     let body = body_of(i, len);
     let props = properties(tag, &format!("k{i}"));
     let msg = MessageToStore {
@@ -101,7 +113,7 @@ pub fn append(
         properties: &props,
         tags_code: i64::from(record::java_string_hash(tag)),
     };
-    store.append(&msg).expect("append")
+    store.append(&msg)
 }
 
 /// Pulls everything of a queue from `offset`, in batches, returning the bodies in order.
