@@ -304,15 +304,196 @@ fn after_a_restart_of_the_machine_the_rebuilt_queues_are_synced_while_the_store_
     assert!(old_synced >= first_end && old_synced < end, "{old_synced}");
     restart(&|scan_from| {
         assert!(scan_from <= old_synced, "{scan_from} > {old_synced}");
-        // The rebuilt queues were not synced: the synced checkpoint is the old one, and the
-        // record at the end is a light one of this boot.
+        // The queues came from the synced checkpoint's catalog and wait to be settled: no
+        // checkpoint yet, the synced one is the old one.
         assert_eq!(offset_of(&synced_path).0, old_synced);
+        assert!(!light_path.exists());
+    });
+    // Without the catalog (a start walks the queue directories) the rebuilt queues are not
+    // synced by recovery either: the record at the end is a light one of this boot.
+    let synced = offset_of(&synced_path).0;
+    std::fs::remove_file(dir.path().join("consumequeue.catalog")).unwrap();
+    restart(&|scan_from| {
+        assert_eq!(scan_from, synced - synced % SEGMENT);
         let (light_offset, light) = offset_of(&light_path);
         assert_eq!(light_offset, end, "{light}");
         assert_eq!(light["boot"].as_str(), Some(boot), "{light}");
     });
     // The synced checkpoint the flusher took holds: the next restart scans from its segment.
     restart(&|scan_from| assert_eq!(scan_from, end - end % SEGMENT));
+}
+
+/// After a restart of the machine the queues come from the synced checkpoint's catalog,
+/// touching no queue file before the store serves, and the units the queue files kept for
+/// records the log lost are never counted: not by that start, not once new records lie where
+/// those units point, not by a crash before the queues are settled (no checkpoint is written
+/// until then), and not by a later start that walks the queue directories. Queues made after
+/// the checkpoint (their files on disk, the catalog not listing them) are rebuilt or, when
+/// the log lost all their records, stay empty.
+#[test]
+fn after_a_restart_of_the_machine_queues_come_from_the_synced_catalog_and_lost_units_stay_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let synced_path = root.join("checkpoint");
+    let synced = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(&synced_path).unwrap()).unwrap()
+    };
+    const OLD: u64 = 6; // topics T0..T5, written before the synced checkpoint
+    const NEW: u64 = 3; // topics N0..N2, made after it
+    let topic_of = |i: u64| -> String {
+        if i < 60 || !i.is_multiple_of(4) {
+            format!("T{}", i % OLD)
+        } else {
+            // N0 before the cut below, N1 on both sides of it, N2 only after it.
+            format!(
+                "N{}",
+                [i >= 90, i >= 150].into_iter().filter(|&b| b).count()
+            )
+        }
+    };
+    let (results, checkpointed) = run(|| async {
+        let store = Store::open(config(root, FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let mut results = Vec::new();
+        for i in 0..60 {
+            results.push(append(&store, &topic_of(i), 0, i, 300, "t"));
+        }
+        let first_end = results.last().unwrap().end_offset.0;
+        store.wait_durable(results[59].end_offset).await.unwrap();
+        wait_until("no synced checkpoint naming a catalog", 10, || {
+            let record = synced();
+            record["commitlog_offset"].as_u64().unwrap() >= first_end && record["catalog"].is_u64()
+        })
+        .await;
+        let checkpointed = synced()["commitlog_offset"].as_u64().unwrap();
+        for i in 60..180 {
+            results.push(append(&store, &topic_of(i), 0, i, 300, "t"));
+        }
+        store
+            .wait_durable(results.last().unwrap().end_offset)
+            .await
+            .unwrap();
+        wait_until("no files of the new queues", 10, || {
+            store.queues_awaiting_files() == 0
+        })
+        .await;
+        drop(store); // a crash
+        (results, checkpointed)
+    });
+    // A power loss: the log keeps the records below `cut`, the queue files keep every unit
+    // (the kernel wrote their pages), and the light checkpoint no longer holds.
+    let kept = 110;
+    let cut = results[kept].physical_offset.0;
+    assert!(cut > checkpointed);
+    cut_log(root, cut);
+    let _ = std::fs::remove_file(root.join("checkpoint.light"));
+    // A later file of T0/0 that cannot be removed (a directory): T0/0 cannot be settled.
+    let blocker = root
+        .join("consumequeue/T0/0")
+        .join(format!("{:020}", 64 * 20));
+    std::fs::create_dir(&blocker).unwrap();
+    let topics: Vec<String> = (0..OLD)
+        .map(|q| format!("T{q}"))
+        .chain((0..NEW).map(|q| format!("N{q}")))
+        .collect();
+    let mut expected: std::collections::BTreeMap<String, Vec<Vec<u8>>> =
+        topics.iter().map(|t| (t.clone(), Vec::new())).collect();
+    for i in 0..kept as u64 {
+        expected
+            .get_mut(&topic_of(i))
+            .unwrap()
+            .push(body_of(i, 300));
+    }
+    // N2 lost all its records: its files stay on disk, with units of the lost ones.
+    assert!(expected["N2"].is_empty());
+    assert!(root.join("consumequeue/N2/0").exists());
+    let check = |store: &Store, expected: &std::collections::BTreeMap<String, Vec<Vec<u8>>>| {
+        let (store, expected) = (store.clone(), expected.clone());
+        async move {
+            for (topic, bodies) in &expected {
+                assert_eq!(
+                    &pull_all(&store, topic, 0, 0).await,
+                    bodies,
+                    "queue {topic}"
+                );
+                let max = store.max_queue_offset(topic, shards::QueueId(0)).0;
+                assert_eq!(max, bodies.len() as u64, "max offset of queue {topic}");
+            }
+        }
+    };
+    // The start after the power loss, then sends whose records take the lost ones' place.
+    // Not N2: its files stay as the power loss left them.
+    let new_end = run(|| async {
+        let (store, summary) = open_recovered(config(root, FlushMode::Sync, SEGMENT)).await;
+        assert_eq!(summary.end, cut, "{summary:?}");
+        assert!(summary.queues_from_catalog, "{summary:?}");
+        check(&store, &expected).await;
+        let mut last = None;
+        for i in 1000..1040u64 {
+            let topic = &topics[(i % 8) as usize];
+            last = Some(append(&store, topic, 0, i, 300, "t"));
+            expected.get_mut(topic).unwrap().push(body_of(i, 300));
+        }
+        let last = last.unwrap().end_offset;
+        store.wait_durable(last).await.unwrap();
+        check(&store, &expected).await;
+        // T0/0 is not settled: no checkpoint is written meanwhile.
+        shards::runtime::sleep(std::time::Duration::from_millis(1500)).await;
+        assert_eq!(synced()["commitlog_offset"].as_u64(), Some(checkpointed));
+        assert!(!root.join("checkpoint.light").exists());
+        drop(store); // a crash before every queue was settled
+        last.0
+    });
+    // A stop before every queue could be settled writes no clean checkpoint: the next start
+    // recovers from the synced one and its catalog again.
+    run(|| async {
+        let (store, summary) = open_recovered(config(root, FlushMode::Sync, SEGMENT)).await;
+        assert!(summary.queues_from_catalog, "{summary:?}");
+        store.close().await.unwrap();
+        assert_eq!(synced()["commitlog_offset"].as_u64(), Some(checkpointed));
+        assert_eq!(synced()["clean"].as_bool(), Some(false));
+    });
+    // Again from the synced checkpoint and its catalog; then everything is settled.
+    run(|| async {
+        let (store, summary) = open_recovered(config(root, FlushMode::Sync, SEGMENT)).await;
+        assert_eq!(summary.end, new_end, "{summary:?}");
+        assert!(summary.queues_from_catalog, "{summary:?}");
+        check(&store, &expected).await;
+        std::fs::remove_dir(&blocker).unwrap();
+        wait_until("no synced checkpoint after the settling", 10, || {
+            synced()["commitlog_offset"].as_u64() >= Some(new_end)
+        })
+        .await;
+        check(&store, &expected).await;
+        drop(store); // a crash
+    });
+    // A stop right after a start from the synced catalog settles every queue first, then
+    // writes its clean checkpoint and catalog.
+    run(|| async {
+        let (store, summary) = open_recovered(config(root, FlushMode::Sync, SEGMENT)).await;
+        assert!(summary.queues_from_catalog, "{summary:?}");
+        store.close().await.unwrap();
+        let record = synced();
+        assert_eq!(
+            record["commitlog_offset"].as_u64(),
+            Some(new_end),
+            "{record}"
+        );
+        assert_eq!(record["clean"].as_bool(), Some(true), "{record}");
+        assert!(record["catalog"].is_u64(), "{record}");
+    });
+    // A start that walks the directories and probes the queue files: every lost unit was
+    // zeroed, or its queue left out, and none is counted.
+    std::fs::remove_file(root.join("consumequeue.catalog")).unwrap();
+    let _ = std::fs::remove_file(root.join("checkpoint.light"));
+    run(|| async {
+        let (store, summary) = open_recovered(config(root, FlushMode::Sync, SEGMENT)).await;
+        assert_eq!(summary.end, new_end, "{summary:?}");
+        assert!(!summary.queues_from_catalog, "{summary:?}");
+        check(&store, &expected).await;
+        store.close().await.unwrap();
+    });
 }
 
 /// A checkpoint taken while queues created by appends awaited their files leaves them out

@@ -392,6 +392,38 @@ where
     glommio::executor().spawn_blocking(work)
 }
 
+/// Runs long blocking work (many reads at random, fanning out) on a thread of its own, named
+/// `name`, and resolves with its result; an error when no thread could start or the work
+/// panicked. Unlike `blocking`, it holds up none of the shard's other blocking work (the
+/// persisted configuration files, new segment files), which waits for the one helper thread.
+pub async fn on_thread_of_its_own<F, R>(name: &str, work: F) -> io::Result<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let (waker, mut receiver) = wake::pair()?;
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let out = slot.clone();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let result = work();
+            *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+            waker.wake();
+        })?;
+    loop {
+        let woken = receiver.wait().await;
+        if let Some(result) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Ok(result);
+        }
+        if woken.is_err() {
+            return Err(io::Error::other(format!(
+                "the {name} thread ended without a result"
+            )));
+        }
+    }
+}
+
 /// Asks the allocator to give its free pages back to the system (glibc keeps freed blocks in
 /// its arenas for good), on this shard's helper thread: a trim walks every arena.
 pub async fn release_free_memory() {
@@ -505,3 +537,24 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
 
 /// Pending connections the kernel queues per listener.
 pub const LISTEN_BACKLOG_CONNECTIONS: libc::c_int = 1024;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn work_on_a_thread_of_its_own_comes_back_and_a_panic_is_an_error() {
+        super::run_local(|| async {
+            let shard = std::thread::current().id();
+            let (value, thread) =
+                super::on_thread_of_its_own("test-work", move || (42, std::thread::current().id()))
+                    .await
+                    .unwrap();
+            assert_eq!(value, 42);
+            assert_ne!(thread, shard);
+            let failed = super::on_thread_of_its_own("test-panic", || -> u32 {
+                panic!("on purpose");
+            })
+            .await;
+            assert!(failed.is_err());
+        });
+    }
+}

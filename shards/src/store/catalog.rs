@@ -9,10 +9,18 @@
 //! unit of each of its files, plus how far retention has expired the queues. The checkpoint
 //! names the catalog by a stamp (`Checkpoint::catalog`).
 //!
-//! Recovery uses it only from the clean checkpoint that names it, and only when nothing has
-//! renamed, added or removed a topic directory since (`consumequeue/`'s mtime is not past the
-//! catalog's): any checkpoint written after a start names none, and the start removes the
-//! file (with a directory sync) before it changes any queue file. A queue that was still
+//! Every synced checkpoint writes one too, of the queues as it counts them. A start after a
+//! restart of the machine (a power loss) recovers from the last synced checkpoint, and with
+//! its catalog it reads no queue directory or file before it serves either: the queues are
+//! settled once it serves (`Settle` in consume_queue.rs), which is where the files made or
+//! removed since the checkpoint are found. That catalog stays until the next synced
+//! checkpoint replaces it, and none is written before the queues are settled, so a crash
+//! meanwhile recovers from the two again.
+//!
+//! A clean stop's catalog is used only from the clean checkpoint that names it, and only when
+//! nothing has renamed, added or removed a topic directory since (`consumequeue/`'s mtime is
+//! not past the catalog's), and the start removes the file (with a directory sync) before it
+//! changes any queue file. A queue that was still
 //! waiting for its files at the stop is not listed; the clean checkpoint then records where
 //! its units start (`awaiting_from`), and recovery rebuilds it from the log in memory, as
 //! after a crash (should its file have been made after all, the helper thread keeps it and
@@ -183,8 +191,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Writes the catalog durably (temp file, fdatasync, rename). The clean checkpoint written
-/// next syncs the directory, and names the catalog only once this returned.
+/// Writes the catalog durably (temp file, fdatasync, rename). The checkpoint written next
+/// syncs the directory, and names the catalog only once this returned.
 pub(crate) async fn write(root: &Path, bytes: Vec<u8>) -> io::Result<()> {
     let temp = root.join(TEMP_FILE_NAME);
     fs::write_small_file(&temp, bytes).await?;
@@ -195,15 +203,34 @@ pub(crate) async fn write(root: &Path, bytes: Vec<u8>) -> io::Result<()> {
 /// `stamp`, it is whole, and no topic directory under `queue_root` changed after it was
 /// written; None otherwise (said in the log when it was there), and the queues are read from
 /// their directories. Either way the file is removed, with a sync of `root`, before the store
-/// changes any queue file: no later start may take the listing for theirs.
+/// changes any queue file: no later start may take the listing for theirs. With `synced`
+/// (the checkpoint recovery starts from is a synced one, not clean) the catalog is what it
+/// lists when it is whole and stamped `stamp`, and it stays.
 pub(crate) async fn take(
     root: &Path,
     queue_root: &Path,
     stamp: Option<u64>,
     units_per_file: u64,
+    synced: bool,
 ) -> io::Result<Option<Catalog>> {
     if !root.join(FILE_NAME).exists() && !root.join(TEMP_FILE_NAME).exists() {
         return Ok(None);
+    }
+    if synced {
+        // A synced checkpoint's: it stays until the next synced one replaces it, for a
+        // crash before the queues are settled recovers from the two again.
+        let Some(stamp) = stamp else { return Ok(None) };
+        return Ok(match read(root, stamp, Some(units_per_file)) {
+            Ok(catalog) => Some(catalog),
+            Err(why) => {
+                log::warn!(
+                    "store: not using the queue catalog {} ({why}); reading every queue's \
+                     directory",
+                    root.join(FILE_NAME).display()
+                );
+                None
+            }
+        });
     }
     let catalog =
         stamp.and_then(
@@ -243,6 +270,16 @@ pub(crate) fn usable(
         .unwrap_or(true);
     if changed_after {
         return Err("consumequeue/ changed after it was written".into());
+    }
+    read(root, stamp, units_per_file)
+}
+
+/// The catalog in `root` stamped `stamp`, whatever changed since it was written.
+fn read(root: &Path, stamp: u64, units_per_file: Option<u64>) -> Result<Catalog, String> {
+    let path = root.join(FILE_NAME);
+    let meta = std::fs::metadata(&path).map_err(|error| error.to_string())?;
+    if meta.len() > CATALOG_SIZE_MAX_BYTES {
+        return Err("oversized".into());
     }
     let bytes = std::fs::read(&path).map_err(|error| error.to_string())?;
     decode(&bytes, stamp, units_per_file)

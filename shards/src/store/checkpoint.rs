@@ -11,7 +11,7 @@
 //! | `queues` | topic → queueId → max offset at that point; a queue on disk with fewer units (files deleted) makes recovery rebuild every queue from the first segment |
 //! | `index` | the message index's last file and entry count at that point (`index.rs`); absent in checkpoints older than the index, which then is rebuilt from the first segment |
 //! | `boot` | only in `checkpoint.light`: the boot of the machine it holds for |
-//! | `catalog` | only in a clean stop's: the stamp of the queue catalog written before it (`catalog.rs`), which the next start reads instead of every queue's directory |
+//! | `catalog` | in a clean stop's and a synced one: the stamp of the queue catalog written before it (`catalog.rs`), which a start from it reads instead of every queue's directory |
 //! | `awaiting_from` | present when queues created by appends still awaited their files (their units in memory, queue_files.rs): they are not in `queues`, and recovery scans from the segment holding this commitlog offset, the first of their units, to rebuild them |
 //!
 //! A store with many queues written also writes light checkpoints, `<root>/checkpoint.light`
@@ -62,8 +62,8 @@ pub(crate) struct Checkpoint {
     /// files were being made (see the module doc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub awaiting_from: Option<u64>,
-    /// Only in a clean stop's checkpoint: the stamp of the queue catalog written just before
-    /// it (`catalog.rs`).
+    /// In a clean stop's and a synced checkpoint: the stamp of the queue catalog written just
+    /// before it (`catalog.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog: Option<u64>,
 }

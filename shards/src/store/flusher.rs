@@ -191,6 +191,9 @@ pub(crate) struct FlushState {
     allocating: bool,
     /// The helper thread is making files of new consume queues (queue_files.rs).
     pub(crate) queue_files_making: bool,
+    /// The helper thread looks into queues about to be settled (queue_files.rs); while
+    /// queues wait to be settled no checkpoint is written (`Settle` in consume_queue.rs).
+    pub(crate) queue_settle_job: bool,
     /// Creating a segment ahead failed for want of resources: not tried again before this.
     segment_retry_at: Option<Instant>,
     /// The last checkpoint of either kind (light ones see `checkpoint.rs`).
@@ -274,6 +277,7 @@ impl FlushState {
             segment_preparing: false,
             allocating: false,
             queue_files_making: false,
+            queue_settle_job: false,
             segment_retry_at: None,
             last_checkpoint_at: Instant::now(),
             last_checkpoint_offset: durable_end,
@@ -595,7 +599,8 @@ fn next_action(inner: &Inner) -> Action {
     // after it). Both wait for allocation, for a segment file being created ahead and for
     // files of new queues being made (their end wakes the loop).
     if log.reset.is_some() || log.closing {
-        return if flush.segment_preparing || flush.allocating || flush.queue_files_making {
+        let helper_busy = flush.queue_files_making || flush.queue_settle_job;
+        return if flush.segment_preparing || flush.allocating || helper_busy {
             Action::Wait(None)
         } else if log.reset.is_some() {
             Action::Reset
@@ -630,7 +635,10 @@ fn next_action(inner: &Inner) -> Action {
     // A synced checkpoint is spaced by the queue files it syncs (`checkpoint_due`); between
     // two, a light one each `CHECKPOINT_INTERVAL_MS` keeps a crash's recovery short.
     let changed = end != flush.last_synced_offset || flush.checkpoint_wanted;
-    if changed && !flush.checkpoint_running {
+    // Queues taken from a synced checkpoint's catalog and not yet settled: the synced
+    // checkpoint and its catalog must stay what a crash recovers from (`Settle`).
+    let settling = flush.queue_settle_job || inner.queues.borrow().queues_to_settle() > 0;
+    if changed && !flush.checkpoint_running && !settling {
         if flush.checkpoint_wanted {
             return Action::Checkpoint { synced: true };
         }
@@ -1585,16 +1593,23 @@ async fn plan_checkpoint(
     synced: bool,
     flush_now: bool,
 ) -> Option<CheckpointPlan> {
-    let (offset, queues, index, awaiting_from) = {
+    let (offset, queues, index, awaiting_from, catalog) = {
         let log = inner.log.borrow();
         let index = inner.index.borrow().mark();
         let table = inner.queues.borrow();
         let awaiting_from = table.first_awaiting_physical();
+        // A synced checkpoint names a catalog of the queues as it counts them: after a
+        // restart of the machine the start takes them from it (`catalog.rs`).
+        let catalog = synced.then(|| {
+            let stamp = super::catalog::new_stamp();
+            (stamp, table.catalog(stamp))
+        });
         (
             log.tail.end(),
             table.max_offsets_in_files(),
             index,
             awaiting_from,
+            catalog,
         )
     };
     if flush_now && inner.log.borrow().flush.durable_end < offset && !flush(inner).await {
@@ -1632,11 +1647,6 @@ async fn plan_checkpoint(
     paths.extend(inner.queues.borrow_mut().take_dirty_paths());
     let (index_paths, index_dir) = inner.index.borrow_mut().take_dirty_paths();
     paths.extend(index_paths);
-    // The queues as they stand: the store takes no append while it closes.
-    let catalog = clean.then(|| {
-        let stamp = super::catalog::new_stamp();
-        (stamp, inner.queues.borrow().catalog(stamp))
-    });
     Some(CheckpointPlan {
         record,
         catalog,
@@ -1824,10 +1834,20 @@ async fn exit(inner: &Inner) {
     while inner.log.borrow().flush.checkpoint_running {
         inner.notify.wait().await;
     }
+    // Queues not yet settled are settled now: a clean checkpoint's catalog lists them as
+    // they are. Should that fail, the synced checkpoint and its catalog stay, and the next
+    // start recovers from them as after a crash.
+    let settled = super::queue_files::settle_the_rest(inner).await;
     // Every acknowledged message is written (`ok`) even when the clean checkpoint cannot be
     // (a full disk has no block for its new file): recovery then scans from the last one.
     let ok = flush(inner).await;
-    if ok && !checkpoint(inner, true).await {
+    if ok && !settled {
+        log::warn!(
+            "store {}: every message is on disk, but not every consume queue could be \
+             settled; the next start recovers from the last synced checkpoint",
+            inner.config.root_dir.display()
+        );
+    } else if ok && !checkpoint(inner, true).await {
         log::warn!(
             "store {}: every message is on disk, but the final checkpoint could not \
              be written; the next start scans from the previous one",

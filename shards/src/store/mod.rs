@@ -585,7 +585,10 @@ impl Store {
         if inner.queues.borrow().files_to_make() > 0 {
             inner.queue_files.notify();
         }
-        if recovered.queues_from_catalog {
+        if recovered.settling {
+            // Reads in the pages the shard would wait for, as the warm-up does, and more.
+            queue_files::spawn_settling(&inner);
+        } else if recovered.queues_from_catalog {
             warm_queue_pages(&inner);
         }
         Ok(Store { inner })

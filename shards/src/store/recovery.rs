@@ -33,6 +33,18 @@
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next.
+//!
+//! After a restart of the machine (the checkpoint a synced one that names a queue catalog,
+//! `catalog.rs`) the queues come from that catalog, and no queue directory or file is read:
+//! a queue takes the checkpoint's count as its end, the units the scan rebuilds at or past it
+//! wait in memory, and units its files may hold past that count (written before the power
+//! loss for records the log lost) are zeroed once the store serves, when the queue is settled
+//! (`Settle` in consume_queue.rs). Until then no checkpoint is written, recovery's own
+//! included. A queue directory the catalog does not list and the scan does not write is left
+//! alone; a later start that walks the directories finds it counted by no trusted checkpoint
+//! and written by no record, and takes it for empty (its units point at records the log
+//! lost, and would point at the records written since in their place).
+//!
 //! 5. Move every queue's minimum offset to its first unit at or past the first segment (the
 //!    files below it that retention had not removed yet go), then write a (not clean)
 //!    checkpoint at the recovered end. After a crash (the saved checkpoint not clean) on a
@@ -90,6 +102,9 @@ pub(crate) struct Recovered {
     pub unsynced_files: bool,
     /// The queues came from a clean stop's catalog: none of their files was read.
     pub queues_from_catalog: bool,
+    /// They came from a synced checkpoint's catalog, and wait to be settled (`Settle` in
+    /// consume_queue.rs): no checkpoint until then.
+    pub settling: bool,
 }
 
 pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreError> {
@@ -105,13 +120,17 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     let saved = checkpoint::read(root);
     let queue_root = root.join("consumequeue");
     let units_per_file = config.consume_queue_units_per_file;
-    // After a clean stop, its queue catalog lists the queues: no directory is read.
-    let stamp = saved.as_ref().filter(|c| c.clean).and_then(|c| c.catalog);
-    let listed = catalog::take(root, &queue_root, stamp, units_per_file).await?;
+    // After a clean stop, its queue catalog lists the queues: no directory is read. After a
+    // restart of the machine, so does the synced checkpoint's, and the queues are settled
+    // once the store serves (`Settle` in consume_queue.rs).
+    let stamp = saved.as_ref().and_then(|c| c.catalog);
+    let synced_catalog = saved.as_ref().is_some_and(|c| !c.clean && !c.light());
+    let listed = catalog::take(root, &queue_root, stamp, units_per_file, synced_catalog).await?;
     let from_catalog = listed.is_some();
+    let settling = from_catalog && synced_catalog;
     let mut queues = match (listed, saved.as_ref()) {
         (Some(listed), Some(saved)) => {
-            QueueTable::from_catalog(queue_root, units_per_file, listed, &saved.queues)
+            QueueTable::from_catalog(queue_root, units_per_file, listed, &saved.queues, settling)
         }
         _ => QueueTable::load_with(
             queue_root,
@@ -164,6 +183,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         units_held: saved.as_ref().filter(|_| trusted),
         unindexed: 0,
         units_in_memory: 0,
+        units_held_back: 0,
     };
     config
         .progress
@@ -207,11 +227,21 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
             let known = queue
                 .known_end()
                 .filter(|_| queue.rebuilt_end() == 0 && trusted && end >= durable_mark);
+            // A queue on disk that a trusted checkpoint does not count and the scan did not
+            // write holds no unit of a record the log keeps: its files are what a life before
+            // a restart of the machine made for records the log lost (a start from the
+            // synced checkpoint's catalog does not list them). Counted, those units would
+            // point at the records written since in their place.
+            let lost = trusted
+                && recorded.is_none()
+                && queue.rebuilt_end() == 0
+                && queue.units_in_memory().is_none();
             let units = match (queue.units_in_memory(), known) {
                 // A new queue whose units wait in memory: the scan wrote them all, below
                 // the end.
                 (Some(held), _) => held,
                 (None, Some(units)) => units,
+                (None, None) if lost => queue.min_offset(),
                 (None, None) => queue.count_units_below_near(end, guess)?,
             };
             queue.truncate_to(units)?;
@@ -255,9 +285,10 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     // is thus done while the store serves. Without a boot to name (or after a clean stop,
     // or with no checkpoint) what the scan wrote is synced here.
     let this_boot = checkpoint::boot_id();
-    let unsynced_files = saved
-        .as_ref()
-        .is_some_and(|saved| saved.light() || (!saved.clean && this_boot.is_some()));
+    let unsynced_files = settling
+        || saved
+            .as_ref()
+            .is_some_and(|saved| saved.light() || (!saved.clean && this_boot.is_some()));
     if !unsynced_files {
         let (index_paths, index_dir) = index.take_dirty_paths();
         let mut dirty = queues.take_dirty_paths();
@@ -277,7 +308,14 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         awaiting_from: queues.first_awaiting_physical(),
         catalog: None,
     };
-    match checkpoint::write(root, &record).await {
+    // Queues to settle: no checkpoint until they are (`Settle`), the synced one and its
+    // catalog stay, and a crash meanwhile recovers from them again.
+    let written = if settling {
+        Ok(())
+    } else {
+        checkpoint::write(root, &record).await
+    };
+    match written {
         Ok(()) => {}
         // A full disk has no block for the new checkpoint: the old one (or none) stays, and
         // the next start scans a little more. The store opens all the same.
@@ -302,6 +340,7 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         allocated_end: end,
         unsynced_files,
         queues_from_catalog: from_catalog,
+        settling,
     })
 }
 
@@ -408,7 +447,15 @@ struct Rebuilt<'a> {
     unindexed: u64,
     /// Units written to new queues that await their files (`QueueTable::get_or_begin`).
     units_in_memory: u64,
+    /// Units queues taken from a synced checkpoint's catalog hold back from their files
+    /// (`ConsumeQueue::units_held_back`).
+    units_held_back: u64,
 }
+
+/// Units the scan lets queues hold back from their files (24 bytes each) before a queue it
+/// writes to writes its own into its file: a scan of much more than the checkpoint's
+/// segment keeps its memory bounded.
+const UNITS_HELD_BACK_MAX: u64 = 2 << 20;
 
 /// New queues whose files the scan lets wait (~300 bytes of memory each) before it makes
 /// them all at once.
@@ -716,9 +763,14 @@ fn dispatch(
             None if at == 0 => queues.get_or_begin(topic, queue_id).map(|(queue, _)| queue),
             // A gap in the units of a queue awaiting its files (damage stepped over): only a
             // file holds units past a gap, so they are made now.
-            Some(queue) if queue.units_in_memory().is_some_and(|held| at > held) => queues
-                .make_files_of(topic, queue_id)
-                .and_then(|()| queues.get_or_create(topic, queue_id)),
+            Some(queue)
+                if queue.is_awaiting_file()
+                    && queue.units_in_memory().is_some_and(|held| at > held) =>
+            {
+                queues
+                    .make_files_of(topic, queue_id)
+                    .and_then(|()| queues.get_or_create(topic, queue_id))
+            }
             _ => queues.get_or_create(topic, queue_id),
         }
         .map_err(|e| context("opening the queue", e))?;
@@ -736,10 +788,19 @@ fn dispatch(
             size_bytes: message.total_size,
             tags_code: (config.tags_code_of)(&message),
         };
+        let held_before = queue.units_held_back() as u64;
         queue
             .write_unit(message.queue_offset, unit)
             .map_err(|e| context("writing the unit", e))?;
         queue.note_rebuilt(message.queue_offset);
+        let held = queue.units_held_back() as u64;
+        rebuilt.units_held_back = (rebuilt.units_held_back + held).saturating_sub(held_before);
+        if rebuilt.units_held_back > UNITS_HELD_BACK_MAX && held > 0 {
+            queue
+                .write_held_units()
+                .map_err(|e| context("writing the units held back", e))?;
+            rebuilt.units_held_back = rebuilt.units_held_back.saturating_sub(held);
+        }
     }
     let index = &mut *rebuilt.index;
     if offset >= index.indexed_end() && index::indexes_sys_flag(message.sys_flag) {

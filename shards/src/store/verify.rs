@@ -541,6 +541,17 @@ fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
     let clean = checkpoint
         .as_ref()
         .filter(|c| c.get("clean") == Some(&serde_json::Value::Bool(true)));
+    let synced_stamp = checkpoint
+        .as_ref()
+        .filter(|_| clean.is_none())
+        .and_then(|c| c.get("catalog")?.as_u64());
+    if synced_stamp.is_some() {
+        report.notes.push(format!(
+            "{name} is named by the synced checkpoint: a start from it (after a restart of the \
+             machine) takes the queues from it and settles them once it serves"
+        ));
+        return;
+    }
     let Some(stamp) = clean.and_then(|c| c.get("catalog")?.as_u64()) else {
         report.notes.push(format!(
             "{name} is named by no clean checkpoint: the next start reads the queue \
