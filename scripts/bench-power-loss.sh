@@ -7,8 +7,13 @@ set -uo pipefail
 # a start recovers from the last synced checkpoint, as after a restart of the machine. Each
 # round then starts each binary in turn (A, B, A, B, ...) on a fresh copy of that image with
 # the page cache dropped, and prints the seconds to the ready line. Unlike a real power loss,
-# the queue files keep what the kernel had not written yet at the kill. Needs ~3x the image's
-# used space free in /var/tmp, and vm.max_map_count above 65,530 for the fill.
+# the queue files keep what the kernel had not written yet at the kill. B fills the node (a
+# start after a restart of the machine takes the queues from the catalog of the synced
+# checkpoint, where the binary that wrote it made one). After the ready line each start is
+# given SETTLED seconds (default 60) to settle those queues, and its log line is printed. With
+# CATCHUP=1 a new group first reads everything stored, right after the ready line (its
+# pulls timed by the bench). Needs
+# ~3x the image's used space free in /var/tmp, and vm.max_map_count above 65,530 for the fill.
 #   scripts/bench-power-loss.sh BINARY_A BINARY_B TOPICS [ROUNDS]
 cd "$(dirname "$0")/.."
 a=$1 b=$2 topics=$3 rounds=${4:-3}
@@ -33,7 +38,7 @@ serve() {
 truncate -s ${IMAGE_GIB:-20}G $base/work.img
 mkfs.ext4 -q -F -J size=1024 $base/work.img || { echo "could not run: mkfs.ext4 failed"; exit 1; }
 mount -o loop $base/work.img $mnt || { echo "could not run: no loop mount here"; exit 1; }
-serve $a
+serve $b
 send() {
     target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BP --topics $topics \
         --queues 8 --in-flight 64 --no-progress --messages $1 2>&1 | grep -E "Throughput"
@@ -57,6 +62,21 @@ for round in $(seq $rounds); do
         took=$(echo "$(date +%s.%N) - $start" | bc)
         echo "round $round $which: ready in $took s"
         grep -o "shard [0-9]: store open in .*" $mnt/broker.log | tail -2 | sed 's/^/    /'
+        if [ -n "${CATCHUP:-}" ]; then
+            # Everything stored, read by a new group right after the ready line (after the
+            # bench has updated its topics, which is not counted).
+            out=$(target/release/shardmq-bench consumer --namesrv 127.0.0.1:43876 --topic BP \
+                --topics $topics --queues 8 --catch-up --no-progress 2>&1)
+            echo "$out" | grep -E "^(Consumed|Elapsed)" | sed 's/^/    catch-up: /'
+            pulled=$(echo "$out" | grep -oE "^Elapsed: [0-9.]+" | grep -oE "[0-9.]+$")
+            echo "    ready + catch-up: $(echo "$took + ${pulled:-0}" | bc) s (start to caught up, the topics' update included: $(echo "$(date +%s.%N) - $start" | bc) s)"
+        fi
+        for _ in $(seq $((${SETTLED:-60} * 10))); do
+            [ "$(grep -c "settled the" $mnt/broker.log)" -ge 2 ] && break
+            grep -q "queues from the catalog" $mnt/broker.log || break
+            sleep 0.1
+        done
+        grep -o "settled the .*" $mnt/broker.log | sed 's/^/    /'
         kill $pid; wait $pid 2>/dev/null; pid=
         umount $mnt
     done
