@@ -216,36 +216,23 @@ pub(crate) async fn take(
     if !root.join(FILE_NAME).exists() && !root.join(TEMP_FILE_NAME).exists() {
         return Ok(None);
     }
+    let taken = |found: Result<Catalog, String>| match found {
+        Ok(catalog) => Some(catalog),
+        Err(why) => {
+            log::warn!(
+                "store: not using the queue catalog {} ({why}); reading every queue's directory",
+                root.join(FILE_NAME).display()
+            );
+            None
+        }
+    };
     if synced {
         // A synced checkpoint's: it stays until the next synced one replaces it, for a
         // crash before the queues are settled recovers from the two again.
-        let Some(stamp) = stamp else { return Ok(None) };
-        return Ok(match read(root, stamp, Some(units_per_file)) {
-            Ok(catalog) => Some(catalog),
-            Err(why) => {
-                log::warn!(
-                    "store: not using the queue catalog {} ({why}); reading every queue's \
-                     directory",
-                    root.join(FILE_NAME).display()
-                );
-                None
-            }
-        });
+        return Ok(stamp.and_then(|stamp| taken(read(root, stamp, Some(units_per_file)))));
     }
     let catalog =
-        stamp.and_then(
-            |stamp| match usable(root, queue_root, stamp, Some(units_per_file)) {
-                Ok(catalog) => Some(catalog),
-                Err(why) => {
-                    log::warn!(
-                        "store: not using the queue catalog {} ({why}); reading every queue's \
-                     directory",
-                        root.join(FILE_NAME).display()
-                    );
-                    None
-                }
-            },
-        );
+        stamp.and_then(|stamp| taken(usable(root, queue_root, stamp, Some(units_per_file))));
     remove(root).await?;
     Ok(catalog)
 }

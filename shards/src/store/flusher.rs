@@ -191,8 +191,9 @@ pub(crate) struct FlushState {
     allocating: bool,
     /// The helper thread is making files of new consume queues (queue_files.rs).
     pub(crate) queue_files_making: bool,
-    /// The helper thread looks into queues about to be settled (queue_files.rs); while
-    /// queues wait to be settled no checkpoint is written (`Settle` in consume_queue.rs).
+    /// Queues about to be settled are being looked into off the shard (queue_files.rs);
+    /// while queues wait to be settled no checkpoint is written (`Settle` in
+    /// consume_queue.rs).
     pub(crate) queue_settle_job: bool,
     /// Creating a segment ahead failed for want of resources: not tried again before this.
     segment_retry_at: Option<Instant>,
@@ -599,8 +600,8 @@ fn next_action(inner: &Inner) -> Action {
     // after it). Both wait for allocation, for a segment file being created ahead and for
     // files of new queues being made (their end wakes the loop).
     if log.reset.is_some() || log.closing {
-        let helper_busy = flush.queue_files_making || flush.queue_settle_job;
-        return if flush.segment_preparing || flush.allocating || helper_busy {
+        let queue_jobs = flush.queue_files_making || flush.queue_settle_job;
+        return if flush.segment_preparing || flush.allocating || queue_jobs {
             Action::Wait(None)
         } else if log.reset.is_some() {
             Action::Reset

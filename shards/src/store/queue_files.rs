@@ -13,8 +13,8 @@
 //! storm) are handed to this task the same way once the store opens.
 //!
 //! A second task settles the queues a start after a restart of the machine took from the
-//! synced checkpoint's catalog (`spawn_settling`, `Settle` in consume_queue.rs): the helper
-//! thread lists their directories and reads in their pages, on several threads, and the shard
+//! synced checkpoint's catalog (`spawn_settling`, `Settle` in consume_queue.rs): a thread of
+//! its own lists their directories and reads in their pages, on several threads, and the shard
 //! then writes the units they held back and zeroes what follows them.
 
 use std::rc::Rc;
@@ -120,13 +120,13 @@ fn take_made(
     failures == 0
 }
 
-/// Queues one job of the helper thread looks into before they are settled: with the page
-/// cache cold, ~50 ms of the helper thread, which also links new segment files.
+/// Queues one job looks into before they are settled: with the page cache cold, 50-250 ms
+/// of reads at random on 16 threads.
 const SETTLE_BATCH_QUEUES: usize = 256;
 
 /// Starts the task that settles the queues a start after a restart of the machine took
 /// from the synced checkpoint's catalog (`Settle` in consume_queue.rs): a batch at a time,
-/// the helper thread lists their directories and reads in their pages on several threads,
+/// a thread of its own lists their directories and reads in their pages on several threads,
 /// then the shard settles them, meeting no disk read. It stops once none is left, or the
 /// store is closing (the exit settles the rest, `settle_the_rest`) or dropped.
 pub(crate) fn spawn_settling(inner: &Rc<Inner>) {
@@ -176,7 +176,7 @@ pub(crate) async fn settle_the_rest(inner: &Inner) -> bool {
 }
 
 /// One batch: Some(whether every queue of it was settled), None when none was left. The
-/// store is held only weakly while the helper thread works.
+/// store is held only weakly while the batch is looked into.
 async fn settle_batch(inner: Rc<Inner>) -> Option<bool> {
     let batch = inner
         .queues
@@ -189,7 +189,7 @@ async fn settle_batch(inner: Rc<Inner>) -> Option<bool> {
     inner.log.borrow_mut().flush.queue_settle_job = true;
     let units_per_file = inner.config.consume_queue_units_per_file;
     drop(inner);
-    let looked = look_on_helper(batch, units_per_file).await;
+    let looked = look_off_the_shard(batch, units_per_file).await;
     let inner = weak.upgrade()?;
     inner.log.borrow_mut().flush.queue_settle_job = false;
     // A reset or the exit may wait for this job.
@@ -200,13 +200,13 @@ async fn settle_batch(inner: Rc<Inner>) -> Option<bool> {
 type Looked = Vec<(String, u32, std::io::Result<Option<Vec<u64>>>)>;
 
 async fn look_into(inner: &Inner, batch: Vec<ToSettle>) -> Looked {
-    look_on_helper(batch, inner.config.consume_queue_units_per_file).await
+    look_off_the_shard(batch, inner.config.consume_queue_units_per_file).await
 }
 
 /// On a thread of its own, not the shard's helper thread: with the page cache cold a job
 /// reads for 50-250 ms, and the persisted configuration files, written there, waited behind
 /// each one (10,000 topic updates right after a start took 23 s instead of 5).
-async fn look_on_helper(batch: Vec<ToSettle>, units_per_file: u64) -> Looked {
+async fn look_off_the_shard(batch: Vec<ToSettle>, units_per_file: u64) -> Looked {
     let keys: Vec<(String, u32)> = batch
         .iter()
         .map(|queue| (queue.topic.clone(), queue.queue_id))
@@ -231,7 +231,7 @@ async fn look_on_helper(batch: Vec<ToSettle>, units_per_file: u64) -> Looked {
     }
 }
 
-/// Settles what the helper thread looked into; false when one failed (it is handed out
+/// Settles the queues looked into; false when one failed (it is handed out
 /// again).
 fn settle_looked(inner: &Inner, looked: Looked) -> bool {
     let mut failures = 0;
