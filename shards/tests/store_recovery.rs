@@ -147,7 +147,7 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
     let dir = tempfile::tempdir().unwrap();
     const QUEUES: u64 = 1_500; // past CHECKPOINT_DIRTY_FILES_FREE dirty files
     let light_path = dir.path().join("checkpoint.light");
-    let results = run(|| async {
+    let (results, extra) = run(|| async {
         let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
             .await
             .unwrap();
@@ -168,17 +168,42 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
             .wait_durable(results.last().unwrap().end_offset)
             .await
             .unwrap();
-        // A light checkpoint comes within a second; then more appends.
+        // A light checkpoint comes within a second; then more appends, until the crash finds
+        // a light checkpoint at the end, newer than the synced one. (While few queue files
+        // are dirty a synced checkpoint is due each second too, and one may come last.)
         wait_until("no light checkpoint", 10, || light_path.exists()).await;
-        for i in 2 * QUEUES..2 * QUEUES + 10 {
-            results.push(append(&store, "T0", 0, i, 300, "t"));
+        let offset_in = |path: &Path| -> u64 {
+            let value: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            value["commitlog_offset"].as_u64().unwrap()
+        };
+        let synced_path = dir.path().join("checkpoint");
+        let mut extra = 2 * QUEUES;
+        loop {
+            for _ in 0..10 {
+                results.push(append(&store, "T0", 0, extra, 300, "t"));
+                extra += 1;
+            }
+            let end = results.last().unwrap().end_offset.0;
+            store
+                .wait_durable(results.last().unwrap().end_offset)
+                .await
+                .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while offset_in(&light_path) < end && std::time::Instant::now() < deadline {
+                shards::runtime::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let light = offset_in(&light_path);
+            if light >= end && offset_in(&synced_path) < light {
+                break;
+            }
+            assert!(
+                extra < 2 * QUEUES + 100,
+                "no light checkpoint newer than the synced one"
+            );
         }
-        store
-            .wait_durable(results.last().unwrap().end_offset)
-            .await
-            .unwrap();
         drop(store); // a crash
-        results
+        (results, extra)
     });
     let light: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&light_path).unwrap()).unwrap();
@@ -205,7 +230,7 @@ fn a_crash_recovers_from_the_light_checkpoint_and_a_reboot_from_the_synced_one()
                 let bodies = pull_all(&store, &format!("T{i}"), 0, 0).await;
                 let mut expected = vec![body_of(i, 300), body_of(QUEUES + i, 300)];
                 if i == 0 {
-                    expected.extend((2 * QUEUES..2 * QUEUES + 10).map(|j| body_of(j, 300)));
+                    expected.extend((2 * QUEUES..extra).map(|j| body_of(j, 300)));
                 }
                 assert_eq!(bodies, expected, "queue T{i}");
             }
