@@ -671,9 +671,6 @@ impl ConsumeQueue {
                 }
                 let from = held_from.unwrap_or(self.max_offset);
                 self.min_offset = from;
-                if let Some(held) = self.awaiting_file.as_mut() {
-                    held.units.clear();
-                }
                 if held_from.is_some() {
                     // Units written after the directory went: the queue starts again at
                     // the first of them, as recovery starts a queue whose files are gone.
@@ -2214,6 +2211,52 @@ mod tests {
             physical_offset: offset,
             size_bytes: 100,
             tags_code: offset as i64,
+        }
+    }
+
+    /// A queue taken from a synced catalog whose directory went (its topic removed by hand
+    /// after the checkpoint) starts again at the units it held back, and keeps them.
+    #[test]
+    fn a_queue_settled_without_its_directory_keeps_the_units_it_held_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_or_create("T", 0).unwrap();
+        for i in 0..6 {
+            queue.append(unit(1_000 + i * 100)).unwrap();
+        }
+        let counts = table.max_offsets();
+        let catalog = super::super::catalog::Catalog {
+            expired_below: 0,
+            queues: vec![super::super::catalog::Listed {
+                topic: "T".into(),
+                queue_id: 0,
+                min_offset: 0,
+                files: vec![0, 4],
+            }],
+        };
+        drop(table);
+        let mut table =
+            QueueTable::from_catalog(dir.path().to_path_buf(), 4, catalog, &counts, true);
+        let queue = table.get_mut("T", 0).unwrap();
+        for i in 6..9 {
+            queue.append(unit(1_000 + i * 100)).unwrap();
+        }
+        assert_eq!(queue.units_held_back(), 3);
+        std::fs::remove_dir_all(dir.path().join("T")).unwrap();
+        let taken = table.take_to_settle(10);
+        assert_eq!(taken.len(), 1);
+        let on_disk = look_before_settling(&taken[0], 4).unwrap();
+        assert_eq!(on_disk, None);
+        table.settle("T", 0, on_disk.as_deref()).unwrap();
+        let queue = table.get_mut("T", 0).unwrap();
+        assert!(!queue.is_unsettled());
+        assert_eq!((queue.min_offset(), queue.max_offset()), (6, 9));
+        for i in 6..9 {
+            assert_eq!(
+                queue.read_unit(i).unwrap(),
+                Some(unit(1_000 + i * 100)),
+                "unit {i}"
+            );
         }
     }
 
