@@ -1314,14 +1314,7 @@ impl ConsumeQueue {
             if !expired {
                 break;
             }
-            if self.cached.as_ref().is_some_and(|f| f.start_unit == first) {
-                self.cached = None;
-            }
-            if self.active.as_ref().is_some_and(|f| f.start_unit == first) {
-                self.active = None;
-            }
-            self.files.remove(first);
-            self.dirty_files.remove(first);
+            self.forget_file(first);
             paths.push(self.file_path(first));
         }
         let floor = self.files.first().unwrap_or(self.max_offset);

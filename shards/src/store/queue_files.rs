@@ -168,7 +168,7 @@ pub(crate) async fn settle_the_rest(inner: &Inner) -> bool {
         if batch.is_empty() {
             return true;
         }
-        let looked = look_into(inner, batch).await;
+        let looked = look_off_the_shard(batch, inner.config.consume_queue_units_per_file).await;
         if !settle_looked(inner, looked) {
             return false;
         }
@@ -198,10 +198,6 @@ async fn settle_batch(inner: Rc<Inner>) -> Option<bool> {
 }
 
 type Looked = Vec<(String, u32, std::io::Result<Option<Vec<u64>>>)>;
-
-async fn look_into(inner: &Inner, batch: Vec<ToSettle>) -> Looked {
-    look_off_the_shard(batch, inner.config.consume_queue_units_per_file).await
-}
 
 /// On a thread of its own, not the shard's helper thread: with the page cache cold a job
 /// reads for 50-250 ms, and the persisted configuration files, written there, waited behind
