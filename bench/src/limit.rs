@@ -97,13 +97,21 @@ pub fn run_limit(options: LimitOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("creating {}", options.data_dir.display()))?;
     let topics: Topics = Arc::default();
+    // As the broker places them: the kernel's io_uring workers (the fdatasync, and any write
+    // that cannot be issued without blocking) run on the CPUs that no shard runs on.
+    let io_worker_cpus: Vec<usize> = shards::runtime::online_cpus()
+        .into_iter()
+        .filter(|cpu| !options.cpus.contains(cpu))
+        .collect();
     let mut handles = Vec::new();
     for (shard, &cpu) in options.cpus.iter().enumerate() {
         let options = options.clone();
         let topics = topics.clone();
+        let io_worker_cpus = io_worker_cpus.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("limit-{shard}"))
             .spawn(move || async move {
+                shards::runtime::bind_io_workers(&io_worker_cpus);
                 if let Err(error) = run_shard(shard, &options, topics).await {
                     eprintln!("shardmq-bench limit: shard {shard}: {error:#}");
                     std::process::exit(1);
@@ -113,12 +121,14 @@ pub fn run_limit(options: LimitOptions) -> anyhow::Result<()> {
         handles.push(handle);
     }
     println!(
-        "limit: namesrv on {}:{}, {} shard(s) from {} (CPUs {:?}), flush {}, data in {}",
+        "limit: namesrv on {}:{}, {} shard(s) from {} (CPUs {:?}, io_uring workers on {:?}), \
+         flush {}, data in {}",
         options.listen_ip,
         options.namesrv_port,
         options.cpus.len(),
         options.broker_addr(0),
         options.cpus,
+        io_worker_cpus,
         match options.flush {
             Flush::Sync => "sync (ack after write + fdatasync)",
             Flush::Async => "async (ack on arrival)",

@@ -108,22 +108,26 @@ impl ShardPlacement {
         )?))
     }
 
-    /// CPUs where the kernel's io_uring workers may run the commitlog writes of every shard
-    /// (`store::commit_ring`): the helper CPUs when the profile names them, else the online
-    /// CPUs that run no shard; none (writes are issued on the shard's own core) when every
-    /// online CPU runs a shard or shards float.
+    /// CPUs where the kernel's io_uring workers of every shard run (`bind_io_workers`), and
+    /// so the commitlog writes they start (`store::commit_ring`): the helper CPUs when the
+    /// profile names them, else the online CPUs that no shard runs on (pinned there, or
+    /// floating over `float_cpus`); none (the workers run where the shard's thread may, and
+    /// writes are issued on its core) when every online CPU runs a shard, or shards float
+    /// over every CPU.
     pub fn io_worker_cpus(&self) -> Vec<usize> {
         if !self.helper_cpus.is_empty() {
             return self.helper_cpus.clone();
         }
         let pinned: Option<Vec<usize>> = self.cpus.iter().copied().collect();
-        match pinned {
-            Some(pinned) => online_cpus()
-                .into_iter()
-                .filter(|cpu| !pinned.contains(cpu))
-                .collect(),
-            None => Vec::new(),
-        }
+        let shard_cpus = match pinned {
+            Some(pinned) => pinned,
+            None if !self.float_cpus.is_empty() => self.float_cpus.clone(),
+            None => return Vec::new(),
+        };
+        online_cpus()
+            .into_iter()
+            .filter(|cpu| !shard_cpus.contains(cpu))
+            .collect()
     }
 
     /// Where a shard's helper thread runs, when `helper_cpus` says.
@@ -284,7 +288,9 @@ where
             .name(format!("shard-{shard_id}"))
             .spawn(move || {
                 watchdog.register_current_thread(shard_id);
-                IO_WORKER_CPUS.with(|cpus| *cpus.borrow_mut() = io_worker_cpus);
+                if bind_io_workers(&io_worker_cpus) {
+                    IO_WORKER_CPUS.with(|cpus| *cpus.borrow_mut() = io_worker_cpus);
+                }
                 let executor = builder
                     .make()
                     .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
@@ -351,8 +357,40 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// CPUs where io_uring workers may issue this shard's commitlog writes (empty: on this
-/// thread, inline; also outside `run_shards`, as in store tests).
+/// Binds the io_uring workers of this thread to `cpus`, before any of its rings exists; false
+/// when `cpus` is empty or the kernel refused (the workers then run where the thread may).
+/// The kernel hands a worker what it cannot issue without blocking: an fdatasync, a write to
+/// tmpfs, many O_DIRECT writes with RWF_DSYNC, a file's open. A worker starts on the CPUs
+/// its thread may run on, and `IORING_REGISTER_IOWQ_AFF` binds only the workers started
+/// after it: one started on a shard's core before its commit ring registered (at the store's
+/// open) stayed there for good, and took that core from the shard in turns (a quarter of it
+/// under SYNC_FLUSH here). The binding belongs to the thread: every ring it makes shares it.
+pub fn bind_io_workers(cpus: &[usize]) -> bool {
+    if cpus.is_empty() {
+        return false;
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET only writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    let bound = io_uring::IoUring::new(2).and_then(|ring| ring.submitter().register_iowq_aff(&set));
+    match bound {
+        Ok(()) => true,
+        Err(error) => {
+            log::warn!(
+                "the io_uring workers of {} stay on its own CPUs: cannot bind them to {cpus:?} \
+                 ({error})",
+                std::thread::current().name().unwrap_or("this thread")
+            );
+            false
+        }
+    }
+}
+
+/// CPUs where this shard's io_uring workers are bound (`bind_io_workers`), to issue its
+/// commitlog writes (empty: on this thread, inline; also outside `run_shards`, as in store
+/// tests).
 pub fn io_worker_cpus() -> Vec<usize> {
     IO_WORKER_CPUS.with(|cpus| cpus.borrow().clone())
 }
@@ -540,6 +578,30 @@ pub const LISTEN_BACKLOG_CONNECTIONS: libc::c_int = 1024;
 
 #[cfg(test)]
 mod tests {
+    use super::ShardPlacement;
+
+    #[test]
+    fn io_workers_run_where_no_shard_runs() {
+        let online = super::online_cpus();
+        let first = online[0];
+        let others: Vec<usize> = online[1..].to_vec();
+        let mut placement = ShardPlacement::first_cpus(1);
+        placement.cpus = vec![Some(first)];
+        assert_eq!(placement.io_worker_cpus(), others, "pinned to {first}");
+        placement.cpus = vec![None];
+        placement.float_cpus = vec![first];
+        assert_eq!(placement.io_worker_cpus(), others, "floating over {first}");
+        placement.float_cpus = online.clone();
+        assert!(
+            placement.io_worker_cpus().is_empty(),
+            "floating over every CPU"
+        );
+        placement.float_cpus = Vec::new();
+        assert!(placement.io_worker_cpus().is_empty(), "floating anywhere");
+        placement.helper_cpus = vec![first];
+        assert_eq!(placement.io_worker_cpus(), vec![first], "helper CPUs named");
+    }
+
     #[test]
     fn work_on_a_thread_of_its_own_comes_back_and_a_panic_is_an_error() {
         super::run_local(|| async {

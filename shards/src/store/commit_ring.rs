@@ -176,9 +176,10 @@ fn user_data(slot: usize, index: usize) -> u64 {
 
 impl CommitRing {
     /// A ring, and the socket end the reaper task reads to learn that a chain ended. With
-    /// `io_worker_cpus`, each chain is started by an io_uring worker on those CPUs instead of
+    /// `offload` (this thread's io_uring workers are bound to other CPUs,
+    /// `runtime::bind_io_workers`), each chain is started by one of those workers instead of
     /// inline in the submitting call.
-    pub(crate) fn new(io_worker_cpus: &[usize]) -> io::Result<(CommitRing, WakeReceiver)> {
+    pub(crate) fn new(offload: bool) -> io::Result<(CommitRing, WakeReceiver)> {
         // Completions do not interrupt the shard (no IPI while it runs): their task work runs
         // at its next system call, or when `reap` sees the kernel's flag that some is pending;
         // a parked shard is still woken. Only the shard's thread submits.
@@ -187,14 +188,6 @@ impl CommitRing {
             .setup_taskrun_flag()
             .setup_single_issuer()
             .build(RING_ENTRIES)?;
-        let offload = !io_worker_cpus.is_empty() && {
-            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET only writes inside it.
-            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            for &cpu in io_worker_cpus {
-                unsafe { libc::CPU_SET(cpu, &mut set) };
-            }
-            ring.submitter().register_iowq_aff(&set).is_ok()
-        };
         // The kernel sends the byte itself (the chain's last link), on the runtime's wake-up
         // pair that the reaper waits on.
         let (wake_tx, wake_rx) = wake::pair()?;
@@ -470,7 +463,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         crate::runtime::run_local(|| async {
             let file = open(&dir.path().join("log")).await;
-            let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
+            let (mut ring, mut wake_rx) = CommitRing::new(false).unwrap();
             // The second write gathers two buffers (the flush of a tail run across chunks).
             let mut gathered = write(&file, 4096, filled(&file, 4096, b'b'));
             gathered.push_buffer(filled(&file, 8192, b'c'), 4096);
@@ -502,7 +495,7 @@ mod tests {
         crate::runtime::run_local(|| async {
             let path = dir.path().join("log");
             let file = open(&path).await;
-            let (mut ring, mut wake_rx) = CommitRing::new(&[]).unwrap();
+            let (mut ring, mut wake_rx) = CommitRing::new(false).unwrap();
             // An injected fault: the step is not issued and fails with its errno.
             let mut faulty = write(&file, 0, filled(&file, 4096, 1));
             faulty.fail_with = Some(libc::EIO);
@@ -549,7 +542,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         crate::runtime::run_local(|| async {
             let file = open(&dir.path().join("log")).await;
-            let (mut ring, _wake_rx) = CommitRing::new(&[]).unwrap();
+            let (mut ring, _wake_rx) = CommitRing::new(false).unwrap();
             let buffer = filled(&file, 1 << 20, 7);
             ring.submit(Slot::Data, vec![write(&file, 0, buffer.clone())], &[], true)
                 .unwrap();

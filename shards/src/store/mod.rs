@@ -522,8 +522,8 @@ impl Store {
     ) -> Result<Store, StoreError> {
         config.validate()?;
         let recovered = recovery::recover(&config).await?;
-        let (ring, wake_rx) =
-            CommitRing::new(&crate::runtime::io_worker_cpus()).map_err(|error| {
+        let (ring, wake_rx) = CommitRing::new(!crate::runtime::io_worker_cpus().is_empty())
+            .map_err(|error| {
                 StoreError::Io(error::os_error_with_context(
                     error.raw_os_error().unwrap_or(libc::EIO),
                     "setting up the commitlog's io_uring ring".to_string(),
