@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Many connections (issue 17): a two-shard node; `shardmq-bench producer --rate 20000
 # --in-flight 4` for 10 s over 16 connections, then over 1,000, twice; then the same with 9,000
-# idle connections held open by another process. Prints p50/p99 of each run and the broker's
-# RSS idle, with the idle connections, and at the end.
+# idle connections held open by another process (1,000 from each of 127.0.0.2, .3, ...).
+# Prints p50/p99 of each run, the broker's RSS idle, with the idle connections and at the end,
+# and the bench's other output lines (an error shows there).
 # BROKER_ARGS places the shards (default: two, unpinned), BENCH_CPUS the bench and the idle
 # connections' holder (taskset; default: anywhere), BIN_DIR the binaries (target/release).
 #   [SKIP_BUILD=1] [BIN_DIR=DIR] [BROKER_ARGS="--shards 2 --no-pin"] [BENCH_CPUS=4-15]
@@ -30,7 +31,7 @@ until "${bench[@]}" producer --namesrv $ns --topic C --queues 8 --messages 1000 
 rss() { awk '/VmRSS/ {printf "%.0f MB", $2 / 1024}' "/proc/$pid/status"; }
 run() {
     "${bench[@]}" producer --namesrv $ns --topic C --connections-per-broker "$1" --in-flight 4 \
-        --rate 20000 --duration-secs 10 --no-progress 2>&1 | grep "^Send TPS" | tail -1 |
+        --rate 20000 --duration-secs 10 --no-progress 2>&1 | tee -a "$dir/bench.log" | grep "^Send TPS" | tail -1 |
         cut -d'|' -f1,6
 }
 echo "broker RSS, idle: $(rss)"
@@ -38,7 +39,14 @@ for _ in $(seq "${ROUNDS:-2}"); do echo "16 connections: $(run 8)"; echo "1000 c
 "${pin[@]}" python3 - "$idle" 46911,46921 "$dir/ready" <<'PY' &
 import socket, sys, time
 count, ports, ready = int(sys.argv[1]), [int(p) for p in sys.argv[2].split(",")], sys.argv[3]
-held = [socket.create_connection(("127.0.0.1", ports[i % len(ports)])) for i in range(count)]
+# From 127.0.0.2, .3, ...: 1,000 connections an address, as from many client hosts (a shard
+# refuses more than network.connections_per_address_max from one address).
+def held_connection(i):
+    sock = socket.socket()
+    sock.bind(("127.0.0.{}".format(2 + i // 1000), 0))
+    sock.connect(("127.0.0.1", ports[i % len(ports)]))
+    return sock
+held = [held_connection(i) for i in range(count)]
 open(ready, "w").close()
 time.sleep(3600)
 PY
@@ -51,3 +59,4 @@ for _ in $(seq "${ROUNDS:-2}"); do
     echo "1000 connections + $idle idle: $(run 500)"
 done
 echo "broker RSS at the end: $(rss)"
+grep -v "^Send TPS" "$dir/bench.log" | sort | uniq -c | sort -rn | head -5
