@@ -221,6 +221,14 @@ pub fn remove_if_present(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes the directory at `path` and all it holds; one already gone is no error.
+pub fn remove_dir_all_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
 /// Renames `from` to `to` (through io_uring).
 pub async fn rename(from: &Path, to: &Path) -> io::Result<()> {
     glommio::io::rename(from, to).await.map_err(io_error)

@@ -1179,10 +1179,7 @@ impl ConsumeQueue {
         self.active = None;
         self.cached = None;
         for start in self.files.take() {
-            match fs::remove_file(self.file_path(start)) {
-                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-                _ => {}
-            }
+            crate::runtime::fs::remove_if_present(&self.file_path(start))?;
         }
         self.dirty_files.take();
         self.min_offset = index;
@@ -2112,11 +2109,8 @@ impl QueueTable {
             self.awaiting.retain(|(held, _)| held != topic);
             self.to_make.retain(|(held, _)| held != topic);
             self.to_settle.retain(|(held, _)| held != topic);
-            match fs::remove_dir_all(self.root.join(topic)) {
-                // Only queues awaiting their files: no directory yet.
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                removed => removed?,
-            }
+            // Only queues awaiting their files: no directory yet.
+            crate::runtime::fs::remove_dir_all_if_present(&self.root.join(topic))?;
         }
         Ok(())
     }

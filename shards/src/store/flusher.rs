@@ -995,13 +995,8 @@ pub(crate) async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Resu
                 DirectFile::close_shared(Rc::new(file)).await;
                 if below_start {
                     let path = inner.log.borrow().segments.path_of(segment);
-                    match std::fs::remove_file(path) {
-                        // A reset's wipe may have removed it already.
-                        Err(error) if error.kind() != io::ErrorKind::NotFound => {
-                            return Err(error.into())
-                        }
-                        _ => {}
-                    }
+                    // A reset's wipe may have removed it already.
+                    crate::runtime::fs::remove_if_present(&path)?;
                 }
                 if emptied {
                     return Ok(());

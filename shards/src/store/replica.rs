@@ -396,12 +396,8 @@ impl Store {
         let dir = inner.log.borrow().segments.dir.clone();
         for &(start, _) in &old_files {
             // A zero-fill still under way on it writes into the unlinked file, harmlessly.
-            match std::fs::remove_file(inner.log.borrow().segments.path_of(start)) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(error.into())
-                }
-                _ => {}
-            }
+            let path = inner.log.borrow().segments.path_of(start);
+            crate::runtime::fs::remove_if_present(&path)?;
         }
         if !old_files.is_empty() {
             // Their descriptors close once no zero-fill chain can be writing through them; a

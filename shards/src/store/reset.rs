@@ -177,15 +177,13 @@ async fn write_marker(root: &Path) -> Result<(), StoreError> {
         Err(error) => Err(error),
     };
     if let Err(error) = written {
-        if let Err(removal) = std::fs::remove_file(&path) {
-            if removal.kind() != io::ErrorKind::NotFound {
-                log::error!(
-                    "store {}: a reset was refused ({error}), but its marker {} could not be \
-                     removed ({removal}): the next start empties the store",
-                    root.display(),
-                    path.display()
-                );
-            }
+        if let Err(removal) = crate::runtime::fs::remove_if_present(&path) {
+            log::error!(
+                "store {}: a reset was refused ({error}), but its marker {} could not be \
+                 removed ({removal}): the next start empties the store",
+                root.display(),
+                path.display()
+            );
         }
         return Err(error.into());
     }
@@ -245,10 +243,7 @@ async fn remove_everything(root: &Path) -> io::Result<()> {
     crate::runtime::blocking(move || -> io::Result<()> {
         for name in EMPTIED_DIRS {
             let dir = owned.join(name);
-            match std::fs::remove_dir_all(&dir) {
-                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-                _ => {}
-            }
+            crate::runtime::fs::remove_dir_all_if_present(&dir)?;
             std::fs::create_dir_all(&dir)?;
         }
         checkpoint::remove(&owned)

@@ -291,12 +291,7 @@ pub(crate) async fn delete_oldest(
         let mut result = std::fs::remove_file(&path);
         drop(keep);
         for other in doomed {
-            match std::fs::remove_file(&other) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                    result = result.and(Err(error))
-                }
-                _ => {}
-            }
+            result = result.and(runtime::fs::remove_if_present(&other));
         }
         result.map(|()| started.elapsed())
     })
