@@ -47,6 +47,11 @@ def test_io_uring_workers_run_off_the_core_of_the_shard(shardmq_factory, profile
                 body="placed {}".format(index).encode())
             assert response.code == remoting.SUCCESS, "send #{} answered {!r}".format(
                 index, response)
+    refused = [line for line in node.log_tail().splitlines() if "cannot bind them" in line]
+    if refused:
+        print("could not run: this kernel refuses to bind io_uring workers "
+              "(IORING_REGISTER_IOWQ_AFF): {}".format(refused[0]))
+        pytest.skip("io_uring workers cannot be bound here")
     threads = tasks(node.process.pid)
     shard = [cpus for name, cpus in threads if name == "shard-0"]
     workers = [cpus for name, cpus in threads if name.startswith("iou-wrk")]
