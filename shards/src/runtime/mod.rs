@@ -363,8 +363,9 @@ thread_local! {
 /// tmpfs, many O_DIRECT writes with RWF_DSYNC, a file's open. A worker starts on the CPUs
 /// its thread may run on, and `IORING_REGISTER_IOWQ_AFF` binds only the workers started
 /// after it: one started on a shard's core before its commit ring registered (at the store's
-/// open) stayed there for good, and took that core from the shard in turns (a quarter of it
-/// under SYNC_FLUSH here). The binding belongs to the thread: every ring it makes shares it.
+/// open) stayed there for good, and took that core from the shard in turns (a fifth of it
+/// under SYNC_FLUSH on tmpfs here). The binding belongs to the thread: every ring it makes
+/// shares it.
 pub fn bind_io_workers(cpus: &[usize]) -> bool {
     if cpus.is_empty() {
         return false;
