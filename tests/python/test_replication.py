@@ -99,13 +99,15 @@ class Broker(ShardMQ):
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """Starts a namesrv, then brokers on demand; stops everything at teardown."""
+def cluster(request, tmp_path):
+    """Starts a namesrv, then brokers on demand; stops everything at teardown. A failed
+    test's report carries each node's output (conftest's `_shardmq_nodes`)."""
     if not loopback_alias_works():
         pytest.skip("could not run: 127.0.0.2 cannot be bound here (the slave needs its own "
                     "loopback address)")
     binary = _binary()
     started = []
+    request.node._shardmq_nodes = started
 
     def process(kind, name, **options):
         data_dir = tmp_path / name
