@@ -46,7 +46,7 @@ for round in $(seq "$rounds"); do
         done
         t0=$(ticks "$pid")
         line=$(taskset -c 1 "$bench" producer --topic "$topic" --in-flight 256 ${RATE:+--rate "$RATE"} \
-            --duration-secs "$seconds" --no-progress "${keys[@]}" 2>&1 | grep "^Send TPS" | tail -1)
+            --duration-secs "$seconds" --no-progress "${keys[@]}" 2>&1 | awk -f scripts/whole-run.awk)
         t1=$(ticks "$pid")
         busy=$(awk -v a="$t0" -v b="$t1" -v s="$seconds" 'BEGIN {printf "%.2f", (b - a) / 100 / s}')
         echo "round $round acl $mode: $(echo "$line" | cut -d'|' -f1,3,6) | broker cores: $busy"

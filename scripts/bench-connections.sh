@@ -31,7 +31,7 @@ until "${bench[@]}" producer --namesrv $ns --topic C --queues 8 --messages 1000 
 rss() { awk '/VmRSS/ {printf "%.0f MB", $2 / 1024}' "/proc/$pid/status"; }
 run() {
     "${bench[@]}" producer --namesrv $ns --topic C --connections-per-broker "$1" --in-flight 4 \
-        --rate 20000 --duration-secs 10 --no-progress 2>&1 | tee -a "$dir/bench.log" | grep "^Send TPS" | tail -1 |
+        --rate 20000 --duration-secs 10 --no-progress 2>&1 | tee -a "$dir/bench.log" | awk -f scripts/whole-run.awk |
         cut -d'|' -f1,6
 }
 echo "broker RSS, idle: $(rss)"

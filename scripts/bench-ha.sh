@@ -72,7 +72,7 @@ run() { # mode
     fi
     t0=$(ticks "$master")
     out=$(taskset -c "$bench_cpu" "$bench" producer --namesrv "$ns" --topic "$topic" --in-flight "$in_flight" \
-        --duration-secs "$seconds" --no-progress 2>&1 | grep "^Send TPS" | tail -1)
+        --duration-secs "$seconds" --no-progress 2>&1 | awk -f scripts/whole-run.awk)
     t1=$(ticks "$master")
     [ -n "$slave" ] && { kill "$sampler"; wait "$sampler" 2>/dev/null || true; }
     max_lag=$(sort -n "$dir/lag" | tail -1 | cut -d' ' -f1); max_lag=${max_lag:-0}

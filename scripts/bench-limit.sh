@@ -37,7 +37,7 @@ for round in $(seq "$rounds"); do
         done
         threads "$pid" > "$dir/t0"
         line=$(taskset -c 1 "$bench" producer --topic "T$RANDOM" --queues 8 --in-flight 256 \
-            --duration-secs "$seconds" --no-progress 2>&1 | grep "^Send TPS" | tail -1)
+            --duration-secs "$seconds" --no-progress 2>&1 | awk -f scripts/whole-run.awk)
         threads "$pid" > "$dir/t1"
         busy=$(join "$dir/t0" "$dir/t1" | awk -v s="$seconds" '{d = ($3 - $2) / 100 / s; if (d > 0.01) printf "%s %.2f  ", $1, d}')
         echo "$flush round $round $target: $(echo "$line" | cut -d'|' -f1,3,6) | busy: $busy"

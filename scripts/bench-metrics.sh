@@ -33,7 +33,7 @@ for round in $(seq "$rounds"); do
         fi
         t0=$(ticks "$pid")
         line=$(taskset -c 1 "$bench" producer --topic "$topic" --in-flight 256 \
-            --duration-secs "$seconds" --no-progress 2>&1 | grep "^Send TPS" | tail -1)
+            --duration-secs "$seconds" --no-progress 2>&1 | awk -f scripts/whole-run.awk)
         t1=$(ticks "$pid")
         [ -n "$scraper" ] && { kill "$scraper"; wait "$scraper" 2>/dev/null || true; scraper=""; }
         tps=$(echo "$line" | awk '{print $3}')

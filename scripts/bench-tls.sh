@@ -28,7 +28,7 @@ for round in $(seq "$rounds"); do
         [ "$mode" = tls ] && flags=(--tls --tls-trust-cert-path "$dir/data/tls/test-cert.pem")
         t0=$(ticks "$pid")
         line=$(taskset -c 1 "$bench" producer --topic T --in-flight 256 \
-            --duration-secs "$seconds" --no-progress "${flags[@]}" 2>&1 | grep "^Send TPS" | tail -1)
+            --duration-secs "$seconds" --no-progress "${flags[@]}" 2>&1 | awk -f scripts/whole-run.awk)
         t1=$(ticks "$pid")
         tps=$(echo "$line" | awk '{print $3}')
         total[$mode]=$(( ${total[$mode]:-0} + tps ))
