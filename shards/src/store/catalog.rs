@@ -246,10 +246,7 @@ pub(crate) fn usable(
     units_per_file: Option<u64>,
 ) -> Result<Catalog, String> {
     let path = root.join(FILE_NAME);
-    let meta = std::fs::metadata(&path).map_err(|error| error.to_string())?;
-    if meta.len() > CATALOG_SIZE_MAX_BYTES {
-        return Err("oversized".into());
-    }
+    let meta = bounded_metadata(&path)?;
     // A topic directory made, removed or renamed since the stop (by hand) changes the
     // listing the catalog holds.
     let changed_after = std::fs::metadata(queue_root)
@@ -258,17 +255,27 @@ pub(crate) fn usable(
     if changed_after {
         return Err("consumequeue/ changed after it was written".into());
     }
-    read(root, stamp, units_per_file)
+    read_file(&path, stamp, units_per_file)
 }
 
 /// The catalog in `root` stamped `stamp`, whatever changed since it was written.
 fn read(root: &Path, stamp: u64, units_per_file: Option<u64>) -> Result<Catalog, String> {
     let path = root.join(FILE_NAME);
-    let meta = std::fs::metadata(&path).map_err(|error| error.to_string())?;
+    bounded_metadata(&path)?;
+    read_file(&path, stamp, units_per_file)
+}
+
+/// The catalog file's metadata; an error when it is past `CATALOG_SIZE_MAX_BYTES`.
+fn bounded_metadata(path: &Path) -> Result<std::fs::Metadata, String> {
+    let meta = std::fs::metadata(path).map_err(|error| error.to_string())?;
     if meta.len() > CATALOG_SIZE_MAX_BYTES {
         return Err("oversized".into());
     }
-    let bytes = std::fs::read(&path).map_err(|error| error.to_string())?;
+    Ok(meta)
+}
+
+fn read_file(path: &Path, stamp: u64, units_per_file: Option<u64>) -> Result<Catalog, String> {
+    let bytes = std::fs::read(path).map_err(|error| error.to_string())?;
     decode(&bytes, stamp, units_per_file)
 }
 
