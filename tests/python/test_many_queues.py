@@ -19,6 +19,7 @@ import os
 import time
 
 import remoting
+from mq import wait_until
 from remoting import PULL_MESSAGE, SEND_MESSAGE, SUCCESS, SYSTEM_BUSY
 
 TOPICS = 1_250
@@ -160,14 +161,15 @@ def wait_for_synced_catalog(node, timeout_s=60):
     """Until shard 0's synced checkpoint names a queue catalog; returns how many queues it
     counts."""
     path = os.path.join(node.data_dir, "shard-0", "checkpoint")
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def counted():
         with open(path) as checkpoint_file:
             checkpoint = json.load(checkpoint_file)
         if checkpoint.get("catalog") and not checkpoint["clean"]:
             return sum(len(queues) for queues in checkpoint["queues"].values())
-        assert time.monotonic() < deadline, "no synced checkpoint named a catalog"
-        time.sleep(0.2)
+        return None
+    return wait_until(counted, timeout_s, interval_s=0.2,
+                      message="a synced checkpoint to name a catalog")
 
 
 def forget_light_checkpoint(node):
@@ -183,13 +185,10 @@ def forget_light_checkpoint(node):
 
 
 def wait_for_log(node, text, timeout_s=120):
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def logged():
         with open(node.log_path) as log:
-            if any(text in line for line in log):
-                return
-        assert time.monotonic() < deadline, "no {!r} in the log".format(text)
-        time.sleep(0.2)
+            return any(text in line for line in log)
+    wait_until(logged, timeout_s, interval_s=0.2, message="{!r} in the log".format(text))
 
 
 def timed_start(node, how):
