@@ -188,7 +188,8 @@ const DESCRIPTORS_PROCESS: u64 = 256;
 
 /// Raises the descriptor limit to its hard limit and lowers the per-shard connection cap
 /// when the descriptors left after the stores' share cannot hold it: connections can then
-/// never take the descriptors a store needs (a full table used to poison the stores).
+/// never take the descriptors a store needs (a full table used to poison the stores). Then
+/// sizes the descriptor table for all of them (`runtime::reserve_descriptor_table`).
 fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     let limit = match runtime::raise_descriptor_limit() {
         Ok((before, after)) => {
@@ -214,6 +215,13 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
              with `ulimit -n` or LimitNOFILE= to serve {cap})"
         );
         *cap = fitted;
+    }
+    // Every descriptor the node may hold, in the table from the start: no accept on a shard
+    // then waits for the kernel to grow it.
+    let needed = DESCRIPTORS_PROCESS + (DESCRIPTORS_PER_SHARD_STORE + *cap as u64) * shards;
+    match runtime::reserve_descriptor_table(needed) {
+        Ok(reserved) => log::debug!("descriptor table sized for {reserved} descriptors"),
+        Err(error) => log::warn!("cannot size the descriptor table ahead: {error}"),
     }
 }
 

@@ -32,12 +32,16 @@ def open_idle(address, count):
     return sockets
 
 
-def rss_bytes(pid):
+def status_field(pid, name):
     with open("/proc/{}/status".format(pid)) as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS for {}".format(pid))
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no {} for {}".format(name, pid))
+
+
+def rss_bytes(pid):
+    return status_field(pid, "VmRSS") * 1024
 
 
 def send_many(address, topic, count, run):
@@ -56,6 +60,10 @@ def test_the_open_file_limit_is_raised_and_idle_connections_do_not_poison_stores
     node = shardmq_factory(nofile=(1024, 8192))
     output = node.log_tail()
     assert "raised the open-file limit (RLIMIT_NOFILE) from 1024 to 8192" in output, output
+    # The descriptor table is sized for every connection at start: an accept that grows it
+    # waits for an RCU grace period (8-15 ms) on the shard thread.
+    table = status_field(node.process.pid, "FDSize")
+    assert table >= 8192, "descriptor table of {} entries at start".format(table)
     topic = create_topic(node, "Tfd", queue_nums=2)
     before = rss_bytes(node.process.pid)
     idle = open_idle(node.broker_addr(0), IDLE_CONNECTIONS)
