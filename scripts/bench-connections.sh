@@ -23,13 +23,15 @@ pin=()
 bench=("${pin[@]}" "$bin_dir/shardmq-bench")
 read -r -a benches <<< "${BENCHES:-$bin_dir/shardmq-bench}"
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/bench-connections.XXXXXX")
+# Ports below the ephemeral range (32768-60999): a client socket of the runs (or one of an
+# earlier run, closing) may have one of ours as its port, and the start fails: address in use.
 # shellcheck disable=SC2086 # BROKER_ARGS is a list of arguments
-"$bin_dir/shardmq" serve ${BROKER_ARGS:---shards 2 --no-pin} --data-dir "$dir/data" --namesrv-port 45876 \
-    --broker-port 46911 --log-level warn > "$dir/broker.log" 2>&1 &
+"$bin_dir/shardmq" serve ${BROKER_ARGS:---shards 2 --no-pin} --data-dir "$dir/data" --namesrv-port 25876 \
+    --broker-port 26911 --log-level warn > "$dir/broker.log" 2>&1 &
 pid=$!
 holder=""
 trap 'kill $pid $holder 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-ns=127.0.0.1:45876
+ns=127.0.0.1:25876
 until "${bench[@]}" producer --namesrv $ns --topic C --queues 8 --messages 1000 --no-progress \
     > /dev/null 2>&1; do
     kill -0 $pid 2>/dev/null || { echo "the broker stopped:"; cat "$dir/broker.log"; exit 1; }
@@ -52,7 +54,7 @@ run() {
 TIMEFORMAT='%U %S'
 echo "broker RSS, idle: $(rss)"
 for _ in $(seq "${ROUNDS:-2}"); do echo "16 connections: $(run 8)"; echo "1000 connections: $(run 500)"; done
-"${pin[@]}" python3 - "$idle" 46911 "$dir/ready" <<'PY' &
+"${pin[@]}" python3 - "$idle" 26911 "$dir/ready" <<'PY' &
 import socket, sys, time
 count, first_port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 # Spread over every shard: shard i listens on the first port + 10 i (the default stride).

@@ -40,8 +40,9 @@ pub const IO_MEMORY_DEFAULT_BYTES_PER_SHARD: usize = 10 << 20;
 /// hundreds of requests in flight.
 pub const RING_DEPTH_DEFAULT_ENTRIES: usize = 512;
 pub use crate::limits::RING_DEPTH_MAX_ENTRIES;
-/// Default preemption timer: how long a task runs before the executor polls I/O again.
-pub const PREEMPT_TIMER_DEFAULT_US: u64 = 100;
+/// Default preemption timer: how long the executor runs tasks before it polls I/O again
+/// (each poll re-arms its rings' timers; 100 us spent a shard on polls at 500 connections).
+pub const PREEMPT_TIMER_DEFAULT_US: u64 = 1000;
 pub use crate::limits::MESH_CHANNEL_CAPACITY_MESSAGES;
 
 /// Where and how a node's shards run: their cores and their executors' knobs (a tuning
