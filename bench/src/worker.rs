@@ -1,5 +1,6 @@
 //! The producer load: each worker thread owns a set of broker connections and drives them
-//! with one ppoll(2) loop over non-blocking sockets. Nothing is shared between workers but
+//! with one loop over non-blocking sockets: an epoll set says which are ready (`Readiness`)
+//! and a heap of due times which must send (`Agenda`). Nothing is shared between workers but
 //! the read-only frame templates; counts go to the main thread as messages, one `Tally` per
 //! worker per one-second tick.
 //!
