@@ -218,36 +218,34 @@ pub fn is_root() -> bool {
 
 /// The soft RLIMIT_MEMLOCK of this process, in bytes (u64::MAX: unlimited or unknown).
 pub fn memlock_limit_bytes() -> u64 {
+    resource_limit(libc::RLIMIT_MEMLOCK).map_or(u64::MAX, |limit| limit.rlim_cur)
+}
+
+/// This process's soft and hard limits of `resource` (getrlimit(2)).
+fn resource_limit(resource: libc::__rlimit_resource_t) -> io::Result<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the struct we pass and has no other effect.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    if rc != 0 {
-        return u64::MAX;
+    if unsafe { libc::getrlimit(resource, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
     }
-    limit.rlim_cur
+    Ok(limit)
 }
 
 /// Raises this process's soft RLIMIT_NOFILE to its hard limit (as RocketMQ's os.sh sets
 /// `ulimit -n`): every connection and store file is a descriptor, and the usual soft limit of
 /// 1,024 is exhausted by ~1,000 idle connections. Returns (before, after).
 pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct we pass and nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mut limit = resource_limit(libc::RLIMIT_NOFILE)?;
     let before = limit.rlim_cur;
     if limit.rlim_cur < limit.rlim_max {
         let raised = libc::rlimit {
             rlim_cur: limit.rlim_max,
             rlim_max: limit.rlim_max,
         };
+        // SAFETY: setrlimit reads the struct we pass and changes nothing else of ours.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -265,7 +263,7 @@ pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
 /// them all: 8 bytes of kernel memory per descriptor. `count` is capped at the soft
 /// RLIMIT_NOFILE. Returns the count reserved.
 pub fn reserve_descriptor_table(count: u64) -> io::Result<u64> {
-    let limit = descriptor_limit()?;
+    let limit = resource_limit(libc::RLIMIT_NOFILE)?.rlim_cur;
     let count = count.min(limit).min(libc::c_int::MAX as u64);
     if count == 0 {
         return Ok(0);
@@ -285,19 +283,6 @@ pub fn reserve_descriptor_table(count: u64) -> io::Result<u64> {
         libc::close(copy);
     }
     Ok(count)
-}
-
-/// The soft RLIMIT_NOFILE of this process.
-fn descriptor_limit() -> io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(limit.rlim_cur)
 }
 
 /// Runs one executor per placement entry, each running `body(context)`, and waits for all.
@@ -637,7 +622,7 @@ mod tests {
     #[test]
     fn the_descriptor_table_is_grown_ahead() {
         let before = descriptor_table_size();
-        let limit = super::descriptor_limit().unwrap();
+        let limit = super::resource_limit(libc::RLIMIT_NOFILE).unwrap().rlim_cur;
         let wanted = (before * 4).min(limit);
         if wanted <= before {
             println!("could not run: the open-file limit {limit} leaves no room to grow {before}");
