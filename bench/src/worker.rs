@@ -645,10 +645,7 @@ fn epoll_pwait2(
     if EPOLL_PWAIT2_MISSING.load(Ordering::Relaxed) {
         return None;
     }
-    let timeout = libc::timespec {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_nsec: wait.subsec_nanos() as libc::c_long,
-    };
+    let timeout = timespec(wait);
     // SAFETY: `events` is a live array of `events.len()` entries, `timeout` a valid timespec;
     // no signal mask is passed (its size argument is then unused).
     let count = unsafe {
@@ -679,11 +676,7 @@ fn epoll_pwait2(
 /// ppoll(2) with microsecond precision (an open-loop schedule has sub-millisecond slots);
 /// EINTR leaves every `revents` zero.
 pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
-    let wait = wait.min(POLL_WAIT_MAX);
-    let timeout = libc::timespec {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_nsec: wait.subsec_nanos() as libc::c_long,
-    };
+    let timeout = timespec(wait.min(POLL_WAIT_MAX));
     // SAFETY: `poll_fds` is a live, exclusively borrowed array of `poll_fds.len()` entries;
     // the timeout is a valid timespec and no signal mask is passed.
     let ready = unsafe {
@@ -705,6 +698,14 @@ pub fn poll_with_timeout(poll_fds: &mut [libc::pollfd], wait: Duration) {
         for poll_fd in poll_fds.iter_mut() {
             poll_fd.revents = 0;
         }
+    }
+}
+
+/// `wait` as the timespec of a system call's timeout.
+fn timespec(wait: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_nsec: wait.subsec_nanos() as libc::c_long,
     }
 }
 
