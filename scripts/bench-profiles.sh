@@ -51,14 +51,13 @@ stop() { kill $pid; wait $pid 2>/dev/null; pid=""; }
 open_loop() {
     "${bench[@]}" producer --namesrv "$ns" --topic C --connections-per-broker "$1" \
         --in-flight 4 --rate 20000 --duration-secs "$secs" --no-progress 2>&1 |
-        awk '/^Send latency/ {for (i = 1; i < NF; i++) {
-                 if ($i == "p99") p99 = $(i + 1); if ($i == "p99.9") p999 = $(i + 1) }
-             printf "p99 %.2f p99.9 %.2f ms", p99 / 1000, p999 / 1000}'
+        awk -f scripts/whole-run.awk |
+        awk '{printf "p99 %.2f p99.9 %.2f ms", $(NF - 2) / 1000, $(NF - 1) / 1000}'
 }
 closed_loop() {
     "${bench[@]}" producer --namesrv "$ns" --topic C --connections-per-broker 4 \
         --in-flight 64 --duration-secs "$secs" --no-progress 2>&1 |
-        awk '/^Elapsed/ {for (i = 1; i < NF; i++) if ($i == "Throughput:") print $(i + 1)}'
+        awk -f scripts/whole-run.awk | awk '{print $3}'
 }
 
 for round in $(seq "${ROUNDS:-3}"); do
