@@ -61,7 +61,7 @@ def test_the_open_file_limit_is_raised_and_idle_connections_do_not_poison_stores
     output = node.log_tail()
     assert "raised the open-file limit (RLIMIT_NOFILE) from 1024 to 8192" in output, output
     # The descriptor table is sized for every connection at start: an accept that grows it
-    # waits for an RCU grace period (8-15 ms) on the shard thread.
+    # waits for an RCU grace period (8-19 ms) on the shard thread.
     table = status_field(node.process.pid, "FDSize")
     assert table >= 8192, "descriptor table of {} entries at start".format(table)
     topic = create_topic(node, "Tfd", queue_nums=2)

@@ -257,7 +257,7 @@ pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
 /// Grows this process's descriptor table to hold `count` descriptors now, before the shards
 /// run. The kernel grows the table as descriptors are opened, doubling it, and in a process of
 /// many threads each growth waits for an RCU grace period inside the open or accept that
-/// crossed the size: 8–15 ms on a small VM, on the shard thread that accepted the 256th,
+/// crossed the size: 8–19 ms on a 2-core VM, on the shard thread that accepted the 256th,
 /// 512th, 1,024th … connection, with every request on that shard waiting behind it. The table
 /// never shrinks, so one growth here (a copy at descriptor `count - 1`, closed again) spares
 /// them all: 8 bytes of kernel memory per descriptor. `count` is capped at the soft
