@@ -328,6 +328,14 @@ def query_consumer_offset(broker_address, group, topic, queue_id):
     return None
 
 
+def max_offset(broker_address, topic, queue_id):
+    """GET_MAX_OFFSET (30): the offset past the last unit of (topic, queue) on one endpoint."""
+    with RemotingClient.connect(broker_address) as client:
+        response = client.call(GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id})
+    assert response.code == SUCCESS, "GET_MAX_OFFSET answered {!r}".format(response)
+    return int(response.ext["offset"])
+
+
 def consumer_ids(broker_address, group):
     """Client ids the broker knows for a consumer group ([] when none)."""
     with RemotingClient.connect(broker_address) as client:

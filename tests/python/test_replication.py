@@ -598,7 +598,13 @@ def test_the_master_returns_and_takes_back_the_offsets(cluster):
     with closing(make_consumer(master.namesrv_addr, topic, collector, group=group)):
         wait_until(lambda: {i.key for i in first} <= collector.keys(), CONSUME_TIMEOUT_S,
                    interval_s=0.5, message="every message, from the slave")
-        time.sleep(6)  # the client commits its offsets every 5 s
+        # The client commits its offsets every 5 s; a fixed 6 s wait once saw one queue's
+        # commit from before its last 29 messages (they came again from the returned master).
+        wait_until(lambda: all(
+            remoting.query_consumer_offset(slave.broker_addr(shard), group, topic, queue)
+            == remoting.max_offset(slave.broker_addr(shard), topic, queue)
+            for shard in range(slave.shards) for queue in range(4)), 30, interval_s=0.5,
+            message="the client to commit every consumed offset on the slave")
     committed = {}
     for shard in range(slave.shards):
         for queue in range(4):
