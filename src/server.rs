@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use shards::runtime::sockets::Socket;
 use shards::runtime::{self, TcpListener, TcpStream};
 use shards::sync::{Signal, WaiterSet};
 
@@ -664,7 +664,7 @@ struct TlsSession {
 /// (fed those bytes), a plaintext frame is served as before in permissive mode (the bytes
 /// returned are its start) and refused in enforcing mode (`None`: close).
 async fn sniff(
-    reader: &mut futures_lite::io::ReadHalf<TcpStream>,
+    reader: &Socket,
     tls: &crate::tls::TlsServer,
     peer: SocketAddr,
 ) -> Option<(Vec<u8>, Option<Rc<TlsSession>>)> {
@@ -713,7 +713,7 @@ thread_local! {
 /// Reads plaintext of a TLS session into `into`: what rustls holds first, else more bytes
 /// from the socket (through `scratch`). 0 at the end of the stream.
 async fn tls_read(
-    reader: &mut futures_lite::io::ReadHalf<TcpStream>,
+    reader: &Socket,
     session: &TlsSession,
     into: &mut [u8],
     scratch: &mut [u8],
@@ -766,23 +766,31 @@ async fn serve_connection(
         next.set(id + 1);
         id
     });
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let (mut reader, writer) = futures_lite::io::split(stream);
+    let socket = match Socket::adopt(stream) {
+        Ok(socket) => Rc::new(socket),
+        Err(error) => {
+            log::warn!("closing the connection from {peer}: {error}");
+            return;
+        }
+    };
     let (initial, session) = match &tls {
         None => (Vec::new(), None),
-        Some(tls) => match sniff(&mut reader, tls, peer).await {
+        Some(tls) => match sniff(&socket, tls, peer).await {
             Some(sniffed) => sniffed,
             None => return,
         },
     };
     let connection = Connection::new(id, peer, local, limits);
     LIVE.with(|live| live.borrow_mut().insert(id, Rc::downgrade(&connection)));
-    let writer_task = runtime::spawn(write_loop(writer, connection.clone(), session.clone()));
+    let writer_task = runtime::spawn(write_loop(
+        socket.clone(),
+        connection.clone(),
+        session.clone(),
+    ));
     let transport = Transport {
-        reader,
+        socket,
         session,
         initial,
-        fd,
     };
     if let Err(reason) = read_loop(transport, &connection, handler.as_ref()).await {
         log::debug!("closing connection from {peer}: {reason}");
@@ -805,10 +813,9 @@ const READS_BEFORE_SHRINK: u32 = 256;
 /// Where a connection's requests come from: the socket, through TLS or not, after the
 /// bytes the first read (TLS sniffing) already took.
 struct Transport {
-    reader: futures_lite::io::ReadHalf<TcpStream>,
+    socket: Rc<Socket>,
     session: Option<Rc<TlsSession>>,
     initial: Vec<u8>,
-    fd: std::os::fd::RawFd,
 }
 
 async fn read_loop(
@@ -816,7 +823,7 @@ async fn read_loop(
     connection: &Rc<Connection>,
     handler: &dyn RequestHandler,
 ) -> Result<(), String> {
-    let fd = transport.fd;
+    let fd = transport.socket.raw_fd();
     let mut scratch = match transport.session {
         Some(_) => vec![0u8; connection.limits.read_chunk_bytes],
         None => Vec::new(),
@@ -852,19 +859,12 @@ async fn read_loop(
         } else {
             match &transport.session {
                 None => transport
-                    .reader
+                    .socket
                     .read(into)
                     .await
                     .map_err(|e| e.to_string())?,
                 Some(session) => {
-                    tls_read(
-                        &mut transport.reader,
-                        session,
-                        into,
-                        &mut scratch,
-                        connection,
-                    )
-                    .await?
+                    tls_read(&transport.socket, session, into, &mut scratch, connection).await?
                 }
             }
         };
@@ -1013,7 +1013,7 @@ fn decode_and_dispatch(
 }
 
 async fn write_loop(
-    mut writer: futures_lite::io::WriteHalf<TcpStream>,
+    writer: Rc<Socket>,
     connection: Rc<Connection>,
     session: Option<Rc<TlsSession>>,
 ) {

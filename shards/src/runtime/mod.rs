@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`fan_out`] | blocking file work of a store's open spread over threads |
 //! | [`fs`] | O_DIRECT files and the buffered-file steps the store takes |
+//! | [`sockets`] | client sockets made ready by one epoll set per shard, not a poll each |
 //! | [`wake`] | the one cross-thread wake-up primitive (a socket-pair byte): no polling loops |
 //! | [`workarounds`] | every runtime trap's workaround, its knob and its counter |
 
@@ -27,6 +28,7 @@ use crate::ShardId;
 pub mod fan_out;
 pub mod fs;
 pub mod read_ahead;
+pub mod sockets;
 pub mod wake;
 pub mod workarounds;
 
