@@ -12,10 +12,12 @@
 //! set is watched by one poll on a small ring of our own, linked to a send of one byte on the
 //! runtime's wake pair (`wake`): a parked shard wakes on that byte, as for the commitlog's
 //! ring. The ring sets COOP_TASKRUN, so the client's CPU does not interrupt a busy shard to
-//! tell it (glommio's rings do: a reschedule IPI for many of the completions). The shard
-//! collects ready sockets (`pump`) when the poll has fired: from the poll hook busy loops call
-//! between requests (a few memory reads when nothing fired), or from the task that reads the
-//! wake byte. Reads and writes are plain non-blocking `recv`/`send`.
+//! tell it (glommio's rings do: a reschedule IPI for many of the completions). The task that
+//! reads the wake byte collects the ready sockets and arms the poll again, once per turn of
+//! glommio's loop however many sockets became ready (collecting also from the poll hook busy
+//! loops call between requests made a round of every readiness: 0.12 system calls a message
+//! in a closed loop of 4 connections, against 0.11 without and 0.08 with glommio's polls).
+//! Reads and writes are plain non-blocking `recv`/`send`.
 //!
 //! Invariants: a socket's readiness flag is cleared before each attempt, so an edge after the
 //! attempt sets it again and no wake-up is lost (once the peer's end or an error was seen the
@@ -28,7 +30,6 @@ use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -221,8 +222,6 @@ struct Reactor {
 
 thread_local! {
     static REACTOR: RefCell<Option<Reactor>> = const { RefCell::new(None) };
-    /// Keeps the poll hook registered while the shard lives.
-    static HOOK: RefCell<Option<Rc<dyn Fn()>>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` on this shard's reactor, making it on first use; an error when it could not be
@@ -264,9 +263,6 @@ fn start_reactor() -> io::Result<()> {
     };
     reactor.arm();
     REACTOR.with(|cell| *cell.borrow_mut() = Some(reactor));
-    let hook: Rc<dyn Fn()> = Rc::new(pump_if_fired);
-    super::register_poll_hook(&hook);
-    HOOK.with(|cell| *cell.borrow_mut() = Some(hook));
     super::spawn_detached(async move {
         loop {
             let retry = REACTOR.with(|cell| cell.borrow().as_ref().is_some_and(|r| r.arm_failed));
@@ -282,7 +278,8 @@ fn start_reactor() -> io::Result<()> {
 }
 
 /// Collects the ready sockets and wakes their tasks if the epoll set's poll has fired (or
-/// is not armed), then arms it again. A few memory reads when it has not fired.
+/// is not armed), then arms it again. A few memory reads when it has not fired (the wake byte
+/// of an earlier round).
 fn pump_if_fired() {
     let wakers = REACTOR.with(|cell| {
         let mut cell = cell.borrow_mut();
