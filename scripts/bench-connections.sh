@@ -37,6 +37,8 @@ until "${bench[@]}" producer --namesrv $ns --topic C --queues 8 --messages 1000 
     kill -0 $pid 2>/dev/null || { echo "the broker stopped:"; cat "$dir/broker.log"; exit 1; }
     sleep 0.2
 done
+# Another process may hold the ports and answer in its place: the broker must be ours.
+kill -0 $pid 2>/dev/null || { echo "the broker stopped:"; cat "$dir/broker.log"; exit 1; }
 rss() { awk '/VmRSS/ {printf "%.0f MB", $2 / 1024}' "/proc/$pid/status"; }
 run() {
     local number=0 binary

@@ -54,6 +54,8 @@ for round in $(seq "${ROUNDS:-2}"); do
             kill -0 $pid 2>/dev/null || { echo "the broker stopped:"; cat "$dir/broker.log"; exit 1; }
             sleep 0.2
         done
+        # Another process may hold the ports and answer in its place: the broker must be ours.
+        kill -0 $pid 2>/dev/null || { echo "the broker stopped:"; cat "$dir/broker.log"; exit 1; }
         # A first run opens and closes 500 connections once (a fresh broker's first run has a
         # start-up stall of its own).
         run 500 > /dev/null
