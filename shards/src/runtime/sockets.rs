@@ -262,6 +262,8 @@ fn start_reactor() -> io::Result<()> {
         events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT],
     };
     reactor.arm();
+    // In place, and not borrowed, before the task is spawned: the new task may run at once and
+    // looks the reactor up itself.
     REACTOR.with(|cell| *cell.borrow_mut() = Some(reactor));
     super::spawn_detached(async move {
         loop {
