@@ -429,6 +429,27 @@ pub fn io_worker_cpus() -> Vec<usize> {
     IO_WORKER_CPUS.with(|cpus| cpus.borrow().clone())
 }
 
+/// Posts the completions of one of our own io_uring rings (set up COOP_TASKRUN +
+/// TASKRUN_FLAG) that wait for this thread to run their task work: one io_uring_enter that
+/// neither submits nor waits, made only when the kernel flags such work. Ok(true) when it
+/// entered; EINTR counts as entered (the work runs at the next entry).
+pub(crate) fn post_ring_task_work(ring: &mut io_uring::IoUring) -> io::Result<bool> {
+    /// io_uring_enter flag: collect completions (the kernel's uapi value).
+    const IORING_ENTER_GETEVENTS: u32 = 1;
+    if !ring.submission().taskrun() {
+        return Ok(false);
+    }
+    // SAFETY: no submissions, no argument.
+    let entered = unsafe {
+        ring.submitter()
+            .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
+    };
+    match entered {
+        Err(error) if error.raw_os_error() != Some(libc::EINTR) => Err(error),
+        _ => Ok(true),
+    }
+}
+
 /// Registers `hook` to be called by `run_poll_hooks` on this shard until its last strong
 /// reference goes (the owner keeps the `Rc`).
 pub fn register_poll_hook(hook: &std::rc::Rc<dyn Fn()>) {

@@ -44,8 +44,6 @@ const EVENTS_PER_WAIT: usize = 256;
 /// The watching ring's user data: the poll of the epoll set, the wake-up send.
 const POLL_USER_DATA: u64 = 1;
 const WAKE_USER_DATA: u64 = 2;
-/// io_uring_enter flag: collect completions (the kernel's uapi value).
-const IORING_ENTER_GETEVENTS: u32 = 1;
 /// What the kernel sends on the wake-up pair when the epoll set has events.
 static WAKE_BYTE: [u8; 1] = [1];
 
@@ -378,15 +376,8 @@ impl Reactor {
     /// Takes the watching ring's completions; clears `poll_armed` when the poll's is among
     /// them.
     fn collect_completions(&mut self) {
-        if self.ring.submission().taskrun() {
-            // The poll completed in the kernel and waits for this thread to post it.
-            // SAFETY: no submissions, no argument.
-            let _ = unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
-            };
-        }
+        // The poll may have completed in the kernel and wait for this thread to post it.
+        let _ = super::post_ring_task_work(&mut self.ring);
         for cqe in self.ring.completion() {
             if cqe.user_data() == POLL_USER_DATA {
                 self.poll_armed = false;

@@ -51,9 +51,6 @@ const RING_ENTRIES: u32 = 64;
 /// fit, `flusher::start_flush`).
 pub(crate) const CHAIN_ENTRIES_MAX: usize = RING_ENTRIES as usize / 2;
 
-/// io_uring_enter flag: collect completions (the kernel's uapi value).
-const IORING_ENTER_GETEVENTS: u32 = 1;
-
 /// What the kernel sends on the wake-up socket when a chain ends.
 static WAKE_BYTE: [u8; 1] = [1];
 
@@ -323,20 +320,12 @@ impl CommitRing {
         if !self.any_busy() {
             return Vec::new();
         }
-        if self.ring.submission().taskrun() {
-            // Completions are waiting for this thread to run their task work: enter the
-            // kernel to post them (no waiting).
-            self.counts.enters += 1;
-            // SAFETY: no submissions, no argument.
-            let entered = unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
-            };
-            if let Err(error) = entered {
-                if error.raw_os_error() != Some(libc::EINTR) {
-                    log::warn!("store: collecting commitlog completions failed: {error}");
-                }
+        // Completions may wait for this thread to run their task work: post them (no waiting).
+        match crate::runtime::post_ring_task_work(&mut self.ring) {
+            Ok(entered) => self.counts.enters += u64::from(entered),
+            Err(error) => {
+                self.counts.enters += 1;
+                log::warn!("store: collecting commitlog completions failed: {error}");
             }
         }
         for cqe in self.ring.completion() {
