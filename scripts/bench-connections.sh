@@ -56,30 +56,7 @@ run() {
 TIMEFORMAT='%U %S'
 echo "broker RSS, idle: $(rss)"
 for _ in $(seq "${ROUNDS:-2}"); do echo "16 connections: $(run 8)"; echo "1000 connections: $(run 500)"; done
-"${pin[@]}" python3 - "$idle" 26911 "$dir/ready" <<'PY' &
-import socket, sys, time
-count, first_port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-# Spread over every shard: shard i listens on the first port + 10 i (the default stride).
-def listening(port):
-    try:
-        socket.create_connection(("127.0.0.1", port)).close()
-        return True
-    except ConnectionRefusedError:
-        return False
-ports = [first_port]
-while listening(ports[-1] + 10):
-    ports.append(ports[-1] + 10)
-# From 127.0.0.2, .3, ...: 1,000 connections an address, as from many client hosts (a shard
-# refuses more than network.connections_per_address_max from one address).
-def held_connection(i):
-    sock = socket.socket()
-    sock.bind(("127.0.0.{}".format(2 + i // 1000), 0))
-    sock.connect(("127.0.0.1", ports[i % len(ports)]))
-    return sock
-held = [held_connection(i) for i in range(count)]
-open(ready, "w").close()
-time.sleep(3600)
-PY
+"${pin[@]}" python3 scripts/hold-connections.py "$idle" 26911 "$dir/ready" &
 holder=$!
 until [ -f "$dir/ready" ]; do sleep 0.2; done
 sleep 1

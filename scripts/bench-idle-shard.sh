@@ -62,19 +62,7 @@ for round in $(seq "${ROUNDS:-2}"); do
         echo "  8 connections:   $(run 8)"
         echo "  500 connections: $(run 500)"
         rm -f "$dir/ready"
-        taskset -c 1 python3 - "$idle" 28911 "$dir/ready" <<'PY' &
-import resource, socket, sys, time
-count, port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-resource.setrlimit(resource.RLIMIT_NOFILE, (count + 64, count + 64))
-held = []
-for i in range(count):
-    s = socket.socket()
-    s.bind(("127.0.0.%d" % (2 + i // 1000), 0))  # 1,000 a source address
-    s.connect(("127.0.0.1", port))
-    held.append(s)
-open(ready, "w").close()
-time.sleep(3600)
-PY
+        taskset -c 1 python3 scripts/hold-connections.py "$idle" 28911 "$dir/ready" &
         holder=$!
         until [ -e "$dir/ready" ]; do
             kill -0 $holder 2>/dev/null || { echo "could not open $idle idle connections"; exit 1; }
