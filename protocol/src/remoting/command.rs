@@ -2,8 +2,9 @@
 //! enums that travel in every header ([`LanguageCode`], [`SerializeType`]).
 //!
 //! Lives on whichever shard owns the connection; everything here borrows from that
-//! connection's read buffer (`'a`) and is dropped before the buffer is compacted. Strings are
-//! `Cow::Borrowed` unless the wire form contained a JSON escape.
+//! connection's read buffer (`'a`) and is dropped before the buffer is compacted. Strings
+//! borrow from it unless the wire form contained a JSON escape: then an ext field's text is
+//! kept in one buffer of its `ExtFields`, a remark in a `Cow::Owned`.
 //!
 //! Invariants: `ExtFields` keeps entries in wire order; when a key repeats, lookups return
 //! the last value (what Java's `HashMap::put` leaves), `iter` yields every entry.
@@ -161,9 +162,23 @@ pub enum FieldError {
 }
 
 /// The custom header (`extFields`): string keys to string values, in wire order.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+///
+/// An entry's text is either a slice of the frame or, when the wire form had to be decoded
+/// (a JSON escape, a binary value that is not UTF-8, a `String` pushed), a range of one
+/// buffer that the fields own. Entries are plain `Copy` pairs: an entry of `Cow`s was built
+/// on the stack and copied into the `Vec` with 16-byte loads over 8-byte stores, a stall at
+/// every entry (13% of decoding a SEND header in `cargo bench --bench codec`).
+#[derive(Debug, Default, Clone)]
 pub struct ExtFields<'a> {
-    entries: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    entries: Vec<(Text<'a>, Text<'a>)>,
+    decoded: String,
+}
+
+/// Where an entry's key or value is: in the frame, or in [`ExtFields`]'s own buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Text<'a> {
+    Frame(&'a str),
+    Decoded { start: u32, end: u32 },
 }
 
 impl<'a> ExtFields<'a> {
@@ -174,12 +189,60 @@ impl<'a> ExtFields<'a> {
     pub fn with_capacity(capacity: usize) -> Self {
         ExtFields {
             entries: Vec::with_capacity(capacity),
+            decoded: String::new(),
         }
     }
 
     /// Appends an entry; a repeated key shadows the earlier one for lookups.
     pub fn push(&mut self, key: impl Into<Cow<'a, str>>, value: impl Into<Cow<'a, str>>) {
-        self.entries.push((key.into(), value.into()));
+        let key = self.text(key.into());
+        let value = self.text(value.into());
+        self.entries.push((key, value));
+    }
+
+    fn text(&mut self, text: Cow<'a, str>) -> Text<'a> {
+        match text {
+            Cow::Borrowed(text) => Text::Frame(text),
+            Cow::Owned(text) => self.decode_with(text.len(), |decoded| decoded.push_str(&text)),
+        }
+    }
+
+    /// Appends an entry of texts made by [`ExtFields::decode_with`] or borrowed from the frame.
+    #[inline(always)]
+    pub(crate) fn push_text(&mut self, key: Text<'a>, value: Text<'a>) {
+        self.entries.push((key, value));
+    }
+
+    /// A text that `write` appends to the fields' own buffer (an unescaped string), made
+    /// room for with `length_hint` bytes.
+    pub(crate) fn decode_with(
+        &mut self,
+        length_hint: usize,
+        write: impl FnOnce(&mut String),
+    ) -> Text<'a> {
+        self.decoded.reserve(length_hint);
+        let start = self.decoded.len();
+        write(&mut self.decoded);
+        // Headers are under 16 MiB (checked before decoding), and so is what they decode to.
+        Text::Decoded {
+            start: start as u32,
+            end: self.decoded.len() as u32,
+        }
+    }
+
+    /// Takes back what the last [`ExtFields::decode_with`] wrote (its text was not kept).
+    pub(crate) fn forget_decoded(&mut self, text: Text<'a>) {
+        if let Text::Decoded { start, .. } = text {
+            self.decoded.truncate(start as usize);
+        }
+    }
+
+    #[inline(always)]
+    fn resolve<'s>(&'s self, text: &Text<'a>) -> &'s str {
+        match *text {
+            Text::Frame(text) => text,
+            Text::Decoded { start, end } => &self.decoded[start as usize..end as usize],
+        }
     }
 
     /// The value of `key`; `""` is returned as `Some("")`.
@@ -187,8 +250,8 @@ impl<'a> ExtFields<'a> {
         self.entries
             .iter()
             .rev()
-            .find(|(entry_key, _)| entry_key == key)
-            .map(|(_, value)| value.as_ref())
+            .find(|(entry_key, _)| self.resolve(entry_key) == key)
+            .map(|(_, value)| self.resolve(value))
     }
 
     /// The value of `key`, treating `""` as absent (C++ sends `""` for unused groups).
@@ -235,7 +298,7 @@ impl<'a> ExtFields<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
         self.entries
             .iter()
-            .map(|(key, value)| (key.as_ref(), value.as_ref()))
+            .map(|(key, value)| (self.resolve(key), self.resolve(value)))
     }
 
     /// Every entry copied out of the frame into `C` (a `Vec` of pairs in wire order, or a map,
@@ -254,6 +317,15 @@ impl<'a> ExtFields<'a> {
         self.entries.is_empty()
     }
 }
+
+/// Equal when they hold the same entries in the same order, wherever their texts are kept.
+impl PartialEq for ExtFields<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for ExtFields<'_> {}
 
 /// `"true"`/`"false"` in any case and C++'s `"1"`/`"0"`; any other text is `false`
 /// ([`ExtFields::bool_lenient`] for a value already looked up).

@@ -19,7 +19,7 @@
 
 use std::borrow::Cow;
 
-use super::command::{ExtFields, LanguageCode, RemotingCommand, SerializeType};
+use super::command::{ExtFields, LanguageCode, RemotingCommand, SerializeType, Text};
 use super::EXT_FIELDS_COUNT_MAX;
 use crate::error::DecodeError;
 
@@ -108,11 +108,13 @@ impl<'a> Scanner<'a> {
             .ok_or(self.error("slice off a char boundary"))
     }
 
-    /// Walks `{ "key": value, ... }`, calling `on_member` with the scanner positioned at
-    /// each value (whitespace skipped); `on_member` must consume exactly that value.
-    fn object<F>(&mut self, mut on_member: F) -> Result<(), DecodeError>
+    /// Walks `{ "key": value, ... }`, calling `on_member` with each key as found (not
+    /// unescaped: see [`Scanner::key_text`]) and the scanner positioned at its value
+    /// (whitespace skipped); `on_member` must consume exactly that value.
+    #[inline(always)]
+    fn members<F>(&mut self, mut on_member: F) -> Result<(), DecodeError>
     where
-        F: FnMut(&mut Self, Cow<'a, str>) -> Result<(), DecodeError>,
+        F: FnMut(&mut Self, RawString) -> Result<(), DecodeError>,
     {
         self.expect(b'{', "expected '{'")?;
         self.skip_whitespace();
@@ -122,7 +124,12 @@ impl<'a> Scanner<'a> {
         }
         loop {
             self.skip_whitespace();
-            let key = self.string()?;
+            if self.peek() != Some(b'"') {
+                return Err(self.error("expected a string"));
+            }
+            let Some(key) = self.raw_string() else {
+                return Err(self.error(self.fault));
+            };
             self.expect(b':', "expected ':' after an object key")?;
             self.skip_whitespace();
             on_member(self, key)?;
@@ -138,29 +145,68 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// The text of a key that [`Scanner::members`] found; `pos` is left where it was.
+    fn key_text(&mut self, key: RawString) -> Result<Cow<'a, str>, DecodeError> {
+        if !key.escaped {
+            return self.borrowed(key).map(Cow::Borrowed);
+        }
+        let at = self.pos;
+        let text = self.unescape(key)?;
+        self.pos = at;
+        Ok(Cow::Owned(text))
+    }
+
+    /// The text of a string without escapes, as it is in the header.
+    #[inline(always)]
+    fn borrowed(&self, raw: RawString) -> Result<&'a str, DecodeError> {
+        self.slice(raw.start as usize, raw.end as usize)
+    }
+
+    /// The header object. Its members are told apart by their key's bytes as they are on
+    /// the wire: a key with an escape (no client writes one) is unescaped first.
     fn header_object(&mut self, command: &mut RemotingCommand<'a>) -> Result<(), DecodeError> {
-        self.object(|scanner, key| {
-            match key.as_ref() {
-                "code" => set_if_present(&mut command.code, scanner.integer()?),
-                "opaque" => set_if_present(&mut command.opaque, scanner.integer()?),
-                "flag" => set_if_present(&mut command.flag, scanner.integer()?),
-                "version" => set_if_present(&mut command.version, scanner.integer()?),
-                "language" => {
-                    if let Some(name) = scanner.string_or_null("language must be a string")? {
-                        command.language = LanguageCode::from_name(&name);
-                    }
-                }
-                "remark" => command.remark = scanner.string_or_null("remark must be a string")?,
-                "extFields" => command.ext_fields = scanner.ext_fields()?,
-                _ => scanner.skip_value(2)?,
+        self.members(|scanner, key| {
+            if key.escaped {
+                let key = scanner.key_text(key)?;
+                scanner.header_member(key.as_bytes(), command)
+            } else {
+                let bytes: &'a [u8] = scanner.text.as_bytes();
+                scanner.header_member(&bytes[key.start as usize..key.end as usize], command)
             }
-            Ok(())
         })
+    }
+
+    /// With `pos` at the value of the header member `key`: reads it into `command`.
+    #[inline(always)]
+    fn header_member(
+        &mut self,
+        key: &[u8],
+        command: &mut RemotingCommand<'a>,
+    ) -> Result<(), DecodeError> {
+        match key {
+            b"code" => set_if_present(&mut command.code, self.integer()?),
+            b"opaque" => set_if_present(&mut command.opaque, self.integer()?),
+            b"flag" => set_if_present(&mut command.flag, self.integer()?),
+            b"version" => set_if_present(&mut command.version, self.integer()?),
+            b"language" => {
+                if let Some(name) = self.string_or_null("language must be a string")? {
+                    command.language = LanguageCode::from_name(&name);
+                }
+            }
+            b"remark" => command.remark = self.string_or_null("remark must be a string")?,
+            b"extFields" => command.ext_fields = self.ext_fields()?,
+            _ => self.skip_value(2)?,
+        }
+        Ok(())
     }
 
     /// An i32 written as a JSON number or a numeric string; `None` for null.
     fn integer(&mut self) -> Result<Option<i32>, DecodeError> {
         let start = self.pos;
+        if let Some(value) = self.plain_integer() {
+            return Ok(Some(value));
+        }
+        self.pos = start;
         let text: Cow<'a, str> = match self.peek() {
             Some(b'-' | b'0'..=b'9') => Cow::Borrowed(self.number()?),
             Some(b'"') => self.string()?,
@@ -176,6 +222,33 @@ impl<'a> Scanner<'a> {
                 reason: "integer field is not an i32",
                 at: start,
             })
+    }
+
+    /// The common form of an integer member, read without slicing: `-?[0-9]{1,9}` not
+    /// followed by a fraction or an exponent (so it fits an i32). `None` for anything else,
+    /// which [`Scanner::integer`] then reads from `pos` as before.
+    #[inline(always)]
+    fn plain_integer(&mut self) -> Option<i32> {
+        let bytes = self.text.as_bytes();
+        let mut at = self.pos;
+        let negative = bytes.get(at) == Some(&b'-');
+        if negative {
+            at += 1;
+        }
+        let first = at;
+        let mut value: i32 = 0;
+        while let Some(&digit @ b'0'..=b'9') = bytes.get(at) {
+            if at - first == 9 {
+                return None;
+            }
+            value = value * 10 + i32::from(digit - b'0');
+            at += 1;
+        }
+        if at == first || matches!(bytes.get(at), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        self.pos = at;
+        Some(if negative { -value } else { value })
     }
 
     fn string_or_null(
@@ -194,41 +267,100 @@ impl<'a> Scanner<'a> {
             self.literal("null")?;
             return Ok(ExtFields::new());
         }
+        // The walk of `members`, written out: a closure that pushes to `fields` kept the
+        // fields in memory across each entry (400 more instructions a SEND header).
         let mut fields = ExtFields::with_capacity(EXT_FIELDS_CAPACITY_INITIAL);
-        self.object(|scanner, key| {
-            if let Some(value) = scanner.ext_value()? {
-                if fields.len() == EXT_FIELDS_COUNT_MAX {
-                    return Err(DecodeError::TooManyExtFields {
-                        limit: EXT_FIELDS_COUNT_MAX,
-                    });
-                }
-                fields.push(key, value);
+        self.expect(b'{', "expected '{'")?;
+        self.skip_whitespace();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(fields);
+        }
+        loop {
+            self.skip_whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(self.error("expected a string"));
             }
-            Ok(())
-        })?;
-        Ok(fields)
+            let Some(key) = self.raw_string() else {
+                return Err(self.error(self.fault));
+            };
+            let key = self.ext_text(&mut fields, key)?;
+            self.expect(b':', "expected ':' after an object key")?;
+            self.skip_whitespace();
+            match self.ext_value(&mut fields)? {
+                Some(value) => {
+                    if fields.len() == EXT_FIELDS_COUNT_MAX {
+                        return Err(DecodeError::TooManyExtFields {
+                            limit: EXT_FIELDS_COUNT_MAX,
+                        });
+                    }
+                    fields.push_text(key, value);
+                }
+                None => fields.forget_decoded(key),
+            }
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(fields);
+                }
+                _ => return Err(self.error("expected ',' or '}' in an object")),
+            }
+        }
     }
 
     /// One extFields value as text; `None` for null (the entry is dropped).
     #[inline(always)]
-    fn ext_value(&mut self) -> Result<Option<Cow<'a, str>>, DecodeError> {
+    fn ext_value(&mut self, fields: &mut ExtFields<'a>) -> Result<Option<Text<'a>>, DecodeError> {
         let start = self.pos;
         let value = match self.peek() {
-            Some(b'"') => self.string()?,
-            Some(b'-' | b'0'..=b'9') => Cow::Borrowed(self.number()?),
-            Some(b't') => Cow::Borrowed(self.literal("true")?),
-            Some(b'f') => Cow::Borrowed(self.literal("false")?),
+            Some(b'"') => {
+                let Some(raw) = self.raw_string() else {
+                    return Err(self.error(self.fault));
+                };
+                self.ext_text(fields, raw)?
+            }
+            Some(b'-' | b'0'..=b'9') => Text::Frame(self.number()?),
+            Some(b't') => Text::Frame(self.literal("true")?),
+            Some(b'f') => Text::Frame(self.literal("false")?),
             Some(b'n') => {
                 self.literal("null")?;
                 return Ok(None);
             }
             Some(b'{' | b'[') => {
                 self.skip_value(3)?;
-                Cow::Borrowed(self.slice(start, self.pos)?)
+                Text::Frame(self.slice(start, self.pos)?)
             }
             _ => return Err(self.error("expected an extFields value")),
         };
         Ok(Some(value))
+    }
+
+    /// A string of the extFields as found by [`Scanner::raw_string`]: a slice of the header,
+    /// or unescaped into `fields`; `pos` is left where it was.
+    #[inline(always)]
+    fn ext_text(
+        &mut self,
+        fields: &mut ExtFields<'a>,
+        raw: RawString,
+    ) -> Result<Text<'a>, DecodeError> {
+        if !raw.escaped {
+            return self.borrowed(raw).map(Text::Frame);
+        }
+        let at = self.pos;
+        self.pos = raw.start as usize;
+        let mut unescaped = Ok(());
+        let length_hint = (raw.end - raw.start) as usize;
+        let text = fields.decode_with(length_hint, |out| unescaped = self.unescape_rest(out));
+        unescaped?;
+        debug_assert_eq!(
+            self.pos,
+            raw.end as usize + 1,
+            "unescaping ends at the closing quote"
+        );
+        self.pos = at;
+        Ok(text)
     }
 
     fn literal(&mut self, word: &'static str) -> Result<&'a str, DecodeError> {
@@ -359,8 +491,18 @@ impl<'a> Scanner<'a> {
             let end = self.find_quote_or_backslash()?;
             owned.push_str(self.slice(self.pos, end)?);
             self.pos = end + 1;
-            if self.text.as_bytes()[end] == b'"' {
+            let bytes = self.text.as_bytes();
+            if bytes[end] == b'"' {
                 return Ok(());
+            }
+            // `\u0001` and `\u0002`, the separators of every message's properties, and any
+            // other ASCII byte written as `\u00XX`, without the general escape's steps.
+            if let Some(&[b'u', b'0', b'0', high, low]) = bytes.get(self.pos..self.pos + 5) {
+                if let (Some(high @ 0..=7), Some(low)) = (hex_digit(high), hex_digit(low)) {
+                    owned.push(char::from(high << 4 | low));
+                    self.pos += 5;
+                    continue;
+                }
             }
             self.escape(owned)?;
         }
@@ -419,10 +561,10 @@ impl<'a> Scanner<'a> {
         };
         let mut unit = 0u32;
         for &digit in digits {
-            let value = char::from(digit)
-                .to_digit(16)
-                .ok_or(self.error("invalid hex digit in \\u escape"))?;
-            unit = unit * 16 + value;
+            let Some(value) = hex_digit(digit) else {
+                return Err(self.error("invalid hex digit in \\u escape"));
+            };
+            unit = unit << 4 | u32::from(value);
         }
         self.pos += 4;
         Ok(unit)
@@ -436,7 +578,7 @@ impl<'a> Scanner<'a> {
         }
         match self.peek() {
             Some(b'"') => self.skip_string(),
-            Some(b'{') => self.object(|scanner, _key| scanner.skip_value(depth + 1)),
+            Some(b'{') => self.members(|scanner, _key| scanner.skip_value(depth + 1)),
             Some(b'[') => self.skip_array(depth),
             Some(b'-' | b'0'..=b'9') => self.number().map(drop),
             Some(b't') => self.literal("true").map(drop),
@@ -474,6 +616,17 @@ impl<'a> Scanner<'a> {
             Some(_) => Ok(()),
             None => Err(self.error(self.fault)),
         }
+    }
+}
+
+/// The value of one hex digit.
+#[inline(always)]
+fn hex_digit(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
     }
 }
 

@@ -215,6 +215,40 @@ fn escapes_allocate_only_when_present() {
 }
 
 #[test]
+fn short_paths_read_as_the_general_ones() {
+    // Integers: the plain form, and the forms left to the general path (ten digits, strings,
+    // a sign, leading zeros, null); an escaped header key is found like a plain one.
+    let header = concat!(
+        r#"{"code":-2147483648,"opaque":2147483647,"flag":"12","version":000000000007,"#,
+        r#""language":null,"extFields":{}}"#
+    );
+    let command = decode_json(header).unwrap();
+    assert_eq!(
+        (command.code, command.opaque, command.flag, command.version),
+        (i32::MIN, i32::MAX, 12, 7)
+    );
+    for bad in [r#"{"code":1e3}"#, r#"{"code":-1.0}"#, r#"{"code":--1}"#] {
+        assert!(decode_json(bad).is_err(), "accepted {bad}");
+    }
+    // Every ASCII byte written as \u00XX (either case), and the first one past ASCII.
+    let mut written = String::new();
+    let mut expected = String::new();
+    for byte in 0u8..=0x80 {
+        written.push_str(&format!("\\u00{byte:02x}\\u00{byte:02X}"));
+        let decoded = char::from(byte);
+        expected.push(decoded);
+        expected.push(decoded);
+    }
+    let header = format!(r#"{{"extFields":{{"p":"{written}","k":"v"}}}}"#);
+    let command = decode_json(&header).unwrap();
+    assert_eq!(command.ext_fields.get("p"), Some(expected.as_str()));
+    // A dropped entry whose key was unescaped leaves the next entries' text as it was.
+    let header = r#"{"extFields":{"a\u0001":null,"b\u0002":"x\u0003","c":"y"}}"#;
+    let command = decode_json(header).unwrap();
+    assert_eq!(ext_pairs(&command), vec![("b\u{2}", "x\u{3}"), ("c", "y")]);
+}
+
+#[test]
 fn huge_length_prefix_is_an_error_at_once() {
     for prefix in [u32::MAX, 0x8000_0000, FRAME_SIZE_MAX_BYTES as u32 - 3] {
         let error = decode_frame(&prefix.to_be_bytes()).unwrap_err();
