@@ -245,6 +245,14 @@ impl Connection {
         }
     }
 
+    /// When the request being dispatched was taken up (now, for one that is not timed).
+    pub fn dispatched_at(&self) -> std::time::Instant {
+        match self.dispatching.get() {
+            Some(timing) => timing.started,
+            None => std::time::Instant::now(),
+        }
+    }
+
     /// Marks a request as served later (by a spawned task); hold the guard until answered.
     pub fn in_flight(self: &Rc<Self>) -> InFlight {
         self.in_flight_requests
@@ -266,10 +274,10 @@ impl Connection {
 
     /// Records the latency of every request `written` (frames just put in the output)
     /// answers.
-    fn time_answers(&self, mut written: &[u8]) {
+    fn time_answers(&self, mut written: &[u8], answered: std::time::Instant) {
         while let Some(head) = remoting::encoded_head(written) {
             if head.is_response() {
-                self.time_answer(head.opaque, head.code);
+                self.time_answer(head.opaque, head.code, answered);
             }
             let Some(rest) = written.get(head.frame_size_bytes..) else {
                 break;
@@ -278,7 +286,7 @@ impl Connection {
         }
     }
 
-    fn time_answer(&self, opaque: i32, response_code: i32) {
+    fn time_answer(&self, opaque: i32, response_code: i32, answered: std::time::Instant) {
         let timing = match self.dispatching.get() {
             Some(timing) if timing.opaque == opaque => self.dispatching.take(),
             _ if self.answers_due.borrow().is_empty() => None,
@@ -290,6 +298,7 @@ impl Connection {
                 response_code,
                 timing.suspended,
                 timing.started,
+                answered,
             );
         }
     }
@@ -347,13 +356,19 @@ impl Connection {
     /// Writes one frame into the output buffer with `write` and wakes the writer. A closed
     /// connection discards it.
     pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) {
+        self.send_with_at(std::time::Instant::now(), write);
+    }
+
+    /// [`Connection::send_with`], for answers counted as given at `answered` (one clock read
+    /// for all the answers of a group commit).
+    pub fn send_with_at(&self, answered: std::time::Instant, write: impl FnOnce(&mut Vec<u8>)) {
         if self.closed.get() {
             return;
         }
         let mut output = self.output.borrow_mut();
         let start = output.len();
         write(&mut output);
-        self.time_answers(&output[start..]);
+        self.time_answers(&output[start..], answered);
         drop(output);
         self.output_ready.notify();
     }

@@ -253,7 +253,7 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         self.refuse_write_if_slave()?;
-        self.refuse_send_if_overloaded()?;
+        self.refuse_send_if_overloaded(connection.dispatched_at())?;
         let header = SendHeader::parse(request)?;
         validate_topic_name(header.topic)?;
         if topics::NOT_ALLOWED_SEND_TOPICS.contains(&header.topic) {
@@ -452,9 +452,15 @@ impl Broker {
     /// The queue to write: the asked one (auto-creating the topic if needed) or, when the
     /// client leaves it to us (< 0), the next one round-robin.
     pub(crate) fn resolve_queue(&self, header: &SendHeader<'_>) -> Result<u32, RequestError> {
-        let existing = self.topics.borrow().get(header.topic).cloned();
-        let config = match existing {
-            Some(config) => config,
+        // Only what is needed is taken from the table: a clone of the topic's config cost
+        // two allocations and frees a message.
+        let existing = self
+            .topics
+            .borrow()
+            .get(header.topic)
+            .map(|config| (config.perm, config.read_queue_nums, config.write_queue_nums));
+        let (perm, read_queue_nums, write_queue_nums) = match existing {
+            Some(existing) => existing,
             None => {
                 let requested = header.default_topic_queue_nums.max(1) as u32;
                 let created = self
@@ -467,21 +473,26 @@ impl Broker {
                             header.topic
                         ))
                     })?;
-                self.upsert_topic_everywhere(created.clone());
-                created
+                let taken = (
+                    created.perm,
+                    created.read_queue_nums,
+                    created.write_queue_nums,
+                );
+                self.upsert_topic_everywhere(created);
+                taken
             }
         };
-        if config.perm & crate::body::perm::WRITE == 0 {
+        if perm & crate::body::perm::WRITE == 0 {
             return Err(RequestError::NoPermission(format!(
                 "the topic[{}] sending message is forbidden",
                 header.topic
             )));
         }
-        let queue_count = config.write_queue_nums.max(config.read_queue_nums);
+        let queue_count = write_queue_nums.max(read_queue_nums);
         if header.queue_id < 0 {
             let next = self.next_queue.get();
             self.next_queue.set(next.wrapping_add(1));
-            return Ok(next % config.write_queue_nums.max(1));
+            return Ok(next % write_queue_nums.max(1));
         }
         let queue_id = header.queue_id as u32;
         if queue_id >= queue_count {

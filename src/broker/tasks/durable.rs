@@ -85,6 +85,7 @@ impl DurableReplies {
                 .await
                 .map_err(store_error);
             let durable = store.durable_offset();
+            let answered = std::time::Instant::now();
             loop {
                 let reply = {
                     let mut queue = self.queue.borrow_mut();
@@ -98,7 +99,7 @@ impl DurableReplies {
                 let Some(reply) = reply else { break };
                 let start = self.frames_sent.replace(reply.frame_end);
                 match &waited {
-                    Ok(()) => reply.connection.send_with(|out| {
+                    Ok(()) => reply.connection.send_with_at(answered, |out| {
                         out.extend_from_slice(&self.frames.borrow()[start..reply.frame_end])
                     }),
                     Err(error) => error.respond(&reply.connection, reply.opaque),

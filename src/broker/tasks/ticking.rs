@@ -146,8 +146,8 @@ impl Broker {
 
     /// SYSTEM_BUSY when this shard is overloaded (see the module docs); called before a send
     /// touches the store.
-    pub(crate) fn refuse_send_if_overloaded(&self) -> Result<(), RequestError> {
-        let now = Instant::now();
+    /// `now`: when the send was taken up (the clock read that times its answer).
+    pub(crate) fn refuse_send_if_overloaded(&self, now: Instant) -> Result<(), RequestError> {
         let lateness = self.load.lateness(now);
         if lateness > Duration::from_millis(SEND_QUEUE_WAIT_MAX_MS) {
             return Err(self.refuse(format!(
