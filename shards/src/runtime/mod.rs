@@ -327,6 +327,7 @@ where
                 let executor = builder
                     .make()
                     .map_err(|e| io::Error::other(format!("cannot start shard {shard_id}: {e}")))?;
+                IN_EXECUTOR.with(|in_executor| in_executor.set(true));
                 executor.run(async move {
                     spawn_detached(watchdog.heartbeat(shard_id));
                     body(ShardContext {
@@ -368,7 +369,10 @@ where
     let executor = LocalExecutorBuilder::default()
         .make()
         .expect("a glommio executor on this thread");
-    executor.run(make())
+    let was = IN_EXECUTOR.with(|in_executor| in_executor.replace(true));
+    let output = executor.run(make());
+    IN_EXECUTOR.with(|in_executor| in_executor.set(was));
+    output
 }
 
 /// Spawns a task on the current shard and lets it run to completion on its own.
@@ -483,6 +487,22 @@ where
     R: Send + 'static,
 {
     glommio::executor().spawn_blocking(work)
+}
+
+thread_local! {
+    /// Whether this thread runs a shard's executor (`run_shards`, `run_local`).
+    static IN_EXECUTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Hands `work` to this shard's helper thread and goes on without waiting for it: work whose
+/// result nobody needs (faulting pages in ahead of the shard). False, with nothing run, on a
+/// thread that runs no shard executor (tests that drive a store directly).
+pub fn on_helper_detached(work: impl FnOnce() + Send + 'static) -> bool {
+    if !IN_EXECUTOR.with(std::cell::Cell::get) {
+        return false;
+    }
+    spawn_detached(blocking(work));
+    true
 }
 
 /// Runs long blocking work (many reads at random, fanning out) on a thread of its own, named

@@ -97,6 +97,10 @@ struct MappedFile {
     /// Bytes from the file's start known to have their blocks (`reserve_blocks`): units are
     /// written only below it.
     reserved_bytes: u64,
+    /// When (`runtime::monotonic_ms`) the file was mapped or its blocks last reserved ahead:
+    /// a queue that fills a reservation quickly has the next one faulted in ahead
+    /// (`prefault.rs`).
+    reserved_at_ms: u64,
 }
 
 /// One queue's units.
@@ -855,6 +859,7 @@ impl ConsumeQueue {
             start_unit,
             map,
             reserved_bytes,
+            reserved_at_ms: crate::runtime::monotonic_ms(),
         })))
     }
 
@@ -921,6 +926,11 @@ impl ConsumeQueue {
             let reserved = self.reserve_through(start_unit, reserved_bytes, end)?;
             file = self.slot(index, true)?.ok_or_else(vanished)?;
             file.reserved_bytes = reserved;
+            let now_ms = crate::runtime::monotonic_ms();
+            if now_ms.saturating_sub(file.reserved_at_ms) < super::prefault::HOT_RESERVE_MS {
+                super::prefault::populate_ahead(&file.map, end as usize, reserved as usize);
+            }
+            file.reserved_at_ms = now_ms;
         }
         unit.encode(&mut file.map[at..at + CQ_UNIT_BYTES as usize]);
         let start_unit = file.start_unit;

@@ -385,6 +385,8 @@ impl IndexFile {
         };
         let head_bytes = index_file.entries_at() as u64;
         index_file.reserve(head_bytes)?;
+        // The slot table is written at random: every page of it soon.
+        super::prefault::populate_ahead(&index_file.map, INDEX_HEADER_BYTES, head_bytes as usize);
         let header = &mut index_file.map[..INDEX_HEADER_BYTES];
         header[0..4].copy_from_slice(&INDEX_MAGIC.to_be_bytes());
         header[4..8].copy_from_slice(&INDEX_LAYOUT_VERSION.to_be_bytes());
@@ -445,6 +447,7 @@ impl IndexFile {
             target - self.reserved_bytes,
         )?;
         self.reserved_bytes = target;
+        super::prefault::populate_ahead(&self.map, end as usize, target as usize);
         Ok(())
     }
 

@@ -55,6 +55,7 @@ mod flusher;
 mod idle_maps;
 mod index;
 mod index_query;
+mod prefault;
 mod pull;
 mod queue_files;
 mod read_cache;
