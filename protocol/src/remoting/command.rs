@@ -335,7 +335,25 @@ pub fn parse_bool_lenient(value: &str) -> bool {
 
 /// A decimal number (Java's `parseInt`/`parseLong`) of field `key`; other text is
 /// `NotANumber` ([`ExtFields::required_i32`] and friends for a value already looked up).
-pub fn parse_number<T: std::str::FromStr>(key: &'static str, value: &str) -> Result<T, FieldError> {
+pub fn parse_number<T>(key: &'static str, value: &str) -> Result<T, FieldError>
+where
+    T: std::str::FromStr + TryFrom<i64>,
+{
+    // The common form, up to 18 digits (no i64 overflows), read in place; anything else
+    // (a sign, more digits, other text, out of `T`'s range) goes through `FromStr`.
+    let (negative, digits) = match value.as_bytes() {
+        [b'-', digits @ ..] => (true, digits),
+        digits => (false, digits),
+    };
+    if (1..=18).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit) {
+        let magnitude = digits
+            .iter()
+            .fold(0i64, |number, digit| number * 10 + i64::from(digit - b'0'));
+        let number = if negative { -magnitude } else { magnitude };
+        if let Ok(number) = T::try_from(number) {
+            return Ok(number);
+        }
+    }
     value.parse().map_err(|_| FieldError::NotANumber {
         key,
         value: value.to_owned(),
@@ -407,6 +425,45 @@ mod tests {
         assert_eq!(pairs.len(), 9);
         let map: std::collections::BTreeMap<String, String> = fields.collect_owned();
         assert_eq!(map["queueId"], "4", "a map keeps the last repeated value");
+    }
+
+    #[test]
+    fn numbers_read_in_place_read_as_from_str_does() {
+        let i32_of = |text| parse_number::<i32>("k", text).ok();
+        let i64_of = |text| parse_number::<i64>("k", text).ok();
+        for text in [
+            "0",
+            "-0",
+            "7",
+            "-7",
+            "+7",
+            "007",
+            "2147483647",
+            "-2147483648",
+        ] {
+            assert_eq!(i32_of(text), text.parse().ok(), "{text}");
+        }
+        for text in [
+            "2147483648",
+            "-2147483649",
+            "",
+            "-",
+            "+",
+            "1-",
+            " 1",
+            "1.0",
+            "٣",
+        ] {
+            assert_eq!(i32_of(text), None, "{text}");
+        }
+        for text in [
+            "999999999999999999",
+            "-999999999999999999",
+            "9223372036854775807",
+        ] {
+            assert_eq!(i64_of(text), text.parse().ok(), "{text}");
+        }
+        assert_eq!(i64_of("9223372036854775808"), None);
     }
 
     #[test]

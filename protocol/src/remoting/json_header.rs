@@ -83,16 +83,19 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    #[inline(always)]
     fn peek(&self) -> Option<u8> {
         self.text.as_bytes().get(self.pos).copied()
     }
 
+    #[inline(always)]
     fn skip_whitespace(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.pos += 1;
         }
     }
 
+    #[inline(always)]
     fn expect(&mut self, byte: u8, reason: &'static str) -> Result<(), DecodeError> {
         self.skip_whitespace();
         if self.peek() != Some(byte) {
@@ -102,6 +105,7 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
+    #[inline(always)]
     fn slice(&self, start: usize, end: usize) -> Result<&'a str, DecodeError> {
         self.text
             .get(start..end)
@@ -224,8 +228,8 @@ impl<'a> Scanner<'a> {
             })
     }
 
-    /// The common form of an integer member, read without slicing: `-?[0-9]{1,9}` not
-    /// followed by a fraction or an exponent (so it fits an i32). `None` for anything else,
+    /// The common form of an integer member, read without slicing: `-?[0-9]{1,10}` in
+    /// i32's range, not followed by a fraction or an exponent. `None` for anything else,
     /// which [`Scanner::integer`] then reads from `pos` as before.
     #[inline(always)]
     fn plain_integer(&mut self) -> Option<i32> {
@@ -236,19 +240,20 @@ impl<'a> Scanner<'a> {
             at += 1;
         }
         let first = at;
-        let mut value: i32 = 0;
+        let mut magnitude: i64 = 0;
         while let Some(&digit @ b'0'..=b'9') = bytes.get(at) {
-            if at - first == 9 {
+            if at - first == 10 {
                 return None;
             }
-            value = value * 10 + i32::from(digit - b'0');
+            magnitude = magnitude * 10 + i64::from(digit - b'0');
             at += 1;
         }
         if at == first || matches!(bytes.get(at), Some(b'.' | b'e' | b'E')) {
             return None;
         }
+        let value = i32::try_from(if negative { -magnitude } else { magnitude }).ok()?;
         self.pos = at;
-        Some(if negative { -value } else { value })
+        Some(value)
     }
 
     fn string_or_null(
