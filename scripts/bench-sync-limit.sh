@@ -9,7 +9,9 @@
 # its round. These VMs are noisy: compare within a round.
 #   scripts/bench-sync-limit.sh BROKER_A BROKER_B [ROUNDS] [SECONDS]
 # Environment: PROFILE (small-vm), WARM (3), IN_FLIGHT (256), CONNECTIONS (2), MODE (sync),
-# DATA_PARENT (/var/tmp: a directory on the disk to measure).
+# DATA_PARENT (/var/tmp: a directory on the disk to measure), LIMIT_ARGS (more arguments for
+# the limit, e.g. "--unwritten": its ring allocated, not zeroed), RING_MIB (the limit's
+# ring, 256; with --unwritten larger than a run writes, e.g. 8192).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 a=$1; b=$2; rounds=${3:-3}; seconds=${4:-12}
@@ -35,7 +37,8 @@ run() { # name binary|limit
     dir=$(mktemp -d "$parent/bench-sync-limit.XXXXXX")
     if [ "$2" = limit ]; then
         target/release/shardmq-bench limit --cpus 0 --flush "$mode" --data-dir "$dir/data" \
-            --namesrv-port 43877 --broker-port 44912 --ring-mib 256 > "$dir/log" 2>&1 &
+            --namesrv-port 43877 --broker-port 44912 --ring-mib "${RING_MIB:-256}" ${LIMIT_ARGS:-} \
+            > "$dir/log" 2>&1 &
     else
         "$2" serve --profile "$profile" --cpus 0 --flush "$mode" --data-dir "$dir/data" \
             --namesrv-port 43877 --broker-port 44912 --listen-ip 127.0.0.1 \

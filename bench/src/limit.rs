@@ -12,7 +12,9 @@
 //! The file is a ring (`--ring-mib`, zeroed before the server listens) written round and
 //! round: a durable write over blocks written before is the cheapest the disk offers (no
 //! extent conversion, no size change for the journal to commit), which is the best a broker
-//! that zero-fills ahead of its writes can reach. The content is not kept.
+//! that zero-fills ahead of its writes can reach. The content is not kept. With
+//! `--unwritten` the ring is only allocated, so that (until the writes come round) every
+//! durable write also commits its extent conversion, as one into a new segment file does.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -69,6 +71,8 @@ pub struct LimitOptions {
     pub flush: Flush,
     /// Size of each shard's ring file.
     pub ring_bytes: u64,
+    /// The ring is allocated, not zeroed (`--unwritten`).
+    pub unwritten: bool,
 }
 
 impl LimitOptions {
@@ -156,10 +160,22 @@ async fn run_shard(shard: usize, options: &LimitOptions, topics: Topics) -> anyh
         next_offset: Cell::new(0),
     });
     let started = Instant::now();
-    zero_ring(&log.file, options.ring_bytes).await?;
+    if options.unwritten {
+        log.file
+            .pre_allocate(options.ring_bytes, false)
+            .await
+            .map_err(|error| anyhow::anyhow!("allocating the ring: {error}"))?;
+    } else {
+        zero_ring(&log.file, options.ring_bytes).await?;
+    }
     println!(
-        "limit: shard {shard}: {} MiB ring zeroed in {:.1} s",
+        "limit: shard {shard}: {} MiB ring {} in {:.1} s",
         options.ring_bytes >> 20,
+        if options.unwritten {
+            "allocated"
+        } else {
+            "zeroed"
+        },
         started.elapsed().as_secs_f64()
     );
     glommio::spawn_local(commit_loop(log.clone(), options.ring_bytes)).detach();

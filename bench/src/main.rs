@@ -197,6 +197,11 @@ struct LimitArgs {
     /// Size of each shard's file, zeroed at start and written round and round, in MiB.
     #[arg(long, default_value_t = 1024)]
     ring_mib: u64,
+    /// Only allocate the file (fallocate) instead of zeroing it: until the writes come round,
+    /// each durable write also commits its extent conversion, as a fresh store's writes into
+    /// new segment files do. Make the ring larger than a run writes.
+    #[arg(long)]
+    unwritten: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -219,6 +224,7 @@ impl LimitArgs {
                 LimitFlush::Async => limit::Flush::Async,
             },
             ring_bytes: self.ring_mib.clamp(64, 1 << 20) << 20,
+            unwritten: self.unwritten,
         }
     }
 }
