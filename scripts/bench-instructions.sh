@@ -7,9 +7,9 @@
 # flight) to warm it, the counters are zeroed, MESSAGES more are sent, and the broker stops.
 # Prints the shard thread's instructions a message and its TOP functions by instructions of
 # their own (inlined code is counted where callgrind's debug info puts it). The count moves
-# by up to ~1% between runs of one build (how many requests a read or a turn of the loop
-# takes differs a little); under valgrind the broker runs ~50x slower, so those batches are
-# not those of a real run, and neither are system calls and page faults (not counted).
+# by ~1% (once 2.6% under SYNC_FLUSH) between runs of one build: how many requests a read or
+# a turn of the loop takes differs a little. Under valgrind the broker runs ~50x slower, so
+# those batches are not those of a real run; system calls and page faults are not counted.
 #   [SKIP_BUILD=1] [FLUSH=async] [MESSAGES=20000] [TOP=25] scripts/bench-instructions.sh BINARY...
 # Needs valgrind (`apt-get install valgrind`).
 set -uo pipefail
