@@ -27,21 +27,22 @@ disk() {
         /proc/diskstats
 }
 bench() { # args...
-    taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:43877 --queues 8 \
+    taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:23877 --queues 8 \
         --in-flight "$in_flight" --threads 1 --connections-per-broker "$connections" \
         --no-progress "$@"
 }
 limit_msgs=1
+# Ports below the ephemeral range (32768-60999): a bench's own connections never hold them.
 run() { # name binary|limit
     local dir pid c0 c1 d0 d1 out msgs
     dir=$(mktemp -d "$parent/bench-sync-limit.XXXXXX")
     if [ "$2" = limit ]; then
         target/release/shardmq-bench limit --cpus 0 --flush "$mode" --data-dir "$dir/data" \
-            --namesrv-port 43877 --broker-port 44912 --ring-mib "${RING_MIB:-256}" ${LIMIT_ARGS:-} \
+            --namesrv-port 23877 --broker-port 24912 --ring-mib "${RING_MIB:-256}" ${LIMIT_ARGS:-} \
             > "$dir/log" 2>&1 &
     else
         "$2" serve --profile "$profile" --cpus 0 --flush "$mode" --data-dir "$dir/data" \
-            --namesrv-port 43877 --broker-port 44912 --listen-ip 127.0.0.1 \
+            --namesrv-port 23877 --broker-port 24912 --listen-ip 127.0.0.1 \
             --log-level warn > "$dir/log" 2>&1 &
     fi
     pid=$!
