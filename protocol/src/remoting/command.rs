@@ -341,23 +341,40 @@ where
 {
     // The common form, up to 18 digits (no i64 overflows), read in place; anything else
     // (a sign, more digits, other text, out of `T`'s range) goes through `FromStr`.
-    let (negative, digits) = match value.as_bytes() {
-        [b'-', digits @ ..] => (true, digits),
-        digits => (false, digits),
-    };
-    if (1..=18).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit) {
-        let magnitude = digits
-            .iter()
-            .fold(0i64, |number, digit| number * 10 + i64::from(digit - b'0'));
-        let number = if negative { -magnitude } else { magnitude };
-        if let Ok(number) = T::try_from(number) {
-            return Ok(number);
+    if let Some((number, length)) = leading_decimal(value.as_bytes(), 18) {
+        if length == value.len() {
+            if let Ok(number) = T::try_from(number) {
+                return Ok(number);
+            }
         }
     }
     value.parse().map_err(|_| FieldError::NotANumber {
         key,
         value: value.to_owned(),
     })
+}
+
+/// The decimal number `-?[0-9]{1,digits_max}` at the start of `bytes`, and the bytes it
+/// takes; None when there is no digit or more than `digits_max` (at most 18: no i64
+/// overflow).
+#[inline(always)]
+pub(crate) fn leading_decimal(bytes: &[u8], digits_max: usize) -> Option<(i64, usize)> {
+    debug_assert!(digits_max <= 18, "at most 18 digits fit an i64");
+    let negative = bytes.first() == Some(&b'-');
+    let first = usize::from(negative);
+    let mut at = first;
+    let mut magnitude: i64 = 0;
+    while let Some(&digit @ b'0'..=b'9') = bytes.get(at) {
+        if at - first == digits_max {
+            return None;
+        }
+        magnitude = magnitude * 10 + i64::from(digit - b'0');
+        at += 1;
+    }
+    if at == first {
+        return None;
+    }
+    Some((if negative { -magnitude } else { magnitude }, at))
 }
 
 #[cfg(test)]
