@@ -224,36 +224,15 @@ fn head_field<const N: usize>(rest: &mut &[u8], key: &[u8; N]) -> Option<i32> {
     i32::try_from(value).ok()
 }
 
-/// Strings shorter than this are checked for escapes through [`ESCAPED`].
-const SHORT_STRING_BYTES: usize = 32;
-
-/// The bytes a JSON string literal escapes: controls, `"` and `\\`.
-const ESCAPED: [bool; 256] = {
-    let mut escaped = [false; 256];
-    let mut byte = 0;
-    while byte < 0x20 {
-        escaped[byte] = true;
-        byte += 1;
-    }
-    escaped[b'"' as usize] = true;
-    escaped[b'\\' as usize] = true;
-    escaped
-};
-
 /// Writes `text` as a JSON string literal.
 pub(crate) fn write_json_string(out: &mut Vec<u8>, text: &str) {
     const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
     let bytes = text.as_bytes();
-    // Most values need no escape (ids, numbers, names). A short one (header keys and most
-    // values) is looked up byte by byte in a table; a long one is checked in one pass over
-    // every byte without an early exit, which the compiler vectorizes. Then one copy.
-    let plain = if bytes.len() < SHORT_STRING_BYTES {
-        !bytes.iter().any(|&byte| ESCAPED[usize::from(byte)])
-    } else {
-        !bytes.iter().fold(false, |escape, &byte| {
-            escape | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
-        })
-    };
+    // Most values need no escape (ids, numbers, names): one pass over every byte without an
+    // early exit, which the compiler vectorizes, then one copy.
+    let plain = !bytes.iter().fold(false, |escape, &byte| {
+        escape | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+    });
     if plain {
         out.reserve(bytes.len() + 2);
         out.push(b'"');
