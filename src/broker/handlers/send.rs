@@ -13,7 +13,7 @@ use std::rc::Rc;
 use shards::store::{self, record, AppendResult, FlushMode, MessageKeys, StoreError};
 use smallvec::{smallvec, SmallVec};
 
-use crate::body::{java_string_hash, parse_properties, property};
+use crate::body::{java_string_hash, parse_properties, property, TopicConfig};
 use crate::broker::append::{to_v4, Outgoing};
 use crate::broker::route::{route, Destination, RouteRequest};
 use crate::broker::state::schedule::{divert_for, Divert};
@@ -454,11 +454,9 @@ impl Broker {
     pub(crate) fn resolve_queue(&self, header: &SendHeader<'_>) -> Result<u32, RequestError> {
         // Only what is needed is taken from the table: a clone of the topic's config cost
         // two allocations and frees a message.
-        let existing = self
-            .topics
-            .borrow()
-            .get(header.topic)
-            .map(|config| (config.perm, config.read_queue_nums, config.write_queue_nums));
+        let needed =
+            |config: &TopicConfig| (config.perm, config.read_queue_nums, config.write_queue_nums);
+        let existing = self.topics.borrow().get(header.topic).map(needed);
         let (perm, read_queue_nums, write_queue_nums) = match existing {
             Some(existing) => existing,
             None => {
@@ -473,11 +471,7 @@ impl Broker {
                             header.topic
                         ))
                     })?;
-                let taken = (
-                    created.perm,
-                    created.read_queue_nums,
-                    created.write_queue_nums,
-                );
+                let taken = needed(&created);
                 self.upsert_topic_everywhere(created);
                 taken
             }
