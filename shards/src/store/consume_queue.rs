@@ -1308,8 +1308,17 @@ impl ConsumeQueue {
         min_physical: u64,
         paths: &mut Vec<PathBuf>,
     ) -> io::Result<()> {
-        if self.awaiting_file.is_some() {
-            return Ok(()); // just created: its records are the newest
+        // A queue taken from a synced checkpoint's catalog and not settled yet holds the units
+        // recovery rebuilt past its count in memory (`Settle::Holding`): its files are
+        // searched below them only (past them they may hold units of records the log lost).
+        // Any other queue awaiting its file is new: its records are the newest.
+        let held_from = self
+            .awaiting_file
+            .as_ref()
+            .filter(|_| self.settle == Settle::Holding)
+            .map(|held| held.from);
+        if self.awaiting_file.is_some() && held_from.is_none() {
+            return Ok(());
         }
         let mut opened = None;
         while self.files.len() > 1 {
@@ -1325,7 +1334,8 @@ impl ConsumeQueue {
             paths.push(self.file_path(first));
         }
         let floor = self.files.first().unwrap_or(self.max_offset);
-        let (mut low, mut high) = (self.min_offset.max(floor), self.max_offset);
+        let high = held_from.unwrap_or(self.max_offset);
+        let (mut low, mut high) = (self.min_offset.max(floor).min(high), high);
         let kept = |unit: Unit| unit.size_bytes > 0 && unit.physical_offset >= min_physical;
         let held = |queue: &Self, index, opened: &mut _| -> io::Result<bool> {
             Ok(queue.probe_unit(index, opened)?.is_some_and(kept))
@@ -2255,6 +2265,47 @@ mod tests {
                 "unit {i}"
             );
         }
+    }
+
+    /// A crash after a segment's deletion and before a checkpoint after it: recovery takes
+    /// the queue from the synced checkpoint's catalog (its minimum from before the deletion)
+    /// and, holding the units it rebuilt in memory, must still move the minimum past the
+    /// deleted segment (it kept the old one, and pulls there found no record).
+    #[test]
+    fn a_queue_holding_units_from_a_catalog_still_expires_below_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = table.get_or_create("T", 0).unwrap();
+        for i in 0..6 {
+            queue.append(unit(1_000 + i * 100)).unwrap();
+        }
+        let counts = table.max_offsets();
+        let catalog = super::super::catalog::Catalog {
+            expired_below: 1_000,
+            queues: vec![super::super::catalog::Listed {
+                topic: "T".into(),
+                queue_id: 0,
+                min_offset: 0,
+                files: vec![0, 4],
+            }],
+        };
+        drop(table);
+        let mut table =
+            QueueTable::from_catalog(dir.path().to_path_buf(), 4, catalog, &counts, true);
+        let queue = table.get_mut("T", 0).unwrap();
+        for i in 6..9 {
+            queue.append(unit(1_000 + i * 100)).unwrap();
+        }
+        assert_eq!(queue.units_held_back(), 3);
+        // The log now starts at 1,250: units 0-2 point below it.
+        table.expire_below(1_250).unwrap();
+        let queue = table.get("T", 0).unwrap();
+        assert_eq!((queue.min_offset(), queue.max_offset()), (3, 9));
+        // Past every unit of the files: the minimum goes to the first unit held back.
+        table.expire_below(1_650).unwrap();
+        let queue = table.get_mut("T", 0).unwrap();
+        assert_eq!((queue.min_offset(), queue.max_offset()), (6, 9));
+        assert_eq!(queue.read_unit(6).unwrap(), Some(unit(1_600)));
     }
 
     #[test]
