@@ -50,6 +50,8 @@ pub const BORNHOST_V6_FLAG: i32 = 0x10;
 pub const STOREHOST_V6_FLAG: i32 = 0x20;
 /// Bytes the blank filler header takes (TOTALSIZE + MAGICCODE): a segment always keeps them.
 pub const BLANK_HEADER_BYTES: usize = 8;
+/// Where PHYSICALOFFSET lies in a record (the same for both magic codes and host families).
+pub const PHYSICAL_OFFSET_AT: usize = 28;
 /// Offset of STORETIMESTAMP in a record with an IPv4 born host (any store host).
 pub const STORE_TIMESTAMP_OFFSET_V4_BORN: usize = 56;
 
@@ -135,15 +137,119 @@ pub fn encode_into(msg: &StoredMessage<'_>, out: &mut Vec<u8>) -> usize {
 /// the hosts. Panics if the topic exceeds 255 bytes or properties 32767 (callers check
 /// limits first) or if `out` has another size.
 pub fn encode_to(msg: &StoredMessage<'_>, out: &mut [u8]) {
+    write_record(msg, &[msg.properties], out);
+}
+
+/// The seal of a record written over a reused commitlog segment: a last property `__CRC32#`,
+/// in the format of RocketMQ's `enabledAppendPropCRC` (`MessageDecoder.createCrc32`): the
+/// CRC32 (IEEE, masked to 31 bits as `UtilAll.crc32` does) of every byte of the record before
+/// the property, in ten decimal digits, the least significant first. BODYCRC covers only the
+/// body; over space a segment held before, a torn write leaves old bytes (not zeros) in the
+/// rest, and the seal is what tells them apart.
+pub const SEAL_KEY: &[u8] = b"__CRC32#";
+const SEAL_DIGITS: usize = 10;
+/// A seal's bytes: the key, 0x01, ten digits, 0x02.
+pub const SEAL_BYTES: usize = SEAL_KEY.len() + 1 + SEAL_DIGITS + 1;
+/// What sealing may add to a message's properties: a separator and the seal.
+pub const SEAL_BYTES_MAX: usize = SEAL_BYTES + 1;
+
+/// Whether `properties` end with a property shaped as a seal.
+fn ends_with_seal(properties: &[u8]) -> bool {
+    let Some(at) = properties.len().checked_sub(SEAL_BYTES) else {
+        return false;
+    };
+    let starts_pair = at == 0 || properties[at - 1] == PROPERTY_SEPARATOR;
+    starts_pair && seal_shaped(&properties[at..])
+}
+
+/// Whether `seal` (SEAL_BYTES long) is the key, 0x01, ten digits and 0x02.
+fn seal_shaped(seal: &[u8]) -> bool {
+    seal.starts_with(SEAL_KEY)
+        && seal[SEAL_KEY.len()] == NAME_VALUE_SEPARATOR
+        && seal[SEAL_KEY.len() + 1..SEAL_BYTES - 1]
+            .iter()
+            .all(u8::is_ascii_digit)
+        && seal[SEAL_BYTES - 1] == PROPERTY_SEPARATOR
+}
+
+const NAME_VALUE_SEPARATOR: u8 = 0x01;
+const PROPERTY_SEPARATOR: u8 = 0x02;
+
+/// The properties a sealed record keeps in front of its seal: the given ones less a seal they
+/// end with (a message read from a sealed record and stored again gets a new one), and
+/// whether a separator must follow them (they do not end with one).
+fn before_seal(properties: &[u8]) -> (&[u8], bool) {
+    let kept = if ends_with_seal(properties) {
+        &properties[..properties.len() - SEAL_BYTES]
+    } else {
+        properties
+    };
+    let separator = kept.last().is_some_and(|&b| b != PROPERTY_SEPARATOR);
+    (kept, separator)
+}
+
+/// Length of the properties a sealed record of `properties` stores, its seal included.
+pub fn sealed_properties_len(properties: &[u8]) -> usize {
+    let (kept, separator) = before_seal(properties);
+    kept.len() + usize::from(separator) + SEAL_BYTES
+}
+
+/// [`encode_to`] with a seal: `out` must be [`encoded_size_of`] bytes for properties of
+/// [`sealed_properties_len`].
+pub fn encode_sealed_to(msg: &StoredMessage<'_>, out: &mut [u8]) {
+    let (kept, separator) = before_seal(msg.properties);
+    let separator: &[u8] = if separator {
+        &[PROPERTY_SEPARATOR]
+    } else {
+        &[]
+    };
+    let mut seal = [b'0'; SEAL_BYTES];
+    seal[..SEAL_KEY.len()].copy_from_slice(SEAL_KEY);
+    seal[SEAL_KEY.len()] = NAME_VALUE_SEPARATOR;
+    seal[SEAL_BYTES - 1] = PROPERTY_SEPARATOR;
+    write_record(msg, &[kept, separator, &seal], out);
+    let sealed_at = out.len() - SEAL_BYTES;
+    let mut value = seal_crc(&out[..sealed_at]);
+    let digits_at = out.len() - SEAL_DIGITS - 1;
+    for digit in &mut out[digits_at..digits_at + SEAL_DIGITS] {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+/// The value a seal holds for the record bytes in front of it.
+fn seal_crc(before: &[u8]) -> u32 {
+    crc32fast::hash(before) & 0x7FFF_FFFF
+}
+
+/// Whether `record` (one whole record) ends with a seal that matches its bytes.
+pub fn seal_holds(record: &[u8]) -> bool {
+    let Some(at) = record.len().checked_sub(SEAL_BYTES) else {
+        return false;
+    };
+    if !seal_shaped(&record[at..]) {
+        return false;
+    }
+    let digits_at = record.len() - SEAL_DIGITS - 1;
+    let value = record[digits_at..digits_at + SEAL_DIGITS]
+        .iter()
+        .rev()
+        .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0'));
+    value == u64::from(seal_crc(&record[..at]))
+}
+
+/// Writes `msg` with its properties given as the concatenation of `properties`.
+fn write_record(msg: &StoredMessage<'_>, properties: &[&[u8]], out: &mut [u8]) {
+    let properties_len: usize = properties.iter().map(|p| p.len()).sum();
     assert!(
         msg.topic.len() <= usize::from(u8::MAX),
         "topic length checked by the caller"
     );
     assert!(
-        msg.properties.len() <= i16::MAX as usize,
+        properties_len <= i16::MAX as usize,
         "properties length checked by the caller"
     );
-    let size = encoded_size_of(msg);
+    let size = encoded_size_of(msg) - msg.properties.len() + properties_len;
     assert_eq!(out.len(), size, "room for exactly one record");
     let mut sys_flag = msg.sys_flag & !(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG);
     if msg.born_host.is_ipv6() {
@@ -171,8 +277,10 @@ pub fn encode_to(msg: &StoredMessage<'_>, out: &mut [u8]) {
     w.put(msg.body);
     w.put(&[msg.topic.len() as u8]);
     w.put(msg.topic.as_bytes());
-    w.put(&(msg.properties.len() as i16).to_be_bytes());
-    w.put(msg.properties);
+    w.put(&(properties_len as i16).to_be_bytes());
+    for part in properties {
+        w.put(part);
+    }
     assert_eq!(w.pos, size, "record size equals its computed size");
 }
 
@@ -432,6 +540,56 @@ mod tests {
             topic,
             properties: props,
         }
+    }
+
+    fn sealed(msg: &StoredMessage<'_>) -> Vec<u8> {
+        let len = sealed_properties_len(msg.properties);
+        let size = encoded_size_of(msg) - msg.properties.len() + len;
+        let mut out = vec![0u8; size];
+        encode_sealed_to(msg, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_seal_is_the_last_property_and_covers_every_byte_before_it() {
+        for props in [&b""[..], b"KEYS\x01k1\x02", b"TAGS\x01a\x02UNIQ_KEY\x01u"] {
+            let msg = sample(b"hello", "TopicA", props);
+            let bytes = sealed(&msg);
+            assert!(seal_holds(&bytes), "{props:?}");
+            let decoded = decode(&bytes).unwrap();
+            let parsed: std::collections::HashMap<&str, &str> =
+                crate::body::parse_properties(decoded.properties)
+                    .into_iter()
+                    .collect();
+            // RocketMQ's: CRC32 & 0x7FFFFFFF of the bytes before the property, ten digits
+            // from the least significant.
+            let crc = crc32fast::hash(&bytes[..bytes.len() - SEAL_BYTES]) & 0x7FFF_FFFF;
+            let digits: String = format!("{crc:010}").chars().rev().collect();
+            assert_eq!(parsed.get("__CRC32#").copied(), Some(&*digits));
+            // Every other property is kept as it was.
+            let given = crate::body::parse_properties(props);
+            assert_eq!(parsed.len(), given.len() + 1);
+            for (key, value) in given {
+                assert_eq!(parsed.get(key), Some(&value));
+            }
+            // Any changed byte breaks it: the body (BODYCRC's), a header field, a property.
+            for at in [20, 100, bytes.len() - 15, bytes.len() - 5] {
+                let mut torn = bytes.clone();
+                torn[at] ^= 0x40;
+                assert!(!seal_holds(&torn), "byte {at} of {props:?}");
+            }
+            // Stored again, a sealed message's properties get one seal, a new one.
+            let mut again = sample(b"hello", "TopicA", decoded.properties);
+            again.physical_offset = 8192;
+            let resealed = sealed(&again);
+            assert_eq!(resealed.len(), bytes.len());
+            assert!(seal_holds(&resealed));
+            assert_ne!(resealed[bytes.len() - 11..], bytes[bytes.len() - 11..]);
+        }
+        // An unsealed record, and one whose last property is not a seal, do not hold one.
+        let mut plain = Vec::new();
+        encode_into(&sample(b"x", "T", b"A\x01b\x02"), &mut plain);
+        assert!(!seal_holds(&plain));
     }
 
     #[test]
