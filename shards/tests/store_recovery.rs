@@ -740,7 +740,11 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
         })
         .await;
         let oldest = store.oldest_sealed_segment().unwrap();
-        store.delete_oldest_segment(oldest).await.unwrap().unwrap();
+        store
+            .delete_oldest_segment(oldest, false)
+            .await
+            .unwrap()
+            .unwrap();
         assert!(store.min_queue_offset("Long", shards::QueueId(0)).0 > 0);
         store.close().await.unwrap();
     });

@@ -766,7 +766,11 @@ fn zero_fill_range(inner: &Inner, log: &LogState) -> Option<(u64, u64)> {
     let end = log.tail.end();
     let size = inner.config.segment_size_bytes;
     let target = zero_fill_target(inner, log, end);
-    let pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
+    let mut pos = log.flush.zero_fill_next.max(align_up(end, BLOCK_BYTES));
+    // A recycled segment's blocks were all written in its earlier life: zeros gain nothing.
+    while log.segments.sealed_at(pos) && pos < target {
+        pos = align_down(pos, size) + size;
+    }
     let stop = (pos + ZERO_FILL_CHUNK_BYTES)
         .min(align_down(pos, size) + size)
         .min(target);
@@ -979,10 +983,18 @@ pub(crate) async fn ensure_segments(inner: &Inner, start: u64, end: u64) -> Resu
         )
     };
     while segment < end {
+        // Retention may be moving a file it recycles here (`retention.rs`), or another
+        // caller creating it: that one's file is this segment's.
+        while inner.log.borrow().segments.claimed.contains(&segment) {
+            crate::runtime::sleep(Duration::from_millis(1)).await;
+        }
         let missing = inner.log.borrow().segments.file_for(segment).is_none();
         if missing {
             let dir = inner.log.borrow().segments.dir.clone();
-            let file = create_segment(&dir, size, segment).await?;
+            inner.log.borrow_mut().segments.claimed.insert(segment);
+            let created = create_segment(&dir, size, segment).await;
+            inner.log.borrow_mut().segments.claimed.remove(&segment);
+            let file = created?;
             let (below_start, created_meanwhile, emptied) = {
                 let log = inner.log.borrow();
                 (

@@ -88,8 +88,8 @@ pub use pull::{
 };
 pub use replica::{REPLICA_READ_MAX_BYTES, REPLICA_UNIT_MAX_BYTES};
 pub use retention::{
-    parse_delete_when, DeletedSegment, DiskVerdict, RetentionConfig, SealedSegment,
-    DELETE_FILES_BATCH_MAX, MANUAL_DELETE_RUNS,
+    parse_delete_when, recycled_ahead_max, DeletedSegment, DiskVerdict, RetentionConfig,
+    SealedSegment, DELETE_FILES_BATCH_MAX, MANUAL_DELETE_RUNS,
 };
 pub use space::{ALLOCATION_RETRY_MS, ALLOCATION_WINDOW_DEFAULT_BYTES, FLUSH_RETRY_MS};
 
@@ -106,6 +106,9 @@ use tail::Tail;
 pub use crate::limits::FLUSH_DIRTY_MAX_BYTES_LIMIT;
 pub use crate::limits::MESSAGE_SIZE_MAX_BYTES;
 pub use crate::limits::PROPERTIES_SIZE_MAX_BYTES;
+/// The longest properties a message may bring to the store: what a seal may add to them in a
+/// recycled segment (`record::SEAL_BYTES_MAX`) still fits RocketMQ's 32,767.
+pub const STORED_PROPERTIES_MAX_BYTES: usize = PROPERTIES_SIZE_MAX_BYTES - record::SEAL_BYTES_MAX;
 pub use crate::limits::RECORD_SIZE_MAX_BYTES;
 pub use crate::limits::SEGMENT_SIZE_MIN_BYTES;
 pub use crate::limits::TAIL_READ_KEEP_BYTES;
@@ -328,6 +331,8 @@ pub struct StoreStats {
     pub ring: commit_ring::RingCounts,
     /// Commitlog segments deleted by retention.
     pub segments_deleted: u64,
+    /// Of those, the ones whose file became a later segment (`retention.rs`, recycling).
+    pub segments_recycled: u64,
     /// Damaged records a pull met and did not serve (`pull::record_fault`).
     pub corrupt_records: u64,
     /// Pulls' lookups of cold commitlog windows found in the read cache, and those that read
@@ -621,10 +626,10 @@ impl Store {
                 limit_bytes: MESSAGE_SIZE_MAX_BYTES,
             });
         }
-        if msg.properties.len() > PROPERTIES_SIZE_MAX_BYTES {
+        if msg.properties.len() > STORED_PROPERTIES_MAX_BYTES {
             return Err(StoreError::PropertiesTooLarge {
                 size_bytes: msg.properties.len(),
-                limit_bytes: PROPERTIES_SIZE_MAX_BYTES,
+                limit_bytes: STORED_PROPERTIES_MAX_BYTES,
             });
         }
         if msg.properties.last() == Some(&0) {
@@ -634,26 +639,48 @@ impl Store {
             ));
         }
         let inner = &*self.inner;
-        let size = record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
+        let plain_size =
+            record::encoded_size(msg.body.len(), msg.topic.len(), msg.properties.len());
         let segment_size = inner.config.segment_size_bytes;
         let mut log = inner.log.borrow_mut();
         log.writable()?;
-        if (size + record::BLANK_HEADER_BYTES) as u64 > segment_size {
+        // In a recycled segment the record is sealed (`record::encode_sealed_to`).
+        let sealed_size = record::encoded_size(
+            msg.body.len(),
+            msg.topic.len(),
+            record::sealed_properties_len(msg.properties),
+        );
+        let size_at = |log: &LogState, offset: u64| {
+            if log.segments.sealed_at(offset) {
+                sealed_size
+            } else {
+                plain_size
+            }
+        };
+        let largest = plain_size.max(sealed_size);
+        if (largest + record::BLANK_HEADER_BYTES) as u64 > segment_size {
             // Only with segments smaller than a largest record (tests).
             return Err(StoreError::MessageTooLarge {
-                size_bytes: size,
+                size_bytes: largest,
                 limit_bytes: segment_size as usize - record::BLANK_HEADER_BYTES,
             });
         }
         let end = log.tail.end();
         let segment_end = segments::align_down(end, segment_size) + segment_size;
         // A segment always keeps room for the blank filler header at its end.
-        let filler = if end + (size + record::BLANK_HEADER_BYTES) as u64 > segment_end {
+        let here = size_at(&log, end);
+        let filler = if end + (here + record::BLANK_HEADER_BYTES) as u64 > segment_end {
             segment_end - end
         } else {
             0
         };
         let physical_offset = end + filler;
+        let sealed = log.segments.sealed_at(physical_offset);
+        let size = if filler > 0 {
+            size_at(&log, physical_offset)
+        } else {
+            here
+        };
         self.room_for(&log, physical_offset + size as u64)?;
         let keys = if index::indexes_sys_flag(msg.sys_flag) {
             keys
@@ -712,8 +739,13 @@ impl Store {
             properties: msg.properties,
         };
         let mut scratch = std::mem::take(&mut log.scratch);
-        log.tail
-            .push_with(size, &mut scratch, |out| record::encode_to(&stored, out));
+        log.tail.push_with(size, &mut scratch, |out| {
+            if sealed {
+                record::encode_sealed_to(&stored, out)
+            } else {
+                record::encode_to(&stored, out)
+            }
+        });
         log.scratch = scratch;
         log.stats.put_messages += 1;
         log.stats.put_bytes += size as u64;
@@ -1025,11 +1057,15 @@ impl Store {
     /// Deletes `segment` (from `oldest_sealed_segment`) if it still is the oldest that may go,
     /// with the consume-queue and index files that only point into it; each queue's minimum
     /// offset moves past it. The files are removed off the shard's thread.
+    ///
+    /// With `recycle`, its file may become a segment after the last one instead of being
+    /// removed (see retention.rs: for a master whose disk has room); `recycled_to` says so.
     pub async fn delete_oldest_segment(
         &self,
         segment: SealedSegment,
+        recycle: bool,
     ) -> Result<Option<DeletedSegment>, StoreError> {
-        retention::delete_oldest(&self.inner, segment).await
+        retention::delete_oldest(&self.inner, segment, recycle).await
     }
 
     /// Why writes are refused for want of disk space right now (None: they are not).

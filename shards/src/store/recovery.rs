@@ -545,7 +545,8 @@ async fn scan(
                 match classify(&window[at..], here, segment_end) {
                     Found::Record(record_size) => {
                         let bytes = &window[at..at + record_size];
-                        if dispatch(bytes, here, config, rebuilt)? {
+                        let sealed = segments.recycled.contains(&segment);
+                        if dispatch(bytes, here, sealed, config, rebuilt)? {
                             at += record_size;
                             continue;
                         }
@@ -615,7 +616,8 @@ async fn past_damage(
     if next.is_none_or(|next| next < reach) {
         let beyond = segments.segments_from(align_up(reach, size)).next();
         if let Some((start, file)) = beyond {
-            if valid_record_at(&file, start, start + size, start).await? {
+            let sealed = segments.recycled.contains(&start);
+            if valid_record_at(&file, start, start + size, start, sealed).await? {
                 later = Some(start);
             }
         }
@@ -638,6 +640,7 @@ pub(crate) async fn next_valid_record(
     };
     let segment_end = segment + size;
     let stop = search_end.min(segment_end);
+    let sealed = segments.recycled.contains(&segment);
     // Windows overlap by a header (`record_start_candidates`).
     let mut pos = from;
     while pos < stop {
@@ -649,7 +652,12 @@ pub(crate) async fn next_valid_record(
             if candidate >= stop {
                 break;
             }
-            if valid_record_at(&file, segment, segment_end, candidate).await? {
+            // A record names its own position: the bytes a recycled segment held before
+            // (whole records of another start) are passed over without a read.
+            if names_another_position(&window[at..], candidate) {
+                continue;
+            }
+            if valid_record_at(&file, segment, segment_end, candidate, sealed).await? {
                 return Ok(Some(candidate));
             }
         }
@@ -659,11 +667,22 @@ pub(crate) async fn next_valid_record(
         pos += len as u64 - record::BLANK_HEADER_BYTES as u64;
     }
     if let Some((_, next_file)) = segments.file_for(segment_end) {
-        if valid_record_at(&next_file, segment_end, segment_end + size, segment_end).await? {
+        let sealed = segments.recycled.contains(&segment_end);
+        let next = (segment_end, segment_end + size);
+        if valid_record_at(&next_file, next.0, next.1, segment_end, sealed).await? {
             return Ok(Some(segment_end));
         }
     }
     Ok(None)
+}
+
+/// Whether the record header at the start of `bytes`, when they hold its PHYSICALOFFSET,
+/// names another position than `offset`.
+fn names_another_position(bytes: &[u8], offset: u64) -> bool {
+    let field = record::PHYSICAL_OFFSET_AT..record::PHYSICAL_OFFSET_AT + 8;
+    bytes
+        .get(field)
+        .is_some_and(|named| u64::from_be_bytes(named.try_into().unwrap()) != offset)
 }
 
 /// Offsets in `window` where a record could start: 4 bytes before each V1 or V2 magic code,
@@ -696,12 +715,14 @@ pub(crate) fn plausible_record_size(header: &[u8], room: u64) -> Option<usize> {
     plausible.then_some(size)
 }
 
-/// Whether a whole valid record that names `offset` as its position starts at `offset`.
+/// Whether a whole valid record that names `offset` as its position starts at `offset` (and,
+/// in a recycled segment, carries its seal).
 async fn valid_record_at(
     file: &DirectFile,
     segment: u64,
     segment_end: u64,
     offset: u64,
+    sealed: bool,
 ) -> Result<bool, StoreError> {
     let mut header = [0u8; record::BLANK_HEADER_BYTES];
     if offset + header.len() as u64 > segment_end {
@@ -713,7 +734,8 @@ async fn valid_record_at(
     };
     let mut bytes = vec![0u8; size];
     file.read_exact_at(offset - segment, &mut bytes).await?;
-    Ok(record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset))
+    let seal_holds = !sealed || record::seal_holds(&bytes);
+    Ok(seal_holds && record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset))
 }
 
 /// Re-dispatches one record's unit (and its index entries, past the index's end); false when
@@ -721,6 +743,7 @@ async fn valid_record_at(
 fn dispatch(
     bytes: &[u8],
     offset: u64,
+    sealed: bool,
     config: &StoreConfig,
     rebuilt: &mut Rebuilt<'_>,
 ) -> Result<bool, StoreError> {
@@ -732,9 +755,12 @@ fn dispatch(
     // reached the disk: the topic may hold no NUL, and properties may not end with one
     // (`append` refuses such properties, so no acknowledged record is ever dropped here).
     let torn_properties = message.properties.last() == Some(&0);
+    // In a recycled segment a torn write leaves the bytes of the segment's earlier life, not
+    // zeros: there every record carries a seal over all its bytes (`record::seal_holds`).
     if message.physical_offset != offset
         || validate_topic(message.topic).is_err()
         || torn_properties
+        || sealed && !record::seal_holds(bytes)
     {
         return Ok(false);
     }
@@ -916,6 +942,7 @@ async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), 
             DirectFile::close_shared(file).await;
         }
         std::fs::remove_file(segments.path_of(start))?;
+        segments.recycled.remove(&start);
     }
     Ok(())
 }

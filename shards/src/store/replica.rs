@@ -398,6 +398,7 @@ impl Store {
             // A zero-fill still under way on it writes into the unlinked file, harmlessly.
             let path = inner.log.borrow().segments.path_of(start);
             crate::runtime::fs::remove_if_present(&path)?;
+            inner.log.borrow_mut().segments.recycled.remove(&start);
         }
         if !old_files.is_empty() {
             // Their descriptors close once no zero-fill chain can be writing through them; a

@@ -209,6 +209,7 @@ fn swap_in_empty(inner: &Inner, offset: u64) -> Vec<Rc<DirectFile>> {
     let old_segments = {
         let mut log = inner.log.borrow_mut();
         let files = std::mem::take(&mut log.segments.files);
+        log.segments.recycled.clear();
         // The chunk holding `offset` starts below it: zeros there, never read (below the
         // minimum) nor written (flushes start at the durable end).
         let prefix = vec![0u8; (offset % TAIL_CHUNK_BYTES) as usize];

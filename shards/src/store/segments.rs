@@ -1,11 +1,14 @@
 //! Commitlog segment files: naming, creation, and the DMA read/write helpers.
 //!
 //! Lives on the store's shard. A segment is `<root>/commitlog/<20-digit start offset>`, exactly
-//! `segment_size_bytes` long, starting at a multiple of that size. Files are opened O_DIRECT
+//! `segment_size_bytes` long, starting at a multiple of that size; one that retention gave a
+//! new start instead of deleting it (`retention.rs`) is `<20-digit start>.recycled`, and its
+//! records carry a seal (`record::encode_sealed_to`): the bytes past its log's end are those
+//! of its earlier life, not zeros. Files are opened O_DIRECT
 //! (`runtime::fs::DirectFile`); only the flusher task writes them (and recovery, before the
 //! flusher starts), so a zero-fill write can never race a data write to the same range.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -30,10 +33,33 @@ pub(crate) struct Segments {
     pub(crate) dir: PathBuf,
     pub(crate) segment_size_bytes: u64,
     pub(crate) files: BTreeMap<u64, Rc<DirectFile>>,
+    /// Starts whose file is a recycled one (named with `RECYCLED_SUFFIX`).
+    pub(crate) recycled: BTreeSet<u64>,
+    /// Starts a creation or a recycling is making a file for: no other one begins there.
+    pub(crate) claimed: BTreeSet<u64>,
 }
+
+/// The name ending of a segment file that held an earlier segment.
+pub const RECYCLED_SUFFIX: &str = ".recycled";
 
 fn segment_name(start: u64) -> String {
     format!("{start:020}")
+}
+
+/// The name of the recycled segment file starting at `start`.
+pub(crate) fn recycled_name(start: u64) -> String {
+    format!("{start:020}{RECYCLED_SUFFIX}")
+}
+
+/// The start a commitlog file's name gives, and whether it is a recycled one; None for a
+/// name that is not a segment's.
+pub fn parse_segment_name(name: &str) -> Option<(u64, bool)> {
+    let (digits, recycled) = match name.strip_suffix(RECYCLED_SUFFIX) {
+        Some(digits) => (digits, true),
+        None => (name, false),
+    };
+    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    Some((digits.parse().ok().filter(|_| plain)?, recycled))
 }
 
 impl Segments {
@@ -49,9 +75,10 @@ impl Segments {
         progress: &super::OpenProgress,
     ) -> Result<Segments, StoreError> {
         let mut starts = Vec::new();
+        let mut recycled = BTreeSet::new();
         for entry in std::fs::read_dir(&dir)? {
             let name = entry?.file_name();
-            let Some(start) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
+            let Some((start, is_recycled)) = name.to_str().and_then(parse_segment_name) else {
                 continue;
             };
             if start % segment_size_bytes != 0 {
@@ -60,16 +87,33 @@ impl Segments {
                      segment_size_bytes {segment_size_bytes} (was it changed?)"
                 )));
             }
+            if is_recycled {
+                recycled.insert(start);
+            }
             starts.push(start);
         }
         starts.sort_unstable();
+        // Both names: a crash came while a recycled file replaced a sparse one made ahead
+        // (`retention::recycle_file`), which never took a byte of the log.
+        for twice in starts.windows(2).filter(|w| w[0] == w[1]) {
+            let replaced = dir.join(segment_name(twice[0]));
+            log::warn!(
+                "commitlog segment {}: removing {} (a recycled file replaced it)",
+                twice[0],
+                replaced.display()
+            );
+            std::fs::remove_file(&replaced)?;
+        }
+        starts.dedup();
         let mut segments = Segments {
             dir,
             segment_size_bytes,
             files: BTreeMap::new(),
+            recycled,
+            claimed: BTreeSet::new(),
         };
         for start in starts {
-            let file = open_segment_file(&segments.dir, start, false).await?;
+            let file = DirectFile::open(&segments.path_of(start), false).await?;
             let size = file.size().await?;
             if size > segment_size_bytes {
                 return Err(StoreError::Config(format!(
@@ -109,7 +153,16 @@ impl Segments {
     }
 
     pub(crate) fn path_of(&self, start: u64) -> PathBuf {
-        self.dir.join(segment_name(start))
+        if self.recycled.contains(&start) {
+            self.dir.join(recycled_name(start))
+        } else {
+            self.dir.join(segment_name(start))
+        }
+    }
+
+    /// Whether the records of the segment holding `offset` are sealed (a recycled file).
+    pub(crate) fn sealed_at(&self, offset: u64) -> bool {
+        !self.recycled.is_empty() && self.recycled.contains(&self.segment_start(offset))
     }
 }
 
@@ -195,6 +248,60 @@ mod tests {
                     .unwrap()
                     .len(),
                 SIZE
+            );
+        });
+    }
+
+    #[test]
+    fn names_say_the_start_and_whether_the_file_was_recycled() {
+        assert_eq!(
+            parse_segment_name("00000000001073741824"),
+            Some((1 << 30, false))
+        );
+        assert_eq!(
+            parse_segment_name("00000000001073741824.recycled"),
+            Some((1 << 30, true))
+        );
+        for other in [
+            "",
+            ".recycled",
+            "+1",
+            "12x",
+            "0001.recycled.tmp",
+            "checkpoint",
+        ] {
+            assert_eq!(parse_segment_name(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_start_with_both_names_opens_with_its_recycled_file() {
+        const SIZE: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        // A crash while a recycled file replaced the sparse one made ahead for its start.
+        std::fs::write(path.join(segment_name(0)), b"").unwrap();
+        std::fs::write(path.join(segment_name(SIZE)), b"").unwrap();
+        std::fs::write(path.join(recycled_name(SIZE)), b"old records").unwrap();
+        crate::runtime::run_local(|| async move {
+            let progress = crate::store::OpenProgress::default();
+            let segments = Segments::open(path.clone(), SIZE, &progress).await.unwrap();
+            assert_eq!(
+                segments.files.keys().copied().collect::<Vec<_>>(),
+                vec![0, SIZE]
+            );
+            assert!(segments.sealed_at(SIZE + 5) && !segments.sealed_at(5));
+            assert_eq!(segments.path_of(SIZE), path.join(recycled_name(SIZE)));
+            let mut names: Vec<String> = std::fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            assert_eq!(names, vec![segment_name(0), recycled_name(SIZE)]);
+            let kept = std::fs::read(path.join(recycled_name(SIZE))).unwrap();
+            assert!(
+                kept.starts_with(b"old records"),
+                "the recycled file is kept"
             );
         });
     }

@@ -6,7 +6,9 @@
 //! 1. The commitlog, every segment from its first byte: each record decodes whole (TOTALSIZE,
 //!    magic, field lengths, BODYCRC) and names its own position (PHYSICALOFFSET); a blank
 //!    filler ends a segment; zeros end the data (in the last segment; in an earlier one the
-//!    segment ended early). Anything else is damage: reported with its offsets, then the scan
+//!    segment ended early). In a recycled segment (`<start>.recycled`) each record must also
+//!    hold its seal, and bytes no valid record follows end the data as zeros do (they are the
+//!    file's earlier life). Anything else is damage: reported with its offsets, then the scan
 //!    resynchronises on the next valid record (`recovery::next_valid_record`'s rule) and goes on.
 //! 2. Every consume-queue unit from the queue's first one on: it points into the log that is
 //!    left (units below the first segment are expired, not damage; units past the log's end
@@ -30,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use super::record::{self, BLANK_MAGIC_CODE};
 use super::recovery::{plausible_record_size, record_start_candidates};
+use super::segments::{parse_segment_name, recycled_name};
 use super::RECORD_SIZE_MAX_BYTES;
 
 /// Commitlog bytes read per step.
@@ -69,6 +72,14 @@ impl VerifyReport {
             self.findings.push(what);
         }
     }
+
+    /// Takes back the last `damaged` (only `damaged` adds findings).
+    fn not_damaged_after_all(&mut self) {
+        if self.damage as usize <= FINDINGS_KEPT_MAX {
+            self.findings.pop();
+        }
+        self.damage -= 1;
+    }
 }
 
 /// One commitlog segment, opened for reading.
@@ -76,6 +87,9 @@ struct Segment {
     start: u64,
     file: File,
     len: u64,
+    /// A recycled file (`<start>.recycled`): its records are sealed, and past the log's end
+    /// it holds its earlier life's bytes.
+    recycled: bool,
 }
 
 struct Log {
@@ -108,7 +122,8 @@ impl Log {
         let mut bytes = vec![0u8; size];
         segment.file.read_exact_at(&mut bytes, within)?;
         let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset);
-        Ok(valid.then_some(bytes))
+        let sealed = !segment.recycled || record::seal_holds(&bytes);
+        Ok((valid && sealed).then_some(bytes))
     }
 }
 
@@ -134,8 +149,8 @@ fn open_log(root: &Path, size: Option<u64>, report: &mut VerifyReport) -> io::Re
     if dir.is_dir() {
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();
-            match name.to_str().and_then(|n| n.parse::<u64>().ok()) {
-                Some(start) => starts.push(start),
+            match name.to_str().and_then(parse_segment_name) {
+                Some(found) => starts.push(found),
                 None => report.notes.push(format!(
                     "commitlog/{} is not a segment (ignored)",
                     name.to_string_lossy()
@@ -143,14 +158,26 @@ fn open_log(root: &Path, size: Option<u64>, report: &mut VerifyReport) -> io::Re
             }
         }
     }
-    starts.sort_unstable();
+    // A start with both names: the store opens with the recycled one and removes the other
+    // (`Segments::open`).
+    starts.sort_unstable_by_key(|&(start, recycled)| (start, !recycled));
+    starts.dedup_by_key(|(start, _)| *start);
     let mut segments = Vec::new();
-    for &start in &starts {
-        let path = dir.join(format!("{start:020}"));
+    for &(start, recycled) in &starts {
+        let path = dir.join(match recycled {
+            true => recycled_name(start),
+            false => format!("{start:020}"),
+        });
         let file = File::open(&path)?;
         let len = file.metadata()?.len();
-        segments.push(Segment { start, file, len });
+        segments.push(Segment {
+            start,
+            file,
+            len,
+            recycled,
+        });
     }
+    let starts: Vec<u64> = starts.iter().map(|&(start, _)| start).collect();
     let inferred = starts.windows(2).map(|w| w[1] - w[0]).min();
     let size = match (size, inferred) {
         (Some(size), Some(gap)) if gap % size != 0 => {
@@ -262,6 +289,9 @@ fn scan_log(log: &Log, report: &mut VerifyReport) -> io::Result<()> {
                 ));
             } else if let Some(bytes) = rest.get(..usize::try_from(size).unwrap_or(usize::MAX)) {
                 match record::decode(bytes) {
+                    Ok(_) if segment.recycled && !record::seal_holds(bytes) => {
+                        report.damaged(format!("{here}: a record without its seal"))
+                    }
                     Ok(message) if message.physical_offset == here => {
                         report.records += 1;
                         report.record_bytes += size as u64;
@@ -287,6 +317,13 @@ fn scan_log(log: &Log, report: &mut VerifyReport) -> io::Result<()> {
                         f.push_str(&format!(" (skipped to {})", segment.start + next))
                     });
                     within = next;
+                }
+                // In a recycled file, bytes no valid record follows are its earlier life's:
+                // the log ends here, as at zeros elsewhere.
+                None if segment.recycled => {
+                    report.not_damaged_after_all();
+                    ended_at = Some(here);
+                    break 'records;
                 }
                 None => break 'records,
             }

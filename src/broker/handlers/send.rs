@@ -542,11 +542,11 @@ impl Broker {
                 &self.identity.cluster_name,
             );
         }
-        if completed.len() > store::PROPERTIES_SIZE_MAX_BYTES {
+        if completed.len() > store::STORED_PROPERTIES_MAX_BYTES {
             return Err(RequestError::MessageIllegal(format!(
                 "the message properties length {} is over the limit {}",
                 completed.len(),
-                store::PROPERTIES_SIZE_MAX_BYTES
+                store::STORED_PROPERTIES_MAX_BYTES
             )));
         }
         Ok(Prepared {

@@ -213,7 +213,11 @@ impl Broker {
                     config.disk_space_clean_forcibly_ratio
                 )
             };
-            match self.store.delete_oldest_segment(segment).await {
+            // An expired segment's file becomes a later one while the disk has room (a
+            // master's only: a slave's log is its master's bytes, unsealed), see
+            // shards/src/store/retention.rs.
+            let recycle = expired && !self.ha.is_slave() && !self.check_disk().space_to_delete;
+            match self.store.delete_oldest_segment(segment, recycle).await {
                 Ok(Some(done)) => {
                     let bytes = done.end.0 - done.start.0;
                     retention
@@ -222,10 +226,14 @@ impl Broker {
                     retention
                         .deleted_bytes
                         .set(retention.deleted_bytes.get() + bytes);
+                    let file = match done.recycled_to {
+                        Some(to) => format!("its file recycled as segment {:020}", to.0),
+                        None => "its file removed".to_string(),
+                    };
                     log::info!(
-                        "{name}: retention deleted commitlog segment {:020} ({} MiB; {why}) \
-                         with {} consume-queue and {} index file(s) in {} ms; the commitlog \
-                         now starts at {}",
+                        "{name}: retention deleted commitlog segment {:020} ({} MiB; {why}; \
+                         {file}) with {} consume-queue and {} index file(s) in {} ms; the \
+                         commitlog now starts at {}",
                         done.start.0,
                         bytes >> 20,
                         done.queue_files,
