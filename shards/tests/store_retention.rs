@@ -215,7 +215,7 @@ fn record_on_disk(dir: &Path, offset: u64, size: u32) -> Vec<u8> {
 fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path();
-    let (last, torn) = run(|| async {
+    let (last, torn, recycled) = run(|| async {
         let store = Store::open(config(path, FlushMode::Sync, SEGMENT))
             .await
             .unwrap();
@@ -226,19 +226,19 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
         assert!(deleted >= 5, "{deleted} segments deleted");
         assert_eq!(store.stats().segments_recycled as usize, recycled.len());
         assert!(
-            !recycled.is_empty() && recycled.len() <= ahead_max,
+            recycled.len() >= 2 && recycled.len() <= ahead_max,
             "{recycled:?}, at most {ahead_max}"
         );
         // They lie past the log's end, each after the last segment of its time.
         assert!(recycled[0] > store.durable_offset().0);
-        // Appends go on until the log writes in the last recycled file.
-        let last_recycled = *recycled.last().unwrap();
+        // Appends go on until the log writes in the first recycled file.
+        let first_recycled = recycled[0];
         let mut i = MESSAGES;
         let mut results = Vec::new();
         while results
             .last()
             .is_none_or(|r: &shards::store::AppendResult| {
-                r.physical_offset.0 < last_recycled + 4096
+                r.physical_offset.0 < first_recycled + 4096
             })
         {
             match try_append(&store, "T", (i % 2) as u32, i, 1000, "tag") {
@@ -282,7 +282,7 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
         store.wait_durable(torn.end_offset).await.unwrap();
         // A crash: the store is dropped without its close.
         drop(store);
-        (last, torn)
+        (last, torn, recycled)
     });
     {
         use std::os::unix::fs::FileExt;
@@ -303,6 +303,8 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
     assert_eq!(report.log_end, last.end_offset.0);
     run(|| async {
         let (store, summary) = open_recovered(config(path, FlushMode::Sync, SEGMENT)).await;
+        // The recycled files past the end stay for the segments retention gave them to.
+        assert_eq!(recycled_files(path), recycled);
         // The log ends before the torn record, after every acknowledged one, however many
         // old records the recycled file holds past it.
         assert_eq!(summary.end, torn.physical_offset.0);

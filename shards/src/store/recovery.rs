@@ -32,7 +32,8 @@
 //!    files itself, on several threads, writing the units with pwrite.
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
-//!    never reappears once later appends land in front of it; delete segments past the next.
+//!    never reappears once later appends land in front of it; delete segments past the next
+//!    (but for recycled ones, `retention.rs`).
 //!
 //! After a restart of the machine (the checkpoint a synced one that names a queue catalog,
 //! `catalog.rs`) the queues come from that catalog, and no queue directory or file is read:
@@ -929,6 +930,8 @@ async fn zero_blocks_where_allocated(
 }
 
 /// Deletes segments that start after the one following `end`'s: nothing durable is there.
+/// Recycled files stay (retention gave them to those segments, and their records will be
+/// sealed): removed, their space would be allocated again, unwritten.
 async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), StoreError> {
     let size = segments.segment_size_bytes;
     let keep_until = align_down(end, size) + size;
@@ -936,13 +939,13 @@ async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), 
         .files
         .range(keep_until + 1..)
         .map(|(s, _)| *s)
+        .filter(|s| !segments.recycled.contains(s))
         .collect();
     for start in doomed {
         if let Some(file) = segments.files.remove(&start) {
             DirectFile::close_shared(file).await;
         }
         std::fs::remove_file(segments.path_of(start))?;
-        segments.recycled.remove(&start);
     }
     Ok(())
 }
