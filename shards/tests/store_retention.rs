@@ -199,6 +199,20 @@ fn recycled_files(dir: &Path) -> Vec<u64> {
     starts
 }
 
+/// Every message of both queues from its minimum to its end is there, with its body.
+async fn every_message_from_the_minimum(store: &Store) {
+    for queue in 0..2u32 {
+        let min = store.min_queue_offset("T", QueueId(queue)).0;
+        let bodies = pull_all(store, "T", queue, min).await;
+        for (k, body) in bodies.iter().enumerate() {
+            let n = (min + k as u64) * 2 + u64::from(queue);
+            assert_eq!(body, &body_of(n, 1000));
+        }
+        let max = store.max_queue_offset("T", QueueId(queue)).0;
+        assert_eq!(min + bodies.len() as u64, max);
+    }
+}
+
 /// The record of `size` bytes at `offset`, read from its segment's file.
 fn record_on_disk(dir: &Path, offset: u64, size: u32) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
@@ -264,18 +278,7 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
                 result.physical_offset.0
             );
         }
-        for queue in 0..2u32 {
-            let min = store.min_queue_offset("T", QueueId(queue)).0;
-            let bodies = pull_all(&store, "T", queue, min).await;
-            for (k, body) in bodies.iter().enumerate() {
-                let n = (min + k as u64) * 2 + u64::from(queue);
-                assert_eq!(body, &body_of(n, 1000));
-            }
-            assert_eq!(
-                min + bodies.len() as u64,
-                store.max_queue_offset("T", QueueId(queue)).0
-            );
-        }
+        every_message_from_the_minimum(&store).await;
         // One more, left as a torn write leaves it over recycled space: its last block holds
         // what the file held there before (here: other bytes of the old records).
         let torn = append(&store, "T", 0, i, 1000, "tag");
@@ -309,14 +312,7 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
         // old records the recycled file holds past it.
         assert_eq!(summary.end, torn.physical_offset.0);
         assert_eq!(summary.end, last.end_offset.0);
-        for queue in 0..2u32 {
-            let min = store.min_queue_offset("T", QueueId(queue)).0;
-            let bodies = pull_all(&store, "T", queue, min).await;
-            for (k, body) in bodies.iter().enumerate() {
-                let n = (min + k as u64) * 2 + u64::from(queue);
-                assert_eq!(body, &body_of(n, 1000));
-            }
-        }
+        every_message_from_the_minimum(&store).await;
         // Appends after the recovery land over the recycled file again, sealed.
         let more = append(&store, "T", 1, 99_999, 1000, "tag");
         store.wait_durable(more.end_offset).await.unwrap();

@@ -2221,10 +2221,9 @@ mod tests {
         }
     }
 
-    /// A queue taken from a synced catalog whose directory went (its topic removed by hand
-    /// after the checkpoint) starts again at the units it held back, and keeps them.
-    #[test]
-    fn a_queue_settled_without_its_directory_keeps_the_units_it_held_back() {
+    /// A queue of units 0-5 (files 0 and 4, 4 units each) taken from a synced checkpoint's
+    /// catalog that says retention went up to `expired_below`, holding units 6-8 back.
+    fn holding_units_from_a_catalog(expired_below: u64) -> (tempfile::TempDir, QueueTable) {
         let dir = tempfile::tempdir().unwrap();
         let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
         let queue = table.get_or_create("T", 0).unwrap();
@@ -2233,7 +2232,7 @@ mod tests {
         }
         let counts = table.max_offsets();
         let catalog = super::super::catalog::Catalog {
-            expired_below: 0,
+            expired_below,
             queues: vec![super::super::catalog::Listed {
                 topic: "T".into(),
                 queue_id: 0,
@@ -2249,6 +2248,14 @@ mod tests {
             queue.append(unit(1_000 + i * 100)).unwrap();
         }
         assert_eq!(queue.units_held_back(), 3);
+        (dir, table)
+    }
+
+    /// A queue taken from a synced catalog whose directory went (its topic removed by hand
+    /// after the checkpoint) starts again at the units it held back, and keeps them.
+    #[test]
+    fn a_queue_settled_without_its_directory_keeps_the_units_it_held_back() {
+        let (dir, mut table) = holding_units_from_a_catalog(0);
         std::fs::remove_dir_all(dir.path().join("T")).unwrap();
         let taken = table.take_to_settle(10);
         assert_eq!(taken.len(), 1);
@@ -2273,30 +2280,7 @@ mod tests {
     /// deleted segment (it kept the old one, and pulls there found no record).
     #[test]
     fn a_queue_holding_units_from_a_catalog_still_expires_below_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
-        let queue = table.get_or_create("T", 0).unwrap();
-        for i in 0..6 {
-            queue.append(unit(1_000 + i * 100)).unwrap();
-        }
-        let counts = table.max_offsets();
-        let catalog = super::super::catalog::Catalog {
-            expired_below: 1_000,
-            queues: vec![super::super::catalog::Listed {
-                topic: "T".into(),
-                queue_id: 0,
-                min_offset: 0,
-                files: vec![0, 4],
-            }],
-        };
-        drop(table);
-        let mut table =
-            QueueTable::from_catalog(dir.path().to_path_buf(), 4, catalog, &counts, true);
-        let queue = table.get_mut("T", 0).unwrap();
-        for i in 6..9 {
-            queue.append(unit(1_000 + i * 100)).unwrap();
-        }
-        assert_eq!(queue.units_held_back(), 3);
+        let (_dir, mut table) = holding_units_from_a_catalog(1_000);
         // The log now starts at 1,250: units 0-2 point below it.
         table.expire_below(1_250).unwrap();
         let queue = table.get("T", 0).unwrap();
