@@ -263,6 +263,9 @@ pub struct ShardSnapshot {
     pub busy_ratio: f64,
     pub group_commits: u64,
     pub group_committed_messages: u64,
+    /// Commitlog segments retention deleted, and those of them whose file was recycled.
+    pub segments_deleted: u64,
+    pub segments_recycled: u64,
     pub durable_write_micros: u64,
     pub parked_pulls: u64,
     pub refused_sends: RefusedSends,

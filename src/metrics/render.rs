@@ -442,6 +442,22 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
     per_node(
         &mut out,
         shards,
+        "shardmq_deleted_segments_total",
+        "counter",
+        "Commitlog segments retention deleted.",
+        |s| s.segments_deleted,
+    );
+    per_node(
+        &mut out,
+        shards,
+        "shardmq_recycled_segments_total",
+        "counter",
+        "Of those, the ones whose file became a later segment (written over, not unlinked).",
+        |s| s.segments_recycled,
+    );
+    per_node(
+        &mut out,
+        shards,
         "shardmq_parked_pulls",
         "gauge",
         "Pulls waiting for messages (long polling).",

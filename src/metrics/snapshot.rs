@@ -95,6 +95,8 @@ impl Broker {
             flush_behind_bytes: store.write_offset.saturating_sub(store.durable_offset),
             group_commits: store.flushes,
             group_committed_messages: store.flushed_messages,
+            segments_deleted: store.segments_deleted,
+            segments_recycled: store.segments_recycled,
             durable_write_micros: store.flush_micros,
             parked_pulls: self.pull_waiters.len() as u64,
             timing_messages: self.timing_messages(),

@@ -36,6 +36,7 @@ PULL_MESSAGE = 11
 QUERY_CONSUMER_OFFSET = 14
 UPDATE_AND_CREATE_TOPIC = 17
 GET_ALL_TOPIC_CONFIG = 21
+GET_BROKER_RUNTIME_INFO = 28
 GET_MAX_OFFSET = 30
 GET_CONSUMER_LIST_BY_GROUP = 38
 GET_ROUTEINFO_BY_TOPIC = 105
@@ -343,6 +344,14 @@ def consumer_ids(broker_address, group):
     if response.code != SUCCESS:
         return []
     return json.loads(response.body.decode("utf-8")).get("consumerIdList", [])
+
+
+def runtime_info(broker_address):
+    """GET_BROKER_RUNTIME_INFO's table (brokerStatus), values as strings."""
+    with RemotingClient.connect(broker_address) as client:
+        answer = client.call(GET_BROKER_RUNTIME_INFO)
+    assert answer.code == SUCCESS, answer
+    return json.loads(answer.body)["table"]
 
 
 def route_info(namesrv_address, topic):

@@ -33,7 +33,6 @@ SLAVE_IP = "127.0.0.2"
 MESSAGES = int(os.environ.get("HA_MESSAGES", "20000"))
 CATCH_UP_TIMEOUT_S = 60
 CONSUME_TIMEOUT_S = 180
-GET_BROKER_RUNTIME_INFO = 28
 GET_MAX_OFFSET = 30
 SLAVE_NOT_AVAILABLE = 11
 
@@ -148,12 +147,7 @@ def loopback_alias_works():
     return True
 
 
-def runtime_info(address):
-    with remoting.RemotingClient.connect(address) as client:
-        answer = client.call(GET_BROKER_RUNTIME_INFO)
-    assert answer.code == remoting.SUCCESS, answer
-    import json
-    return json.loads(answer.body)["table"]
+runtime_info = remoting.runtime_info
 
 
 def wait_slave_routed(master, topic):

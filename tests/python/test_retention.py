@@ -193,6 +193,9 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             placed = producer.placed
             producer.close()
             producer = None
+            status = remoting.runtime_info(node.broker_addr(0))
+            status_counts = (int(status["retentionDeletedSegments"]),
+                             int(status["retentionRecycledSegments"]))
             node.extra_args = KEEP_ALL_ARGS
             # kill -9: recovery meets the recycled files' old records past the log's end.
             node.kill9()
@@ -211,6 +214,8 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
                 deletions, recycled, minimums))
             assert deletions >= 10, "only {} segments deleted".format(deletions)
             assert recycled >= 1, "no segment was recycled"
+            assert status_counts == (deletions, recycled), (
+                "brokerStatus says {} deleted, {} recycled".format(*status_counts))
             assert all(m > 0 for m in minimums.values()), minimums
             committed = {}
             for shard, address in enumerate(node.broker_addrs):

@@ -372,6 +372,10 @@ impl Broker {
             self.retention.deleted_segments.get().to_string(),
         );
         let store = self.store.stats();
+        put(
+            "retentionRecycledSegments",
+            store.segments_recycled.to_string(),
+        );
         put("storeGroupCommits", store.flushes.to_string());
         put(
             "storeGroupCommittedMessages",
