@@ -679,7 +679,7 @@ pub(crate) async fn next_valid_record(
 
 /// Whether the record header at the start of `bytes`, when they hold its PHYSICALOFFSET,
 /// names another position than `offset`.
-fn names_another_position(bytes: &[u8], offset: u64) -> bool {
+pub(crate) fn names_another_position(bytes: &[u8], offset: u64) -> bool {
     let field = record::PHYSICAL_OFFSET_AT..record::PHYSICAL_OFFSET_AT + 8;
     bytes
         .get(field)
@@ -735,8 +735,14 @@ async fn valid_record_at(
     };
     let mut bytes = vec![0u8; size];
     file.read_exact_at(offset - segment, &mut bytes).await?;
-    let seal_holds = !sealed || record::seal_holds(&bytes);
-    Ok(seal_holds && record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset))
+    Ok(is_record_at(&bytes, offset, sealed))
+}
+
+/// Whether `bytes` are one whole valid record that names `offset` as its position (and, in a
+/// recycled segment, holds its seal).
+pub(crate) fn is_record_at(bytes: &[u8], offset: u64, sealed: bool) -> bool {
+    (!sealed || record::seal_holds(bytes))
+        && record::decode(bytes).is_ok_and(|m| m.physical_offset == offset)
 }
 
 /// Re-dispatches one record's unit (and its index entries, past the index's end); false when

@@ -42,7 +42,7 @@ use std::io;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::segments::{align_down, recycled_name, sync_dir};
+use super::segments::{align_down, recycled_name, segment_name, sync_dir};
 use super::{Inner, StoreError};
 use crate::runtime::{self, fs::DirectFile};
 use crate::types::CommitLogOffset;
@@ -404,7 +404,7 @@ async fn recycle_file(
         Ok(None) => return Some(target),
         Ok(Some(sparse)) => {
             DirectFile::close_shared(sparse).await;
-            let plain = dir.join(format!("{target:020}"));
+            let plain = dir.join(segment_name(target));
             let removed = runtime::fs::remove_if_present(&plain);
             if let Err(error) = removed.and(sync_dir(&dir).await) {
                 // Recovery removes it, as it would after a crash here.

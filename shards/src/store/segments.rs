@@ -42,7 +42,7 @@ pub(crate) struct Segments {
 /// The name ending of a segment file that held an earlier segment.
 pub const RECYCLED_SUFFIX: &str = ".recycled";
 
-fn segment_name(start: u64) -> String {
+pub(crate) fn segment_name(start: u64) -> String {
     format!("{start:020}")
 }
 

@@ -31,8 +31,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::record::{self, BLANK_MAGIC_CODE};
-use super::recovery::{plausible_record_size, record_start_candidates};
-use super::segments::{parse_segment_name, recycled_name};
+use super::recovery::{
+    is_record_at, names_another_position, plausible_record_size, record_start_candidates,
+};
+use super::segments::{parse_segment_name, recycled_name, segment_name};
 use super::RECORD_SIZE_MAX_BYTES;
 
 /// Commitlog bytes read per step.
@@ -121,9 +123,7 @@ impl Log {
         };
         let mut bytes = vec![0u8; size];
         segment.file.read_exact_at(&mut bytes, within)?;
-        let valid = record::decode(&bytes).is_ok_and(|m| m.physical_offset == offset);
-        let sealed = !segment.recycled || record::seal_holds(&bytes);
-        Ok((valid && sealed).then_some(bytes))
+        Ok(is_record_at(&bytes, offset, segment.recycled).then_some(bytes))
     }
 }
 
@@ -166,7 +166,7 @@ fn open_log(root: &Path, size: Option<u64>, report: &mut VerifyReport) -> io::Re
     for &(start, recycled) in &starts {
         let path = dir.join(match recycled {
             true => recycled_name(start),
-            false => format!("{start:020}"),
+            false => segment_name(start),
         });
         let file = File::open(&path)?;
         let len = file.metadata()?.len();
@@ -342,6 +342,10 @@ fn next_valid(log: &Log, segment: &Segment, from: u64, end: u64) -> io::Result<O
         segment.file.read_exact_at(&mut window[..len], pos)?;
         for at in record_start_candidates(&window[..len]) {
             let candidate = pos + at as u64;
+            // As recovery's search: a recycled file's old records are passed without a read.
+            if names_another_position(&window[at..len], segment.start + candidate) {
+                continue;
+            }
             if log.record_at(segment.start + candidate)?.is_some() {
                 return Ok(Some(candidate));
             }
