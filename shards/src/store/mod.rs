@@ -650,13 +650,6 @@ impl Store {
             msg.topic.len(),
             record::sealed_properties_len(msg.properties),
         );
-        let size_at = |log: &LogState, offset: u64| {
-            if log.segments.sealed_at(offset) {
-                sealed_size
-            } else {
-                plain_size
-            }
-        };
         let largest = plain_size.max(sealed_size);
         if (largest + record::BLANK_HEADER_BYTES) as u64 > segment_size {
             // Only with segments smaller than a largest record (tests).
@@ -668,19 +661,21 @@ impl Store {
         let end = log.tail.end();
         let segment_end = segments::align_down(end, segment_size) + segment_size;
         // A segment always keeps room for the blank filler header at its end.
-        let here = size_at(&log, end);
-        let filler = if end + (here + record::BLANK_HEADER_BYTES) as u64 > segment_end {
-            segment_end - end
-        } else {
-            0
-        };
+        let size_in = |sealed: bool| if sealed { sealed_size } else { plain_size };
+        let sealed_here = log.segments.sealed_at(end);
+        let filler =
+            if end + (size_in(sealed_here) + record::BLANK_HEADER_BYTES) as u64 > segment_end {
+                segment_end - end
+            } else {
+                0
+            };
         let physical_offset = end + filler;
-        let sealed = log.segments.sealed_at(physical_offset);
-        let size = if filler > 0 {
-            size_at(&log, physical_offset)
+        let sealed = if filler > 0 {
+            log.segments.sealed_at(physical_offset)
         } else {
-            here
+            sealed_here
         };
+        let size = size_in(sealed);
         self.room_for(&log, physical_offset + size as u64)?;
         let keys = if index::indexes_sys_flag(msg.sys_flag) {
             keys
