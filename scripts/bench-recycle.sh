@@ -23,17 +23,8 @@ in_flight=${IN_FLIGHT:-256}; connections=${CONNECTIONS:-2}; profile=${PROFILE:-s
 parent=${DATA_PARENT:-/var/tmp}
 cargo build --release -q -p shardmq-bench
 ticks=$(getconf CLK_TCK)
-device=$(basename "$(df --output=source "$parent" | tail -1)")
-grep -q " $device " /proc/diskstats || echo "note: $parent is on $device, not a disk in /proc/diskstats"
-disk() {
-    awk -v d="$device" '$3 == d {f = 1; print $8, $10, $11, $19} END {if (!f) print 0, 0, 0, 0}' \
-        /proc/diskstats
-}
-bench() { # args...
-    taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:25877 --queues 8 \
-        --in-flight "$in_flight" --threads 1 --connections-per-broker "$connections" \
-        --no-progress "$@"
-}
+namesrv_port=25877
+. scripts/sync-bench-common.sh
 all_hours=$(seq -s ';' -f '%02g' 0 23)
 limit_msgs=1
 # Ports below the ephemeral range (32768-60999): a bench's own connections never hold them.
@@ -42,14 +33,14 @@ run() { # name: limit | fresh | recycled
     dir=$(mktemp -d "$parent/bench-recycle.XXXXXX")
     if [ "$1" = limit ]; then
         target/release/shardmq-bench limit --cpus 0 --flush sync --data-dir "$dir/data" \
-            --namesrv-port 25877 --broker-port 26912 > "$dir/log" 2>&1 &
+            --namesrv-port "$namesrv_port" --broker-port 26912 > "$dir/log" 2>&1 &
     else
         if [ "$1" = recycled ]; then
             extra=(--fileReservedTime "$reserved" --deleteWhen "$all_hours"
                 --cleanResourceInterval 200 --deleteCommitLogFilesInterval 0)
         fi
         "$broker" serve --profile "$profile" --cpus 0 --flush sync --data-dir "$dir/data" \
-            --segment-size-mib "$segment_mib" --namesrv-port 25877 --broker-port 26912 \
+            --segment-size-mib "$segment_mib" --namesrv-port "$namesrv_port" --broker-port 26912 \
             --listen-ip 127.0.0.1 --log-level info "${extra[@]}" > "$dir/log" 2>&1 &
     fi
     pid=$!
@@ -70,9 +61,7 @@ run() { # name: limit | fresh | recycled
         "$(echo "$out" | grep -oP 'p50 \K[0-9]+' | tail -1)" \
         "$(echo "$out" | grep -oP 'p99 \K[0-9]+' | tail -1)" \
         "$(echo "scale=2; ($c1 - $c0) / $ticks / $seconds" | bc)"
-    echo "$d0 $d1" | awk -v s="$seconds" -v m="$msgs" -v l="$limit_msgs" '{
-        printf "disk: %5.0f writes/s %6.1f MB/s %5.0f flushes/s  of limit %.2f",
-            ($5 - $1) / s, ($6 - $2) * 512 / 1e6 / s, ($8 - $4) / s, m / l }'
+    disk_figures "$d0" "$d1" "$seconds" "$msgs" "$limit_msgs"
     if [ "$1" = recycled ]; then
         printf "  recycled: %d before, %d while measured, %d files now" \
             "$recycled0" "$((recycled1 - recycled0))" "$files"

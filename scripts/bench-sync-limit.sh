@@ -19,18 +19,8 @@ profile=${PROFILE:-small-vm}; warm=${WARM:-3}; in_flight=${IN_FLIGHT:-256}
 connections=${CONNECTIONS:-2}; mode=${MODE:-sync}; parent=${DATA_PARENT:-/var/tmp}
 cargo build --release -q -p shardmq-bench
 ticks=$(getconf CLK_TCK)
-device=$(basename "$(df --output=source "$parent" | tail -1)")
-# A filesystem with no block device of its own (tmpfs) shows no disk figures (all 0).
-grep -q " $device " /proc/diskstats || echo "note: $parent is on $device, not a disk in /proc/diskstats"
-disk() {
-    awk -v d="$device" '$3 == d {f = 1; print $8, $10, $11, $19} END {if (!f) print 0, 0, 0, 0}' \
-        /proc/diskstats
-}
-bench() { # args...
-    taskset -c 1 target/release/shardmq-bench producer --namesrv 127.0.0.1:23877 --queues 8 \
-        --in-flight "$in_flight" --threads 1 --connections-per-broker "$connections" \
-        --no-progress "$@"
-}
+namesrv_port=23877
+. scripts/sync-bench-common.sh
 limit_msgs=1
 # Ports below the ephemeral range (32768-60999): a bench's own connections never hold them.
 run() { # name binary|limit
@@ -38,11 +28,11 @@ run() { # name binary|limit
     dir=$(mktemp -d "$parent/bench-sync-limit.XXXXXX")
     if [ "$2" = limit ]; then
         target/release/shardmq-bench limit --cpus 0 --flush "$mode" --data-dir "$dir/data" \
-            --namesrv-port 23877 --broker-port 24912 --ring-mib "${RING_MIB:-256}" ${LIMIT_ARGS:-} \
+            --namesrv-port "$namesrv_port" --broker-port 24912 --ring-mib "${RING_MIB:-256}" ${LIMIT_ARGS:-} \
             > "$dir/log" 2>&1 &
     else
         "$2" serve --profile "$profile" --cpus 0 --flush "$mode" --data-dir "$dir/data" \
-            --namesrv-port 23877 --broker-port 24912 --listen-ip 127.0.0.1 \
+            --namesrv-port "$namesrv_port" --broker-port 24912 --listen-ip 127.0.0.1 \
             --log-level warn > "$dir/log" 2>&1 &
     fi
     pid=$!
@@ -59,9 +49,8 @@ run() { # name binary|limit
         "$(echo "$out" | grep -oP 'p50 \K[0-9]+' | tail -1)" \
         "$(echo "$out" | grep -oP 'p99 \K[0-9]+' | tail -1)" \
         "$(echo "scale=2; ($c1 - $c0) / $ticks / $seconds" | bc)"
-    echo "$d0 $d1" | awk -v s="$seconds" -v m="$msgs" -v l="$limit_msgs" '{
-        printf "disk: %5.0f writes/s %6.1f MB/s %5.0f flushes/s %5.0f ms writing/s  of limit %.2f\n",
-            ($5 - $1) / s, ($6 - $2) * 512 / 1e6 / s, ($8 - $4) / s, ($7 - $3) / s, m / l }'
+    disk_figures "$d0" "$d1" "$seconds" "$msgs" "$limit_msgs"
+    echo
 }
 echo "A = $a"; echo "B = $b"; echo "disk: $device; $mode; profile $profile"
 for _ in $(seq "$rounds"); do
