@@ -18,7 +18,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata, sys
-sys.exit(0 if metadata.version("rocketmq") == "0.4.4" and metadata.version("pytest") else 1)
+sys.exit(0 if metadata.version("rocketmq") == "0.4.4" and metadata.version("pytest")
+         and metadata.version("fusepy") else 1)
 PY
 then
     echo "==> installing test requirements into $venv"
@@ -26,8 +27,9 @@ then
 fi
 
 # What the end-to-end suite drives besides the C++ client: Node.js's ali-ons (tests/node, from
-# the npm registry, pinned by its lockfile), openssl (TLS), a Prometheus server (metrics) and
-# headless Chromium (the web console).
+# the npm registry, pinned by its lockfile), openssl (TLS), a Prometheus server (metrics),
+# headless Chromium (the web console) and libfuse2 (fusepy's library: the disk that loses
+# power in test_power_loss.py).
 # Installed when missing, as root with apt-get; a test whose tool is still missing says so and
 # is reported as skipped (-rs).
 missing=()
@@ -35,6 +37,7 @@ command -v npm >/dev/null || missing+=(nodejs npm)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v chromium >/dev/null || missing+=(chromium)
+ldconfig -p 2>/dev/null | grep 'libfuse\.so\.2' >/dev/null || missing+=(libfuse2)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> apt-get install ${missing[*]}"
     install=(apt-get install -y -q --no-install-recommends "${missing[@]}")
