@@ -423,7 +423,7 @@ fn check_queue(
             ));
             continue;
         }
-        let bytes = fs::read(&path)?;
+        let (bytes, length) = read_written(&path, unit_bytes)?;
         for (i, unit) in bytes.chunks_exact(unit_bytes as usize).enumerate() {
             let queue_offset = start / unit_bytes + i as u64;
             let super::consume_queue::Unit {
@@ -483,8 +483,47 @@ fn check_queue(
                 }
             }
         }
+        if (bytes.len() as u64) < length {
+            // The units past what was read lie in a hole: never written, as zeros would say.
+            hole_from.get_or_insert(start / unit_bytes + bytes.len() as u64 / unit_bytes);
+        }
     }
     Ok(starts)
+}
+
+/// A queue file's bytes up to the end of its last data (whole units), and its length. Queue
+/// files are sparse and long (6 MB): read whole, a node's 2,400 near-empty queues took 11-31
+/// s of zero-filled pages. Holes inside what is read come back as zeros, as before.
+fn read_written(path: &Path, unit_bytes: u64) -> io::Result<(Vec<u8>, u64)> {
+    let file = File::open(path)?;
+    let length = file.metadata()?.len();
+    let end = (data_end(&file, length).div_ceil(unit_bytes) * unit_bytes).min(length);
+    let mut bytes = vec![0u8; end as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok((bytes, length))
+}
+
+/// Where the data of a file of `length` bytes ends (past it only holes), by SEEK_DATA and
+/// SEEK_HOLE; `length` where the filesystem does not say.
+fn data_end(file: &File, length: u64) -> u64 {
+    use std::os::unix::io::AsRawFd;
+    let fd = file.as_raw_fd();
+    let (mut end, mut pos) = (0u64, 0i64);
+    while end < length {
+        // SAFETY: plain syscalls on a descriptor the caller holds open for the call.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let none_left = io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
+            return if none_left { end } else { length };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return length;
+        }
+        (end, pos) = (hole as u64, hole);
+    }
+    end.min(length)
 }
 
 impl Log {
