@@ -11,14 +11,17 @@ with its last or its flushed content, never the one between.)
 
 `power_cut_disk(size_mib)` (a context manager for tests) starts the daemon, puts ext4 on a
 loop device over the served file and mounts it; its `cut(path, seed)` writes such a copy to
-`path`, taken right after one of the next few writes, while the disk goes on. A copy is mounted with `mounted_image(path)`, where ext4
-replays its journal as it would after the power came back.
+`path`, taken right after one of the next few writes, while the disk goes on. A copy is
+mounted with `mounted_image(path)`, where ext4 replays its journal as it would after the
+power came back; `forget_light_checkpoints(data_dir)` then makes the node see the restart of
+the machine a real power loss brings (the boot id here stays the same).
 
 Needs root, loop devices, /dev/fuse, libfuse2 and the `fusepy` package: where one is
 missing the test says which and is skipped, never passed.
 """
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -284,6 +287,27 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp"):
             daemon.wait()
         daemon_log.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def forget_light_checkpoints(data_dir):
+    """A restart of the machine: each shard's light checkpoint (trusted only in the boot it
+    names, and this test's power cuts do not restart the machine) names an earlier boot.
+    One torn past parsing is left: the node ignores it anyway. Returns how many it changed."""
+    changed = 0
+    for shard in sorted(os.listdir(data_dir)):
+        light_path = os.path.join(data_dir, shard, "checkpoint.light")
+        if not shard.startswith("shard-") or not os.path.exists(light_path):
+            continue
+        try:
+            with open(light_path) as light_file:
+                light = json.load(light_file)
+        except ValueError:
+            continue
+        light["boot"] = "a boot before the power loss"
+        with open(light_path, "w") as out:
+            json.dump(light, out)
+        changed += 1
+    return changed
 
 
 @contextlib.contextmanager

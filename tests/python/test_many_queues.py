@@ -20,6 +20,7 @@ import time
 
 import remoting
 from mq import wait_until
+from powercut import forget_light_checkpoints
 from remoting import PULL_MESSAGE, SEND_MESSAGE, SUCCESS, SYSTEM_BUSY
 
 TOPICS = 1_250
@@ -115,7 +116,7 @@ def lose_units_after_first_round(node, second_round_offsets):
         json.dump(checkpoint, out)
     # A power loss restarts the machine: a light checkpoint (written without a sync of the
     # queue files, trusted only in the boot it names) no longer holds.
-    forget_light_checkpoint(node)
+    forget_light_checkpoints(node.data_dir)
     zeroed = 0
     for topic, queue_id in every_queue():
         path = os.path.join(shard, "consumequeue", topic, str(queue_id), "0" * 20)
@@ -170,18 +171,6 @@ def wait_for_synced_catalog(node, timeout_s=60):
         return None
     return wait_until(counted, timeout_s, interval_s=0.2,
                       message="a synced checkpoint to name a catalog")
-
-
-def forget_light_checkpoint(node):
-    """A restart of the machine: the light checkpoint (trusted only in the boot it names)
-    no longer holds."""
-    light_path = os.path.join(node.data_dir, "shard-0", "checkpoint.light")
-    if os.path.exists(light_path):
-        with open(light_path) as light_file:
-            light = json.load(light_file)
-        light["boot"] = "a boot before the power loss"
-        with open(light_path, "w") as out:
-            json.dump(light, out)
 
 
 def wait_for_log(node, text, timeout_s=120):
@@ -267,7 +256,7 @@ def test_ten_thousand_queues_on_one_shard_survive_kill9_and_restart(shardmq_fact
     synced = wait_for_synced_catalog(node)
     send_round(node, 4, acked)
     node.kill9()
-    forget_light_checkpoint(node)
+    forget_light_checkpoints(node.data_dir)
     timed_start(node, "a restart of the machine ({} queues in the synced catalog)".format(synced))
     with open(node.log_path) as log:
         opens = [line for line in log if "store open in" in line]

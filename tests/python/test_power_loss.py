@@ -2,10 +2,12 @@
 
 A two-shard node runs on ext4 over a loop device whose file is served by FUSE from this test
 (`powercut.py`): every block written since the disk's last flush may come back old or new, at
-random, as from a disk with a volatile write cache. Producers send over raw remoting while
-retention deletes and recycles 16 MiB segments behind them; six times while they send, the
+random, as from a disk with a volatile write cache. Producers send over raw remoting, to one topic
+with large bodies and to 300 topics x 4 queues with small ones, while retention deletes and
+recycles 16 MiB segments behind them; six times while they send, the
 disk is cut: a copy of it is taken as the power cut would leave it. Each copy is then mounted
-(ext4 replays its journal) and a node started on it: every message acknowledged before the
+(ext4 replays its journal), its light checkpoints marked as of an earlier boot (a power loss
+restarts the machine), and a node started on it: every message acknowledged before the
 cut at a queue offset the queue still holds (past retention's minimum) is there, whole, and
 `shardmq verify` finds no damage after a clean stop. Some of those messages sat in recycled
 segments, where the old records past the log's end look like records until their seal is read.
@@ -19,13 +21,16 @@ import time
 
 import remoting
 from conftest import _binary
-from powercut import mounted_image, power_cut_disk
+from powercut import forget_light_checkpoints, mounted_image, power_cut_disk
 
 FS_MIB = 1024
 SEGMENT_MIB = 16
 SHARDS = 2
-QUEUES = 2
-BODY_BYTES = 16 * 1024
+# Every other send goes to the big topic's queues with a large body (it fills the segments
+# retention recycles); the others go to the many small topics' queues in turn (queue files
+# made while the disk is cut, synced checkpoints naming a catalog).
+BIG_TOPIC, BIG_QUEUES, BIG_BODY_BYTES = "Tpower", 2, 16 * 1024
+SMALL_TOPICS, SMALL_QUEUES, SMALL_BODY_BYTES = 300, 4, 1024
 SENDERS_PER_SHARD = 2
 CUTS_AT_S = (8, 11, 14, 17, 20, 23)  # seconds into the sends
 SEND_FOR_S = 25
@@ -41,22 +46,26 @@ RETENTION_ARGS = [
 KEEP_ALL_ARGS = ["--allocation-window-mib", "64", "--cleanFileForciblyEnable", "false"]
 
 
+def small_topic(index):
+    return "Tpower{:03d}".format(index)
+
+
 def properties(key):
     return "KEYS\x01{k}\x02TAGS\x01TagP\x02".format(k=key)
 
 
-def body_of(key):
-    return (key.encode() + b" ") * (BODY_BYTES // (len(key) + 1))
+def body_of(key, size):
+    return (key.encode() + b" ") * (size // (len(key) + 1))
 
 
 class Sender(threading.Thread):
     """Sends one message at a time over its own connection to one shard, until told to stop;
-    `acked` holds (key, queue id, queue offset, commitlog offset) of each SUCCESS."""
+    `acked` holds (key, topic, queue id, queue offset, commitlog offset) of each SUCCESS."""
 
-    def __init__(self, address, shard, index, topic, run, stopping):
+    def __init__(self, address, shard, index, run, stopping):
         super().__init__(daemon=True)
         self.client = remoting.RemotingClient.connect(address, timeout_s=30)
-        self.shard, self.index, self.topic, self.run_id = shard, index, topic, run
+        self.shard, self.index, self.run_id = shard, index, run
         self.stopping = stopping
         self.acked = []
         self.refused = []
@@ -67,18 +76,24 @@ class Sender(threading.Thread):
         try:
             while not self.stopping.is_set():
                 key = "pc-{}-{}-{}-{:07d}".format(self.run_id, self.shard, self.index, sent)
-                queue_id = sent % QUEUES
+                turn = sent // 2
+                if sent % 2 == 0:
+                    topic, queue_id, size = BIG_TOPIC, turn % BIG_QUEUES, BIG_BODY_BYTES
+                else:
+                    topic = small_topic(turn % SMALL_TOPICS)
+                    queue_id = (turn // SMALL_TOPICS) % SMALL_QUEUES
+                    size = SMALL_BODY_BYTES
                 response = remoting.call_retrying_busy(
                     self.client, remoting.SEND_MESSAGE,
-                    remoting.send_message_ext(self.topic, queue_id, properties(key)),
-                    body=body_of(key), timeout_s=30)
+                    remoting.send_message_ext(topic, queue_id, properties(key)),
+                    body=body_of(key, size), timeout_s=30)
                 sent += 1
                 if response.code != remoting.SUCCESS:
                     self.refused.append(response)
                     continue
                 # The offset message id ends with the record's commitlog offset (8 bytes).
                 physical = int(response.ext["msgId"][-16:], 16)
-                self.acked.append((key, int(response.ext["queueId"]),
+                self.acked.append((key, topic, int(response.ext["queueId"]),
                                    int(response.ext["queueOffset"]), physical))
         except Exception as error:  # noqa: BLE001 - reported by the test
             self.error = error
@@ -86,30 +101,28 @@ class Sender(threading.Thread):
             self.client.close()
 
 
-def queue_bounds(address, topic, queue_id):
-    with remoting.RemotingClient.connect(address) as client:
-        low = client.call(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
-        high = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id})
+def queue_bounds(client, topic, queue_id):
+    low = client.call(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
+    high = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id})
     assert low.code == remoting.SUCCESS and high.code == remoting.SUCCESS, (low, high)
     return int(low.ext["offset"]), int(high.ext["offset"])
 
 
-def stored_bodies(address, topic, queue_id, low, high):
+def stored_bodies(client, topic, queue_id, low, high):
     """{queue offset: body} of every record from `low` to `high` of one queue, pulled."""
     bodies = {}
     offset = low
-    with remoting.RemotingClient.connect(address, timeout_s=30) as client:
-        while offset < high:
-            response = client.call(remoting.PULL_MESSAGE, remoting.pull_message_ext(
-                "power_check", topic, queue_id, offset, PULL_BATCH))
-            assert response.code == remoting.SUCCESS, (
-                "pull at {} of queue {} ({}..{}) answered {!r}".format(
-                    offset, queue_id, low, high, response))
-            got = list(remoting.stored_records(response.body))
-            assert got, "an empty pull at {}".format(offset)
-            for queue_offset, body in got:
-                bodies[queue_offset] = body
-            offset = got[-1][0] + 1
+    while offset < high:
+        response = client.call(remoting.PULL_MESSAGE, remoting.pull_message_ext(
+            "power_check", topic, queue_id, offset, PULL_BATCH))
+        assert response.code == remoting.SUCCESS, (
+            "pull at {} of {} queue {} ({}..{}) answered {!r}".format(
+                offset, topic, queue_id, low, high, response))
+        got = list(remoting.stored_records(response.body))
+        assert got, "an empty pull at {}".format(offset)
+        for queue_offset, body in got:
+            bodies[queue_offset] = body
+        offset = got[-1][0] + 1
     return bodies
 
 
@@ -119,37 +132,46 @@ def recycled_segments(data_dir, shard):
             if name.endswith(".recycled")}
 
 
-def check_cut(shardmq_factory, image, cut, topic):
+def check_cut(shardmq_factory, image, cut):
     """Starts a node on the disk a cut left and finds every message acknowledged before it."""
     checked = in_recycled = expired = 0
+    by_queue = {}
+    for shard, acked in cut["acked"]:
+        for key, topic, queue_id, queue_offset, physical in acked:
+            by_queue.setdefault((shard, topic, queue_id), []).append(
+                (key, queue_offset, physical))
     with mounted_image(image) as mount_point:
         data_dir = os.path.join(mount_point, "data")
         recycled = {shard: recycled_segments(data_dir, shard) for shard in range(SHARDS)}
+        forgotten = forget_light_checkpoints(data_dir)
         node = shardmq_factory(data_dir=data_dir, segment_size_mib=SEGMENT_MIB, shards=SHARDS,
                                flush="sync", extra_args=KEEP_ALL_ARGS)
+        clients = [remoting.RemotingClient.connect(address, timeout_s=30)
+                   for address in node.broker_addrs]
         try:
-            for shard, address in enumerate(node.broker_addrs):
-                acked = [a for a in cut["acked"] if a[0].split("-")[2] == str(shard)]
-                for queue_id in range(QUEUES):
-                    ours = [a for a in acked if a[1] == queue_id]
-                    low, high = queue_bounds(address, topic, queue_id)
-                    wanted = [a for a in ours if a[2] >= low]
-                    expired += len(ours) - len(wanted)
-                    newest = max((a[2] for a in ours), default=-1)
-                    assert newest < high, (
-                        "shard {} queue {}: acknowledged offset {} but the queue ends at {} "
-                        "after {}".format(shard, queue_id, newest, high, cut["name"]))
-                    bodies = stored_bodies(address, topic, queue_id,
-                                           min((a[2] for a in wanted), default=high), high)
-                    for key, _, queue_offset, physical in wanted:
-                        assert bodies.get(queue_offset) == body_of(key), (
-                            "shard {} queue {} offset {}: {} lost or damaged after {} ({})"
-                            .format(shard, queue_id, queue_offset, key, cut["name"],
-                                    cut["counts"]))
-                        checked += 1
-                        segment = physical - physical % (SEGMENT_MIB << 20)
-                        in_recycled += segment in recycled[shard]
+            for (shard, topic, queue_id), ours in sorted(by_queue.items()):
+                where = "shard {} {} queue {}".format(shard, topic, queue_id)
+                low, high = queue_bounds(clients[shard], topic, queue_id)
+                wanted = [a for a in ours if a[1] >= low]
+                expired += len(ours) - len(wanted)
+                newest = max(a[1] for a in ours)
+                assert newest < high, "{}: acknowledged offset {} but the queue ends at {} " \
+                    "after {} ({})".format(where, newest, high, cut["name"], cut["counts"])
+                if not wanted:
+                    continue
+                bodies = stored_bodies(clients[shard], topic, queue_id,
+                                       min(a[1] for a in wanted), newest + 1)
+                size = BIG_BODY_BYTES if topic == BIG_TOPIC else SMALL_BODY_BYTES
+                for key, queue_offset, physical in wanted:
+                    assert bodies.get(queue_offset) == body_of(key, size), (
+                        "{} offset {}: {} lost or damaged after {} ({})".format(
+                            where, queue_offset, key, cut["name"], cut["counts"]))
+                    checked += 1
+                    segment = physical - physical % (SEGMENT_MIB << 20)
+                    in_recycled += segment in recycled[shard]
         finally:
+            for client in clients:
+                client.close()
             stopped = node.stop()
         assert stopped == 0, node.log_tail()
         verified = subprocess.run([_binary(), "verify", "--data-dir", data_dir],
@@ -157,9 +179,10 @@ def check_cut(shardmq_factory, image, cut, topic):
                                   universal_newlines=True)
         assert verified.returncode == 0, "shardmq verify after {}:\n{}".format(
             cut["name"], verified.stdout[-2000:])
-    print("{} ({}): {} acknowledged messages found whole, {} of them in recycled segments; "
-          "{} below retention's minimum".format(cut["name"], cut["counts"], checked,
-                                                in_recycled, expired))
+    print("{} ({}; {} light checkpoints of this boot): {} acknowledged messages in {} queues "
+          "found whole, {} of them in recycled segments; {} below retention's minimum".format(
+              cut["name"], cut["counts"], forgotten, checked, len(by_queue), in_recycled,
+              expired))
     return checked, in_recycled
 
 
@@ -168,11 +191,14 @@ def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq
         node = shardmq_factory(data_dir=os.path.join(disk.mount_point, "data"),
                                segment_size_mib=SEGMENT_MIB, shards=SHARDS, flush="sync",
                                extra_args=RETENTION_ARGS)
-        topic = "Tpower"
-        assert remoting.create_topic(node.broker_addr(0), topic, QUEUES).code == 0
+        assert remoting.create_topic(node.broker_addr(0), BIG_TOPIC, BIG_QUEUES).code == 0
+        for index in range(SMALL_TOPICS):
+            created = remoting.create_topic(node.broker_addr(0), small_topic(index),
+                                            SMALL_QUEUES)
+            assert created.code == 0, created
         run = "r{}".format(random.randrange(1 << 30))
         stopping = threading.Event()
-        senders = [Sender(address, shard, index, topic, run, stopping)
+        senders = [Sender(address, shard, index, run, stopping)
                    for shard, address in enumerate(node.broker_addrs)
                    for index in range(SENDERS_PER_SHARD)]
         cuts = []
@@ -184,7 +210,7 @@ def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq
                 time.sleep(max(0.0, started + at - time.monotonic()))
                 # Everything acknowledged so far, then the cut: each of these was on the disk
                 # (flushed) before its answer left the broker.
-                acked = [a for sender in senders for a in list(sender.acked)]
+                acked = [(sender.shard, list(sender.acked)) for sender in senders]
                 image = os.path.join(disk.workdir, "cut{}.img".format(number))
                 counts = disk.cut(image, seed=number)
                 cuts.append(dict(name="cut {} at {} s".format(number, at), image=image,
@@ -209,7 +235,7 @@ def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq
 
         total_checked = total_in_recycled = 0
         for cut in cuts:
-            checked, in_recycled = check_cut(shardmq_factory, cut["image"], cut, topic)
+            checked, in_recycled = check_cut(shardmq_factory, cut["image"], cut)
             os.remove(cut["image"])
             total_checked += checked
             total_in_recycled += in_recycled
