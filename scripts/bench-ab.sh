@@ -21,17 +21,17 @@ run() { # binary flush
     local dir broker c0 c1 t0 t1 out msgs busy
     dir=$(mktemp -d)
     "$1" serve --profile "$profile" --shards 1 --flush "$2" --data-dir "$dir" \
-        --namesrv-port 39876 --broker-port 40911 > "$dir/broker.log" 2>&1 &
+        --namesrv-port 11876 --broker-port 11911 > "$dir/broker.log" 2>&1 &
     broker=$!
     until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
     sleep "$warm"
     if [ "$prefill" != 0 ]; then
-        target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$2" \
+        target/release/shardmq-bench producer --namesrv 127.0.0.1:11876 --topic "Bench_$2" \
             --message-size "$size" --in-flight "$in_flight" --duration-secs "$prefill" \
             ${batch:+--batch "$batch"} --no-progress > /dev/null 2>&1
     fi
     c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
-    out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$2" \
+    out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:11876 --topic "Bench_$2" \
         --message-size "$size" --in-flight "$in_flight" --duration-secs "$seconds" \
         ${batch:+--batch "$batch"} --no-progress 2>&1)
     t1=$(date +%s.%N); c1=$(awk '{print $14 + $15}' /proc/$broker/stat)

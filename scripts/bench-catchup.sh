@@ -28,7 +28,7 @@ echo "fio O_DIRECT sequential read (1 MiB, depth 4): $fio_mbs MB/s"
 
 start_broker() {
     target/release/shardmq serve --shards "$shards" --segment-size-mib 1024 \
-        --data-dir "$scratch/data" --namesrv-port 39876 --broker-port 40911 \
+        --data-dir "$scratch/data" --namesrv-port 12276 --broker-port 12311 \
         > "$scratch/broker.log" 2>&1 &
     broker=$!
     until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
@@ -36,14 +36,14 @@ start_broker() {
 messages=$((gib * 1024 * 1024 * 1024 / size))
 start_broker
 echo "filling: $messages messages of $size B ($gib GiB) by batches of 16"
-target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic Backlog --queues 8 \
+target/release/shardmq-bench producer --namesrv 127.0.0.1:12276 --topic Backlog --queues 8 \
     --messages "$messages" --message-size "$size" --batch 16 --in-flight 16 --no-progress \
     | grep -E "^(Throughput|Sent)" || true
 kill "$broker"; wait "$broker" || true
 sync; echo 3 > /proc/sys/vm/drop_caches
 start_broker
 rss_before=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$broker/status")
-out=$(target/release/shardmq-bench consumer --namesrv 127.0.0.1:39876 --topic Backlog \
+out=$(target/release/shardmq-bench consumer --namesrv 127.0.0.1:12276 --topic Backlog \
     --catch-up --no-progress --report "$scratch/catchup.json" 2>&1)
 rss_after=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$broker/status")
 python3 - "$scratch/catchup.json" "$fio_mbs" "$messages" "$rss_before" "$rss_after" <<'PY'

@@ -76,7 +76,7 @@ trap cleanup EXIT
 # A port block nobody listens on: namesrv at $1, brokers at $1 + 35 ... (stride 10).
 free_base() {
     local base
-    for base in $(seq 39000 100 44900); do
+    for base in $(seq 16000 100 18900); do
         if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":($base|$((base + 35))|$((base + 45))|$((base + 33)))$"); then
             echo "$base"; return
         fi

@@ -53,11 +53,11 @@ for cfg in "1024 64 16" "4096 32 16" "16384 16 16"; do
     set -- $cfg
     dir="$scratch/data-$1"
     target/release/shardmq serve --profile "$profile" --shards "$shards" --data-dir "$dir" \
-        --namesrv-port 39876 --broker-port 40911 > "$scratch/broker.log" 2>&1 &
+        --namesrv-port 12676 --broker-port 12711 > "$scratch/broker.log" 2>&1 &
     broker=$!
     until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
     c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
-    out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic BenchDisk \
+    out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:12676 --topic BenchDisk \
         --message-size "$1" --batch "$2" --in-flight "$3" --duration-secs "$seconds" --no-progress 2>&1)
     t1=$(date +%s.%N); c1=$(awk '{print $14 + $15}' /proc/$broker/stat)
     kill "$broker"; wait "$broker" || true

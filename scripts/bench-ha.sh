@@ -16,7 +16,7 @@ seconds=${1:-8}; rounds=${2:-2}; in_flight=${IN_FLIGHT:-256}; bench_cpu=${BENCH_
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p shardmq -p shardmq-bench
 bin=${SHARDMQ_BIN:-target/release/shardmq}; bench=target/release/shardmq-bench
 dir=$(mktemp -d "${TMPDIR:-/var/tmp}/bench-ha.XXXXXX")
-ns=127.0.0.1:39976
+ns=127.0.0.1:13076
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
@@ -29,16 +29,16 @@ try: print(json.load(sys.stdin)['brokers'][0]['runtime'].get('$2', ''))
 except (KeyError, IndexError, ValueError): print('')"
 }
 
-"$bin" namesrv --namesrv-port 39976 --shards 1 --cpus 1 --data-dir "$dir/ns" \
+"$bin" namesrv --namesrv-port 13076 --shards 1 --cpus 1 --data-dir "$dir/ns" \
     --log-level warn > "$dir/ns.log" 2>&1 &
 pids+=($!)
-until (echo > /dev/tcp/127.0.0.1/39976) 2>/dev/null; do sleep 0.1; done
+until (echo > /dev/tcp/127.0.0.1/13076) 2>/dev/null; do sleep 0.1; done
 
 started=""
 start_broker() { # name ip cpus extra-args...; sets $started to its pid
     local name=$1 ip=$2 cpus=$3; shift 3
     rm -rf "$dir/$name"; mkdir -p "$dir/$name"
-    "$bin" broker --namesrv "$ns" --broker-port 40911 --listen-ip "$ip" --broker-ip "$ip" \
+    "$bin" broker --namesrv "$ns" --broker-port 13111 --listen-ip "$ip" --broker-ip "$ip" \
         --cpus "$cpus" --flush async --data-dir "$dir/$name" --metrics-port 0 \
         --haSendHeartbeatInterval 1000 "$@" > "$dir/$name.log" 2>&1 &
     started=$!
@@ -64,8 +64,8 @@ run() { # mode
     : > "$dir/lag"
     if [ -n "$slave" ]; then
         (while true; do
-            lag_ms=$(status 127.0.0.1:40911 haReplicationLagMs)
-            echo "$(status 127.0.0.1:40911 haReplicationLagBytes) ${lag_ms:-0}" >> "$dir/lag"
+            lag_ms=$(status 127.0.0.1:13111 haReplicationLagMs)
+            echo "$(status 127.0.0.1:13111 haReplicationLagBytes) ${lag_ms:-0}" >> "$dir/lag"
             sleep 0.5
         done) &
         sampler=$!
@@ -97,13 +97,13 @@ wait_log "$dir/master.log" "ready"
 sleep 1
 taskset -c 1 "$bench" producer --namesrv "$ns" --topic Tcatch --in-flight "$in_flight" \
     --duration-secs "$seconds" --no-progress > /dev/null 2>&1
-end=$(status 127.0.0.1:40911 commitLogMaxOffset)
+end=$(status 127.0.0.1:13111 commitLogMaxOffset)
 for batch in 32768 1048576; do
     start=$(date +%s.%N)
     start_broker slave 127.0.0.2 1 --brokerRole SLAVE --brokerId 1 \
         --ha-start-from oldest --haTransferBatchSize "$batch"
     slave=$started
-    until [ "$(status 127.0.0.2:40911 commitLogMaxOffset)" = "$end" ]; do sleep 0.2; done
+    until [ "$(status 127.0.0.2:13111 commitLogMaxOffset)" = "$end" ]; do sleep 0.2; done
     stop=$(date +%s.%N)
     echo "haTransferBatchSize $batch: $end bytes in $(awk -v a="$start" -v b="$stop" \
         'BEGIN {printf "%.2f s: %.0f MB/s", b - a, '"$end"' / (b - a) / 1e6}') (includes the slave's start)"

@@ -24,12 +24,12 @@ mem() { awk '/^Rss:/ {r = $2} /^Anonymous:/ {a = $2} END {print r, a}' /proc/$pi
 node() {
     local t=$1 args
     rm -rf $dir/data
-    $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43877 \
-        --broker-port 44912 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
+    $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 13476 \
+        --broker-port 13511 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
     pid=$!
     until grep -q "shardmq: ready" $dir/broker.log || ! kill -0 $pid 2>/dev/null; do sleep 0.05; done
     kill -0 $pid 2>/dev/null || { echo "$bin did not start: $(tail -n 1 $dir/broker.log)"; exit 1; }
-    args="--namesrv 127.0.0.1:43877 --topic IQ --queues 8 --in-flight 64 --no-progress"
+    args="--namesrv 127.0.0.1:13476 --topic IQ --queues 8 --in-flight 64 --no-progress"
     [ "$t" -gt 1 ] && args="$args --topics $t"
     target/release/shardmq-bench producer $args --messages 1 2>&1 | grep -E "Created"
     sleep 2

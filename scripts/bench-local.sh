@@ -12,12 +12,12 @@ ticks=$(getconf CLK_TCK)
 for flush in async sync; do
     dir=$(mktemp -d)
     target/release/shardmq serve --shards "$shards" --flush "$flush" --data-dir "$dir" \
-        --namesrv-port 39876 --broker-port 40911 > "$dir/broker.log" 2>&1 &
+        --namesrv-port 13876 --broker-port 13911 > "$dir/broker.log" 2>&1 &
     broker=$!
     until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
     cpu_before=$(awk '{print $14 + $15}' /proc/$broker/stat)
     started=$(date +%s.%N)
-    target/release/shardmq-bench producer --namesrv 127.0.0.1:39876 --topic "Bench_$flush" \
+    target/release/shardmq-bench producer --namesrv 127.0.0.1:13876 --topic "Bench_$flush" \
         --message-size "$size" --in-flight "$in_flight" --duration-secs "$seconds" \
         --report "$dir/report.json" | tail -4
     elapsed=$(echo "$(date +%s.%N) - $started" | bc)

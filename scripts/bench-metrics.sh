@@ -17,7 +17,7 @@ declare -A total
 for round in $(seq "$rounds"); do
     for mode in off on; do
         rm -rf "$dir/data"; mkdir -p "$dir/data"
-        port=0; [ "$mode" = on ] && port=45557
+        port=0; [ "$mode" = on ] && port=14557
         target/release/shardmq serve --cpus 0 --flush async --data-dir "$dir/data" \
             --log-level warn --metrics-port "$port" > "$dir/server.log" 2>&1 &
         pid=$!

@@ -27,8 +27,8 @@ cleanup() {
 }
 trap cleanup EXIT
 serve() {
-    $1 serve --shards 2 --segment-size-mib 256 --data-dir $mnt/data --namesrv-port 43876 \
-        --broker-port 44911 --listen-ip 127.0.0.1 > $mnt/broker.log 2>&1 &
+    $1 serve --shards 2 --segment-size-mib 256 --data-dir $mnt/data --namesrv-port 14276 \
+        --broker-port 14311 --listen-ip 127.0.0.1 > $mnt/broker.log 2>&1 &
     pid=$!
     until grep -q "shardmq: ready" $mnt/broker.log; do
         kill -0 $pid 2>/dev/null || { echo "the node exited:"; tail -5 $mnt/broker.log; exit 1; }
@@ -40,7 +40,7 @@ mkfs.ext4 -q -F -J size=1024 $base/work.img || { echo "could not run: mkfs.ext4 
 mount -o loop $base/work.img $mnt || { echo "could not run: no loop mount here"; exit 1; }
 serve $b
 send() {
-    target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BP --topics $topics \
+    target/release/shardmq-bench producer --namesrv 127.0.0.1:14276 --topic BP --topics $topics \
         --queues 8 --in-flight 64 --no-progress --messages $1 2>&1 | grep -E "Throughput"
 }
 send ${FIRST:-200000}
@@ -65,7 +65,7 @@ for round in $(seq $rounds); do
         if [ -n "${CATCHUP:-}" ]; then
             # Everything stored, read by a new group right after the ready line (after the
             # bench has updated its topics, which is not counted).
-            out=$(target/release/shardmq-bench consumer --namesrv 127.0.0.1:43876 --topic BP \
+            out=$(target/release/shardmq-bench consumer --namesrv 127.0.0.1:14276 --topic BP \
                 --topics $topics --queues 8 --catch-up --no-progress 2>&1)
             echo "$out" | grep -E "^(Consumed|Elapsed)" | sed 's/^/    catch-up: /'
             pulled=$(echo "$out" | grep -oE "^Elapsed: [0-9.]+" | grep -oE "[0-9.]+$")

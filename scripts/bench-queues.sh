@@ -16,12 +16,12 @@ run() { # binary queues
     local dir pid out msgs busy
     dir=$(mktemp -d /var/tmp/shardmq-bench-queues.XXXXXX)
     "$1" serve --shards 2 --segment-size-mib 64 --data-dir "$dir/data" \
-        --namesrv-port 41876 --broker-port 42911 --listen-ip 127.0.0.1 >"$dir/broker.log" 2>&1 &
+        --namesrv-port 14676 --broker-port 14711 --listen-ip 127.0.0.1 >"$dir/broker.log" 2>&1 &
     pid=$!
     until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
-    "$BENCH" producer --namesrv 127.0.0.1:41876 --topic "BenchQ$2" --queues "$2" \
+    "$BENCH" producer --namesrv 127.0.0.1:14676 --topic "BenchQ$2" --queues "$2" \
         --in-flight 64 --duration-secs 6 --no-progress >/dev/null 2>&1
-    out=$("$BENCH" producer --namesrv 127.0.0.1:41876 --topic "BenchQ$2" --queues "$2" \
+    out=$("$BENCH" producer --namesrv 127.0.0.1:14676 --topic "BenchQ$2" --queues "$2" \
         --in-flight 64 --duration-secs 10 --no-progress 2>&1)
     msgs=$(echo "$out" | grep -oP 'Throughput: \K[0-9]+')
     busy=$(echo "$out" | grep -oP 'code 2 \(SYSTEM_BUSY\): \K[0-9]+' || echo 0)

@@ -17,8 +17,8 @@ fill=${FILL:-20} stop=${STOP:-term}
 dir=$(mktemp -d /var/tmp/shardmq-restart.XXXXXX)
 trap 'rm -rf $dir' EXIT
 serve() {
-    $1 serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43876 \
-        --broker-port 44911 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
+    $1 serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 15076 \
+        --broker-port 15111 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
     pid=$!
     until grep -q "shardmq: ready" $dir/broker.log; do
         kill -0 $pid 2>/dev/null || { echo "the node exited:"; tail -5 $dir/broker.log; exit 1; }
@@ -26,7 +26,7 @@ serve() {
     done
 }
 serve $a
-target/release/shardmq-bench producer --namesrv 127.0.0.1:43876 --topic BT --topics $topics \
+target/release/shardmq-bench producer --namesrv 127.0.0.1:15076 --topic BT --topics $topics \
     --queues 8 --in-flight 64 --no-progress --duration-secs $fill 2>&1 | grep -E "Created|Throughput"
 crashed=${CRASHED:-0} filled=$dir/data
 if [ $crashed = 1 ]; then

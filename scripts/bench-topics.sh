@@ -21,8 +21,8 @@ start_node() {
     local log=$1 tries=0
     while :; do
         start=$(date +%s.%N)
-        $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 43876 \
-            --broker-port 44911 --listen-ip 127.0.0.1 > $dir/$log 2>&1 &
+        $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 15476 \
+            --broker-port 15511 --listen-ip 127.0.0.1 > $dir/$log 2>&1 &
         pid=$!
         until grep -q "shardmq: ready" $dir/$log || ! kill -0 $pid 2>/dev/null; do sleep 0.05; done
         kill -0 $pid 2>/dev/null && return 0
@@ -39,7 +39,7 @@ minflt() { awk '{print $10}' /proc/$1/stat; }
 disk=$(basename "$(df --output=source $dir | tail -n 1)")
 disk_writes() { awk -v d=$disk '$3 == d {print $8, $10, $11}' /proc/diskstats; }
 start_node broker.log
-args="--namesrv 127.0.0.1:43876 --topic BT --queues 8 --in-flight 64 --no-progress"
+args="--namesrv 127.0.0.1:15476 --topic BT --queues 8 --in-flight 64 --no-progress"
 [ "$topics" -gt 1 ] && args="$args --topics $topics"
 target/release/shardmq-bench producer $args --duration-secs $warm 2>&1 | grep -E "Created|Throughput"
 before=$(minflt $pid) disk_before=$(disk_writes)
