@@ -1,16 +1,18 @@
-"""Power cuts under SYNC_FLUSH (real binary, a disk that loses what it was not told to keep).
+"""Power cuts (real binary, a disk that loses what it was not told to keep).
 
 A two-shard node runs on ext4 over a loop device whose file is served by FUSE from this test
 (`powercut.py`): every block written since the disk's last flush may come back old or new, at
-random, as from a disk with a volatile write cache. Producers send over raw remoting, to one topic
-with large bodies and to 300 topics x 4 queues with small ones, while retention deletes and
-recycles 16 MiB segments behind them; six times while they send, the
-disk is cut: a copy of it is taken as the power cut would leave it. Each copy is then mounted
-(ext4 replays its journal), its light checkpoints marked as of an earlier boot (a power loss
-restarts the machine), and a node started on it: every message acknowledged before the
-cut at a queue offset the queue still holds (past retention's minimum) is there, whole, and
-`shardmq verify` finds no damage after a clean stop. Some of those messages sat in recycled
-segments, where the old records past the log's end look like records until their seal is read.
+random, as from a disk with a volatile write cache. Producers send over raw remoting, to one
+topic with large bodies and to 300 topics x 4 queues with small ones, while retention deletes
+and recycles 16 MiB segments behind them; several times while they send, the disk is cut: a
+copy of it is taken as the power cut would leave it. Each copy is then mounted (ext4 replays
+its journal), its light checkpoints marked as of an earlier boot (a power loss restarts the
+machine), and a node started on it. Every record it holds, from each queue's minimum to its
+end, is the one the node that went on placed at that offset, whole; `shardmq verify` finds no
+damage after a clean stop. Under SYNC_FLUSH every message acknowledged before the cut is
+among them (unless retention took it before the cut); under ASYNC_FLUSH the last ones may be
+lost, and the test says how many were. Some of the records sat in recycled segments, where the
+old records past the log's end look like records until their seal is read.
 """
 
 import os
@@ -32,7 +34,8 @@ SHARDS = 2
 BIG_TOPIC, BIG_QUEUES, BIG_BODY_BYTES = "Tpower", 2, 16 * 1024
 SMALL_TOPICS, SMALL_QUEUES, SMALL_BODY_BYTES = 300, 4, 1024
 SENDERS_PER_SHARD = 2
-CUTS_AT_S = (8, 11, 14, 17, 20, 23)  # seconds into the sends
+SYNC_CUTS_AT_S = (8, 11, 14, 17, 20, 23)  # seconds into the sends
+ASYNC_CUTS_AT_S = (10, 16, 22)
 SEND_FOR_S = 25
 GET_MIN_OFFSET = 31
 PULL_BATCH = 32
@@ -132,41 +135,51 @@ def recycled_segments(data_dir, shard):
             if name.endswith(".recycled")}
 
 
-def check_cut(shardmq_factory, image, cut):
-    """Starts a node on the disk a cut left and finds every message acknowledged before it."""
-    checked = in_recycled = expired = 0
-    by_queue = {}
-    for shard, acked in cut["acked"]:
+def placed_by_queue(senders_acked):
+    """{(shard, topic, queue id): {queue offset: (key, commitlog offset)}} of acknowledged
+    sends, from [(shard, acked)]."""
+    placed = {}
+    for shard, acked in senders_acked:
         for key, topic, queue_id, queue_offset, physical in acked:
-            by_queue.setdefault((shard, topic, queue_id), []).append(
-                (key, queue_offset, physical))
+            placed.setdefault((shard, topic, queue_id), {})[queue_offset] = (key, physical)
+    return placed
+
+
+def check_cut(shardmq_factory, image, cut, final, flush):
+    """Starts a node on the disk a cut left. Every record it holds is the one the node that
+    went on placed at that queue offset (`final`), and under SYNC_FLUSH every message
+    acknowledged before the cut is among them, unless retention took it before the cut."""
+    before = placed_by_queue(cut["acked"])
+    found = in_recycled = expired = lost = 0
     with mounted_image(image) as mount_point:
         data_dir = os.path.join(mount_point, "data")
         recycled = {shard: recycled_segments(data_dir, shard) for shard in range(SHARDS)}
         forgotten = forget_light_checkpoints(data_dir)
         node = shardmq_factory(data_dir=data_dir, segment_size_mib=SEGMENT_MIB, shards=SHARDS,
-                               flush="sync", extra_args=KEEP_ALL_ARGS)
+                               flush=flush, extra_args=KEEP_ALL_ARGS)
         clients = [remoting.RemotingClient.connect(address, timeout_s=30)
                    for address in node.broker_addrs]
         try:
-            for (shard, topic, queue_id), ours in sorted(by_queue.items()):
+            for (shard, topic, queue_id), placed in sorted(final.items()):
                 where = "shard {} {} queue {}".format(shard, topic, queue_id)
                 low, high = queue_bounds(clients[shard], topic, queue_id)
-                wanted = [a for a in ours if a[1] >= low]
-                expired += len(ours) - len(wanted)
-                newest = max(a[1] for a in ours)
-                assert newest < high, "{}: acknowledged offset {} but the queue ends at {} " \
-                    "after {} ({})".format(where, newest, high, cut["name"], cut["counts"])
-                if not wanted:
-                    continue
-                bodies = stored_bodies(clients[shard], topic, queue_id,
-                                       min(a[1] for a in wanted), newest + 1)
+                acked = before.get((shard, topic, queue_id), {})
+                expired += sum(1 for offset in acked if offset < low)
+                newest = max(acked, default=-1)
+                if flush == "sync":
+                    assert newest < high, "{}: acknowledged offset {} but the queue ends at " \
+                        "{} after {} ({})".format(where, newest, high, cut["name"],
+                                                  cut["counts"])
+                else:
+                    lost += sum(1 for offset in acked if offset >= max(low, high))
+                bodies = stored_bodies(clients[shard], topic, queue_id, low, high)
                 size = BIG_BODY_BYTES if topic == BIG_TOPIC else SMALL_BODY_BYTES
-                for key, queue_offset, physical in wanted:
-                    assert bodies.get(queue_offset) == body_of(key, size), (
-                        "{} offset {}: {} lost or damaged after {} ({})".format(
+                for queue_offset in range(low, high):
+                    key, physical = placed.get(queue_offset, (None, None))
+                    assert key is not None and bodies.get(queue_offset) == body_of(key, size), (
+                        "{} offset {}: not the record placed there ({}) after {} ({})".format(
                             where, queue_offset, key, cut["name"], cut["counts"]))
-                    checked += 1
+                    found += 1
                     segment = physical - physical % (SEGMENT_MIB << 20)
                     in_recycled += segment in recycled[shard]
         finally:
@@ -179,17 +192,30 @@ def check_cut(shardmq_factory, image, cut):
                                   universal_newlines=True)
         assert verified.returncode == 0, "shardmq verify after {}:\n{}".format(
             cut["name"], verified.stdout[-2000:])
-    print("{} ({}; {} light checkpoints of this boot): {} acknowledged messages in {} queues "
-          "found whole, {} of them in recycled segments; {} below retention's minimum".format(
-              cut["name"], cut["counts"], forgotten, checked, len(by_queue), in_recycled,
-              expired))
-    return checked, in_recycled
+    print("{} ({}; {} light checkpoints of this boot): {} messages in {} queues found whole, "
+          "{} of them in recycled segments; of those acknowledged before the cut {} below "
+          "retention's minimum, {} lost".format(
+              cut["name"], cut["counts"], forgotten, found, len(final), in_recycled, expired,
+              lost))
+    return found, in_recycled
 
 
 def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq_factory):
+    power_cuts(shardmq_factory, "sync", SYNC_CUTS_AT_S)
+
+
+def test_after_a_power_cut_under_async_flush_each_queue_holds_what_was_placed(
+        shardmq_factory):
+    """ASYNC_FLUSH acknowledges before the disk has the message, and a power cut may take the
+    last ones: what comes back must still be, queue by queue, exactly what was placed there,
+    with no damage left for `shardmq verify` to find."""
+    power_cuts(shardmq_factory, "async", ASYNC_CUTS_AT_S)
+
+
+def power_cuts(shardmq_factory, flush, cuts_at):
     with power_cut_disk(FS_MIB) as disk:
         node = shardmq_factory(data_dir=os.path.join(disk.mount_point, "data"),
-                               segment_size_mib=SEGMENT_MIB, shards=SHARDS, flush="sync",
+                               segment_size_mib=SEGMENT_MIB, shards=SHARDS, flush=flush,
                                extra_args=RETENTION_ARGS)
         assert remoting.create_topic(node.broker_addr(0), BIG_TOPIC, BIG_QUEUES).code == 0
         for index in range(SMALL_TOPICS):
@@ -206,10 +232,10 @@ def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq
         for sender in senders:
             sender.start()
         try:
-            for number, at in enumerate(CUTS_AT_S, 1):
+            for number, at in enumerate(cuts_at, 1):
                 time.sleep(max(0.0, started + at - time.monotonic()))
-                # Everything acknowledged so far, then the cut: each of these was on the disk
-                # (flushed) before its answer left the broker.
+                # Everything acknowledged so far, then the cut: under SYNC_FLUSH each of these
+                # was on the disk (flushed) before its answer left the broker.
                 acked = [(sender.shard, list(sender.acked)) for sender in senders]
                 image = os.path.join(disk.workdir, "cut{}.img".format(number))
                 counts = disk.cut(image, seed=number)
@@ -233,11 +259,12 @@ def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq
             text.count("its file recycled as segment")))
         assert node.stop() == 0, node.log_tail()
 
-        total_checked = total_in_recycled = 0
+        final = placed_by_queue([(sender.shard, sender.acked) for sender in senders])
+        total_found = total_in_recycled = 0
         for cut in cuts:
-            checked, in_recycled = check_cut(shardmq_factory, cut["image"], cut)
+            found, in_recycled = check_cut(shardmq_factory, cut["image"], cut, final, flush)
             os.remove(cut["image"])
-            total_checked += checked
+            total_found += found
             total_in_recycled += in_recycled
-        assert total_checked > 1000, "only {} messages checked".format(total_checked)
-        assert total_in_recycled > 0, "no acknowledged message sat in a recycled segment"
+        assert total_found > 1000, "only {} messages found".format(total_found)
+        assert total_in_recycled > 0, "no message found sat in a recycled segment"
