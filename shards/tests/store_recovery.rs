@@ -792,6 +792,32 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
         verified.findings
     );
     std::fs::rename(dir.path().join("T5-1"), &queue_dir).unwrap();
+    // A queue directory the catalog does not list, whose units point past the log's end: what
+    // a life before a power loss leaves for records the log lost. The start leaves it alone
+    // (a queue made there again zeroes it), so verify notes it, not damage.
+    let leftover = dir.path().join("consumequeue").join("T7").join("9");
+    std::fs::create_dir_all(&leftover).unwrap();
+    let units: Vec<u8> = (0..3u64)
+        .flat_map(|k| {
+            let physical = (verified.log_end + k * 300) as i64;
+            [
+                &physical.to_be_bytes()[..],
+                &300i32.to_be_bytes(),
+                &0i64.to_be_bytes(),
+            ]
+            .concat()
+        })
+        .collect();
+    std::fs::write(leftover.join(format!("{:020}", 0)), units).unwrap();
+    let verified = shards::store::verify::verify_store(dir.path(), Some(SEGMENT)).unwrap();
+    assert_eq!(verified.damage, 0, "{:?}", verified.findings);
+    let noted = "1 queue director(ies) not in consumequeue.catalog hold no unit";
+    assert!(
+        verified.notes.iter().any(|n| n.starts_with(noted)),
+        "{:?}",
+        verified.notes
+    );
+    std::fs::remove_dir_all(&leftover).unwrap();
     // A topic directory removed after the stop: the catalog no longer tells the disk, the
     // start reads the directories (and rebuilds the topic from the log).
     std::fs::remove_dir_all(dir.path().join("consumequeue").join("T3")).unwrap();

@@ -65,6 +65,8 @@ pub struct VerifyReport {
     pub findings: Vec<String>,
     /// Things worth knowing that are not damage.
     pub notes: Vec<String>,
+    /// Units whose record the log keeps (step 2, one queue at a time).
+    matched_units: u64,
 }
 
 impl VerifyReport {
@@ -73,6 +75,18 @@ impl VerifyReport {
         if self.findings.len() < FINDINGS_KEPT_MAX {
             self.findings.push(what);
         }
+    }
+
+    /// Adds what one queue's check found (`check_queue`, into a report of its own).
+    fn absorb(&mut self, part: VerifyReport) {
+        self.units += part.units;
+        self.expired_units += part.expired_units;
+        self.units_past_end += part.units_past_end;
+        let untold = part.damage - part.findings.len() as u64;
+        for finding in part.findings {
+            self.damaged(finding);
+        }
+        self.damage += untold;
     }
 
     /// Takes back the last `damaged` (only `damaged` adds findings).
@@ -136,10 +150,13 @@ pub fn verify_store(root: &Path, segment_size_bytes: Option<u64>) -> io::Result<
     };
     let log = open_log(root, segment_size_bytes, &mut report)?;
     scan_log(&log, &mut report)?;
-    let found = check_queues(root, &log, &mut report)?;
+    let catalog = catalog_the_next_start_takes(root, &mut report);
+    let found = check_queues(root, &log, catalog.as_ref(), &mut report)?;
     check_index(root, &log, &mut report)?;
     check_config(root, &mut report);
-    check_catalog(root, &found, &mut report);
+    if let Some(catalog) = catalog {
+        check_catalog(&catalog, &found, &mut report);
+    }
     Ok(report)
 }
 
@@ -362,9 +379,28 @@ fn next_valid(log: &Log, segment: &Segment, from: u64, end: u64) -> io::Result<O
 /// Every queue directory found: (topic, queue id) → the first unit of each of its files.
 type QueueListing = BTreeMap<(String, u32), Vec<u64>>;
 
-fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<QueueListing> {
+/// The queue directories step 2 found, and those of them that are leftovers: not in the
+/// catalog the next start takes, holding no unit of a record the log keeps.
+#[derive(Default)]
+struct FoundQueues {
+    listing: QueueListing,
+    leftovers: u64,
+    leftover_units: u64,
+}
+
+/// A queue directory that the clean stop's catalog does not list, whose units point at no
+/// record the log keeps, is what a life before a restart of the machine left for records the
+/// log lost (the start from the synced checkpoint's catalog that followed did not list it,
+/// `recovery.rs`). The next start leaves it alone, and a queue made there again zeroes
+/// what it holds (`make_first_file`): not damage, and its units' findings are dropped.
+fn check_queues(
+    root: &Path,
+    log: &Log,
+    catalog: Option<&NextStartCatalog>,
+    report: &mut VerifyReport,
+) -> io::Result<FoundQueues> {
     let dir = root.join("consumequeue");
-    let mut found = QueueListing::new();
+    let mut found = FoundQueues::default();
     if !dir.is_dir() {
         return Ok(found);
     }
@@ -380,9 +416,21 @@ fn check_queues(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result
                 ));
                 continue;
             };
-            report.queues += 1;
-            let files = check_queue(&queue_entry.path(), &topic, queue_id, log, report)?;
-            found.insert((topic.clone(), queue_id), files);
+            let mut part = VerifyReport {
+                log_end: report.log_end,
+                ..VerifyReport::default()
+            };
+            let files = check_queue(&queue_entry.path(), &topic, queue_id, log, &mut part)?;
+            let key = (topic.clone(), queue_id);
+            let unlisted = catalog.is_some_and(|c| !c.rebuilt_too && !c.listed.contains_key(&key));
+            if unlisted && part.matched_units == 0 {
+                found.leftovers += 1;
+                found.leftover_units += part.units + part.expired_units + part.units_past_end;
+            } else {
+                found.listing.insert(key, files);
+                report.queues += 1;
+                report.absorb(part);
+            }
         }
     }
     Ok(found)
@@ -466,6 +514,11 @@ fn check_queue(
                 )),
                 Some(record_bytes) => {
                     let message = record::decode(&record_bytes).expect("checked by record_at");
+                    let matches = message.total_size == size
+                        && message.topic == topic
+                        && message.queue_id == queue_id
+                        && message.queue_offset == queue_offset;
+                    report.matched_units += u64::from(matches);
                     if message.total_size != size
                         || message.topic != topic
                         || message.queue_id != queue_id
@@ -605,15 +658,22 @@ fn check_index(root: &Path, log: &Log, report: &mut VerifyReport) -> io::Result<
     Ok(())
 }
 
-/// Step 5: the queue catalog a clean stop wrote (`catalog.rs`). When the next start would
-/// take it, it must list the queues and files step 2 found: a queue directory or file made or
-/// removed by hand below a topic directory is not seen by a start that takes the catalog.
-/// Queues found but not listed are harmless only when the checkpoint has recovery rebuild
-/// queues that awaited their files (`awaiting_from`).
-fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
+/// The catalog a clean stop wrote, which the next start takes (`catalog.rs`), and whether
+/// that start also rebuilds queues that awaited their files (`awaiting_from`).
+struct NextStartCatalog {
+    listed: QueueListing,
+    rebuilt_too: bool,
+}
+
+/// Step 5, first half: whether the next start takes the queues from the catalog a clean
+/// stop wrote (`catalog.rs`), and its listing; otherwise a note says why not.
+fn catalog_the_next_start_takes(
+    root: &Path,
+    report: &mut VerifyReport,
+) -> Option<NextStartCatalog> {
     let name = super::catalog::FILE_NAME;
     if !root.join(name).exists() {
-        return;
+        return None;
     }
     let checkpoint: Option<serde_json::Value> = fs::read(root.join("checkpoint"))
         .ok()
@@ -630,14 +690,14 @@ fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
             "{name} is named by the synced checkpoint: a start from it (after a restart of the \
              machine) takes the queues from it and settles them once it serves"
         ));
-        return;
+        return None;
     }
     let Some(stamp) = clean.and_then(|c| c.get("catalog")?.as_u64()) else {
         report.notes.push(format!(
             "{name} is named by no clean checkpoint: the next start reads the queue \
              directories (and removes it)"
         ));
-        return;
+        return None;
     };
     let rebuilt_too = clean.is_some_and(|c| c.get("awaiting_from").is_some_and(|a| !a.is_null()));
     let catalog = match super::catalog::usable(root, &root.join("consumequeue"), stamp, None) {
@@ -647,17 +707,39 @@ fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
                 "the next start does not take the queues from {name} ({why}): it reads \
                  the queue directories"
             ));
-            return;
+            return None;
         }
     };
-    let listed: QueueListing = catalog
+    let listed = catalog
         .queues
         .into_iter()
         .map(|queue| ((queue.topic, queue.queue_id), queue.files))
         .collect();
+    Some(NextStartCatalog {
+        listed,
+        rebuilt_too,
+    })
+}
+
+/// Step 5: the catalog the next start takes must list the queues and files step 2 found: a
+/// queue directory or file made or removed by hand below a topic directory is not seen by a
+/// start that takes the catalog. Queues found but not listed are harmless when the
+/// checkpoint has recovery rebuild queues that awaited their files (`awaiting_from`), and
+/// when they are leftovers (`check_queues`).
+fn check_catalog(catalog: &NextStartCatalog, found: &FoundQueues, report: &mut VerifyReport) {
+    let name = super::catalog::FILE_NAME;
+    let (listed, rebuilt_too) = (&catalog.listed, catalog.rebuilt_too);
+    if found.leftovers > 0 {
+        report.notes.push(format!(
+            "{} queue director(ies) not in {name} hold no unit of a record the log keeps \
+             ({} unit(s) of records a power loss took from the log): the next start leaves \
+             them alone, and a queue made there again zeroes them",
+            found.leftovers, found.leftover_units
+        ));
+    }
     let mut differ = Vec::new();
-    for (queue, files) in &listed {
-        match found.get(queue) {
+    for (queue, files) in listed {
+        match found.listing.get(queue) {
             None => differ.push(format!("{}/{} listed, not on disk", queue.0, queue.1)),
             Some(on_disk) if on_disk != files => differ.push(format!(
                 "{}/{} lists files at units {files:?}, the disk holds {on_disk:?}",
@@ -666,7 +748,7 @@ fn check_catalog(root: &Path, found: &QueueListing, report: &mut VerifyReport) {
             Some(_) => {}
         }
     }
-    let unlisted = found.keys().filter(|q| !listed.contains_key(*q));
+    let unlisted = found.listing.keys().filter(|q| !listed.contains_key(*q));
     if rebuilt_too {
         let count = unlisted.count();
         if count > 0 {
