@@ -229,8 +229,9 @@ def _unmount(path):
 
 
 @contextlib.contextmanager
-def power_cut_disk(size_mib, workdir_parent="/var/tmp"):
-    """Yields a PowerCutDisk whose `mount_point` is a fresh ext4 of `size_mib` MiB."""
+def power_cut_disk(size_mib, workdir_parent="/var/tmp", image=None):
+    """Yields a PowerCutDisk whose `mount_point` is a fresh ext4 of `size_mib` MiB, or the
+    ext4 in a copy of `image` (one a cut left: mounting it replays its journal)."""
     why = _missing()
     if why:
         _skip(why)
@@ -241,8 +242,12 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp"):
     control_path = os.path.join(workdir, "control.sock")
     os.mkdir(served)
     os.mkdir(mount_point)
-    with open(backing, "wb") as handle:
-        handle.truncate(size_mib << 20)
+    if image is None:
+        with open(backing, "wb") as handle:
+            handle.truncate(size_mib << 20)
+    else:
+        copied = _run("cp", "--sparse=always", image, backing)
+        assert copied.returncode == 0, "copying {} failed: {}".format(image, copied.stdout)
     daemon_log = open(os.path.join(workdir, "daemon.log"), "w")
     daemon = subprocess.Popen([sys.executable, os.path.abspath(__file__), backing, served,
                                control_path], stdout=daemon_log, stderr=subprocess.STDOUT)
@@ -263,10 +268,11 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp"):
             _skip("cannot run: no loop device over a FUSE file here: {}".format(
                 attached.stdout.strip()))
         loop = attached.stdout.strip()
-        # Inode tables and journal written now: no lazy init writing behind the test.
-        made = _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
-                    "lazy_itable_init=0,lazy_journal_init=0", loop)
-        assert made.returncode == 0, "mkfs.ext4 failed: {}".format(made.stdout)
+        if image is None:
+            # Inode tables and journal written now: no lazy init writing behind the test.
+            made = _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+                        "lazy_itable_init=0,lazy_journal_init=0", loop)
+            assert made.returncode == 0, "mkfs.ext4 failed: {}".format(made.stdout)
         mounted_now = _run("mount", loop, mount_point)
         if mounted_now.returncode != 0:
             _skip("cannot run: this machine refuses the mount: {}".format(

@@ -11,7 +11,8 @@ its journal), its light checkpoints marked as of an earlier boot (a power loss r
 machine), and a node started on it. Every record it holds, from each queue's minimum to its
 end, is the one the node that went on placed at that offset, whole; `shardmq verify` finds no
 damage after a clean stop. Under SYNC_FLUSH every message acknowledged before the cut is
-among them (unless retention took it before the cut); under ASYNC_FLUSH the last ones may be
+among them (unless retention took it before the cut), also when the power goes again, twice,
+while a node starts on what the last cut left; under ASYNC_FLUSH the last ones may be
 lost, and the test says how many were. Some of the records sat in recycled segments, where the
 old records past the log's end look like records until their seal is read.
 """
@@ -36,9 +37,12 @@ SHARDS = 2
 BIG_TOPIC, BIG_QUEUES, BIG_BODY_BYTES = "Tpower", 2, 16 * 1024
 SMALL_QUEUES, SMALL_BODY_BYTES, SENDS_PER_SMALL_TOPIC = 4, 1024, 40
 SENDERS_PER_SHARD = 2
-SYNC_CUTS_AT_S = (8, 11, 14, 17, 20, 23)  # seconds into the sends
-ASYNC_CUTS_AT_S = (10, 16, 22)
-SEND_FOR_S = 25
+SYNC_CUTS_AT_S = (9, 14, 19)  # seconds into the sends
+ASYNC_CUTS_AT_S = (12, 19)
+SEND_FOR_S = 20
+# After the last SYNC_FLUSH cut the power comes back and goes again while the node starts
+# on what it left: cuts this long after one another from the start.
+AGAIN_CUTS_AFTER_S = (0.2, 0.4)
 GET_MIN_OFFSET = 31
 PULL_BATCH = 32
 EVERY_HOUR = ";".join(str(hour) for hour in range(24))
@@ -212,7 +216,7 @@ def check_cut(shardmq_factory, image, cut, final, flush):
 
 
 def test_every_message_acknowledged_before_a_power_cut_is_there_after_it(shardmq_factory):
-    power_cuts(shardmq_factory, "sync", SYNC_CUTS_AT_S)
+    power_cuts(shardmq_factory, "sync", SYNC_CUTS_AT_S, again=True)
 
 
 def test_after_a_power_cut_under_async_flush_each_queue_holds_what_was_placed(
@@ -223,7 +227,7 @@ def test_after_a_power_cut_under_async_flush_each_queue_holds_what_was_placed(
     power_cuts(shardmq_factory, "async", ASYNC_CUTS_AT_S)
 
 
-def power_cuts(shardmq_factory, flush, cuts_at):
+def power_cuts(shardmq_factory, flush, cuts_at, again=False):
     with power_cut_disk(FS_MIB) as disk:
         node = shardmq_factory(data_dir=os.path.join(disk.mount_point, "data"),
                                segment_size_mib=SEGMENT_MIB, shards=SHARDS, flush=flush,
@@ -267,6 +271,13 @@ def power_cuts(shardmq_factory, flush, cuts_at):
         assert node.stop() == 0, node.log_tail()
 
         final = placed_by_queue([(sender.shard, sender.acked) for sender in senders])
+        if again:
+            # What the last cut left, for the start that the power goes again under.
+            last = dict(cuts[-1], image=os.path.join(disk.workdir, "last-cut.img"))
+            copied = subprocess.run(["cp", "--sparse=always", cuts[-1]["image"], last["image"]])
+            assert copied.returncode == 0
+            cuts += cuts_while_starting(shardmq_factory, last, disk.workdir, flush)
+            os.remove(last["image"])
         total_found = total_in_recycled = 0
         for cut in cuts:
             found, in_recycled = check_cut(shardmq_factory, cut["image"], cut, final, flush)
@@ -275,3 +286,31 @@ def power_cuts(shardmq_factory, flush, cuts_at):
             total_in_recycled += in_recycled
         assert total_found > 1000, "only {} messages found".format(total_found)
         assert total_in_recycled > 0, "no message found sat in a recycled segment"
+
+
+def cuts_while_starting(shardmq_factory, cut, keep_in, flush):
+    """The power comes back after `cut` and goes again while a node starts on what it left
+    (recovers, settles the queues it took from the synced checkpoint's catalog, writes its
+    first checkpoints): the copies those cuts leave, as cuts (kept in `keep_in`)."""
+    again = []
+    with power_cut_disk(FS_MIB, image=cut["image"]) as disk:
+        data_dir = os.path.join(disk.mount_point, "data")
+        forget_light_checkpoints(data_dir)
+
+        def cutting():
+            for number, after in enumerate(AGAIN_CUTS_AFTER_S, 1):
+                time.sleep(after)
+                image = os.path.join(keep_in, "again{}.img".format(number))
+                counts = disk.cut(image, seed=100 + number)
+                again.append(dict(cut, name="{}, then cut {} of the start after it".format(
+                    cut["name"], number), image=image, counts=counts))
+
+        cutter = threading.Thread(target=cutting, daemon=True)
+        cutter.start()
+        node = shardmq_factory(data_dir=data_dir, segment_size_mib=SEGMENT_MIB, shards=SHARDS,
+                               flush=flush, extra_args=KEEP_ALL_ARGS)
+        cutter.join(180)
+        assert not cutter.is_alive(), "the cuts while the node started did not finish"
+        assert node.stop() == 0, node.log_tail()
+    assert len(again) == len(AGAIN_CUTS_AFTER_S)
+    return again
