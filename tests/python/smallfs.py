@@ -58,6 +58,18 @@ def small_filesystem(size_mib):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+# A node on a small filesystem that deletes (below diskMaxUsedSpaceRatio: recycles) each
+# segment 0.72 s after its last write, looking every second; then the same node keeping all.
+EVERY_HOUR = ";".join(str(hour) for hour in range(24))
+RETENTION_ARGS = [
+    "--allocation-window-mib", "64",
+    "--fileReservedTime", "0.0002",  # 0.72 s
+    "--deleteWhen", EVERY_HOUR,
+    "--cleanResourceInterval", "1000",
+]
+KEEP_ALL_ARGS = ["--allocation-window-mib", "64", "--cleanFileForciblyEnable", "false"]
+
+
 def free_bytes(path):
     stat = os.statvfs(path)
     return stat.f_bavail * stat.f_frsize

@@ -26,6 +26,7 @@ import time
 import remoting
 from conftest import _binary
 from powercut import forget_light_checkpoints, mounted_image, power_cut_disk
+from smallfs import KEEP_ALL_ARGS, RETENTION_ARGS
 
 FS_MIB = 1024
 SEGMENT_MIB = 16
@@ -43,16 +44,7 @@ SEND_FOR_S = 20
 # After the last SYNC_FLUSH cut the power comes back and goes again while the node starts
 # on what it left: cuts this long after one another from the start.
 AGAIN_CUTS_AFTER_S = (0.2, 0.4)
-GET_MIN_OFFSET = 31
 PULL_BATCH = 32
-EVERY_HOUR = ";".join(str(hour) for hour in range(24))
-RETENTION_ARGS = [
-    "--allocation-window-mib", "64",
-    "--fileReservedTime", "0.0002",  # 0.72 s
-    "--deleteWhen", EVERY_HOUR,
-    "--cleanResourceInterval", "1000",
-]
-KEEP_ALL_ARGS = ["--allocation-window-mib", "64", "--cleanFileForciblyEnable", "false"]
 
 
 def properties(key):
@@ -108,7 +100,7 @@ class Sender(threading.Thread):
 
 
 def queue_bounds(client, topic, queue_id):
-    low = client.call(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
+    low = client.call(remoting.GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
     high = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id})
     assert low.code == remoting.SUCCESS and high.code == remoting.SUCCESS, (low, high)
     return int(low.ext["offset"]), int(high.ext["offset"])

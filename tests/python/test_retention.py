@@ -14,7 +14,7 @@ import time
 
 import remoting
 from mq import Collector, make_consumer, unique, wait_for_keys, wait_until
-from smallfs import small_filesystem
+from smallfs import KEEP_ALL_ARGS, RETENTION_ARGS, small_filesystem
 
 FS_MIB = 512
 SEGMENT_MIB = 64
@@ -30,16 +30,7 @@ LEAD_MAX = 100  # messages the producer may be ahead of the consumer that keeps 
 # ~200 MiB of 512 on top of the live segments.
 RATE_BYTES_PER_S = 96 << 20
 WARNING_RATIO = 0.90
-GET_MIN_OFFSET = 31
 CONSUME_TIMEOUT_S = 180
-EVERY_HOUR = ";".join(str(hour) for hour in range(24))
-RETENTION_ARGS = [
-    "--allocation-window-mib", "64",
-    "--fileReservedTime", "0.0002",  # 0.72 s
-    "--deleteWhen", EVERY_HOUR,
-    "--cleanResourceInterval", "1000",
-]
-KEEP_ALL_ARGS = ["--allocation-window-mib", "64", "--cleanFileForciblyEnable", "false"]
 
 
 def used_ratio(path):
@@ -74,7 +65,7 @@ def body_of(key):
 
 def min_offset(address, topic, queue_id):
     with remoting.RemotingClient.connect(address) as client:
-        response = client.call(GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
+        response = client.call(remoting.GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id})
     assert response.code == remoting.SUCCESS, response
     return int(response.ext["offset"])
 
