@@ -17,6 +17,11 @@
 //! says so (`haDiverged`), or with haResetWhenBehind discards its store and copies the
 //! master's from its oldest segment. Its bytes below the epoch start are the master's too: the
 //! promoted node copied them from the same log.
+//!
+//! A master that starts after an unclean stop begins an epoch too, at the end of the log it
+//! recovered (`promote.rs`): the stream sends bytes before they are durable, so after a power
+//! loss a slave may hold a tail its master lost, at offsets the master then fills with other
+//! records. Below that end the bytes are the ones the slave copied.
 
 use std::path::{Path, PathBuf};
 
@@ -81,11 +86,12 @@ pub fn divergence(end: u64, copied: Option<Epoch>, master: Epoch) -> Option<Stri
     }
     Some(format!(
         "this slave's log ends at {end}, past offset {} where its master's log became its own \
-         (epoch {master}, a promotion), and its bytes there did not come from that master \
-         (it last copied from epoch {}): they are another log's (this node was the master \
-         before the promotion?). Replication would mix the two, so it does not run: move this \
-         shard's directory aside and start it empty, or set haResetWhenBehind to discard its \
-         store and copy the master's",
+         (epoch {master}: a promotion, or a restart after an unclean stop), and its bytes there \
+         did not come from that master (it last copied from epoch {}): they are another log's \
+         (this node was the master before a promotion, or its master lost them to a power \
+         loss). Replication would mix the two, so it does not run: move this shard's \
+         directory aside and start it empty, or set haResetWhenBehind to discard its store \
+         and copy the master's",
         master.start_offset,
         copied.map_or("none".to_string(), |e| e.to_string()),
     ))

@@ -109,7 +109,8 @@ impl Broker {
         }
     }
 
-    /// Reads this master's epoch file at start.
+    /// Reads this master's epoch file at start. After an unclean stop a master begins a new
+    /// epoch where its recovered log ends (`epoch_after_an_unclean_stop`).
     pub(crate) fn load_epoch(&self) {
         let path = super::epoch::master_epoch_path(&self.identity.shard_dir);
         match Epoch::load(&path) {
@@ -117,5 +118,37 @@ impl Broker {
             Ok(_) => {}
             Err(why) => log::error!("{}: {why}", self.identity.broker_name),
         }
+        if let Some(epoch) = self.epoch_after_an_unclean_stop() {
+            match epoch.save(&path) {
+                Ok(()) => self.ha.epoch.set(epoch),
+                Err(error) => log::error!(
+                    "{}: cannot save epoch {epoch} to {}: {error}; a slave holding bytes past \
+                     {} that this master lost is not told",
+                    self.identity.broker_name,
+                    path.display(),
+                    epoch.start_offset
+                ),
+            }
+        }
+    }
+
+    /// The epoch a master begins after an unclean stop, at the end of its recovered log. The
+    /// HA stream sends what a master wrote, durable or not: after a power loss its log may end
+    /// before bytes a slave already holds, and the records it writes next take their offsets.
+    /// Streamed from its end, the slave would keep the lost tail and miss those records (and
+    /// its reports would acknowledge them to SYNC_MASTER). With the master's log its own from
+    /// here on, a slave past this offset finds that it diverged (`epoch::divergence`) before it
+    /// connects. After a kill -9 the log keeps all it wrote, and a slave is never past it.
+    /// None for a slave, after a clean stop, and for an empty log (an epoch at 0 is none).
+    fn epoch_after_an_unclean_stop(&self) -> Option<Epoch> {
+        if self.ha.is_slave() {
+            return None;
+        }
+        let recovered = self.store.config().progress.recovered.get()?;
+        let end = self.store.max_physical_offset().0;
+        (!recovered.clean && end > 0).then(|| Epoch {
+            start_offset: end,
+            promoted_at_ms: crate::error::now_ms().max(0) as u64,
+        })
     }
 }
