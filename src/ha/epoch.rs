@@ -19,9 +19,10 @@
 //! promoted node copied them from the same log.
 //!
 //! A master that starts after an unclean stop begins an epoch too, at the end of the log it
-//! recovered (`promote.rs`): the stream sends bytes before they are durable, so after a power
-//! loss a slave may hold a tail its master lost, at offsets the master then fills with other
-//! records. Below that end the bytes are the ones the slave copied.
+//! recovered (`promote.rs`): the stream sends bytes before they are written or durable, so
+//! after a kill -9 or a power loss a slave may hold a tail its master lost, at offsets the
+//! master then fills with other records. Below that end the bytes are the ones the slave
+//! copied.
 
 use std::path::{Path, PathBuf};
 

@@ -133,12 +133,12 @@ impl Broker {
     }
 
     /// The epoch a master begins after an unclean stop, at the end of its recovered log. The
-    /// HA stream sends what a master wrote, durable or not: after a power loss its log may end
-    /// before bytes a slave already holds, and the records it writes next take their offsets.
-    /// Streamed from its end, the slave would keep the lost tail and miss those records (and
-    /// its reports would acknowledge them to SYNC_MASTER). With the master's log its own from
-    /// here on, a slave past this offset finds that it diverged (`epoch::divergence`) before it
-    /// connects. After a kill -9 the log keeps all it wrote, and a slave is never past it.
+    /// HA stream sends what a master appended, written or not: after a kill -9 (the last
+    /// appends still in memory) or a power loss its log may end before bytes a slave already
+    /// holds, and the records it writes next take their offsets. Streamed from its end, the
+    /// slave would keep the lost tail and miss those records (and its reports would
+    /// acknowledge them to SYNC_MASTER). With the master's log its own from here on, a slave
+    /// past this offset finds that it diverged (`epoch::divergence`) before it connects.
     /// None for a slave, after a clean stop, and for an empty log (an epoch at 0 is none).
     fn epoch_after_an_unclean_stop(&self) -> Option<Epoch> {
         if self.ha.is_slave() {
