@@ -7,6 +7,7 @@
 # brokerStatus), then a slave's catch-up rate: an empty slave copying everything the master
 # holds (--ha-start-from oldest), for haTransferBatchSize 32 KiB and 1 MiB.
 # SHARDMQ_BIN runs another broker binary (A/B). MODES picks the modes (default "alone async sync"); CATCH_UP=0 skips the catch-up.
+# FLUSH sets the master's and slave's flushDiskType (default async).
 # BENCH_CPU=0 puts the bench on the master's core instead, leaving CPU 1 to the slave alone
 # (the slave's lag when it has a core of its own; the master then shares its core).
 #   scripts/bench-ha.sh [SECONDS] [ROUNDS]
@@ -39,7 +40,7 @@ start_broker() { # name ip cpus extra-args...; sets $started to its pid
     local name=$1 ip=$2 cpus=$3; shift 3
     rm -rf "$dir/$name"; mkdir -p "$dir/$name"
     "$bin" broker --namesrv "$ns" --broker-port 13111 --listen-ip "$ip" --broker-ip "$ip" \
-        --cpus "$cpus" --flush async --data-dir "$dir/$name" --metrics-port 0 \
+        --cpus "$cpus" --flush "${FLUSH:-async}" --data-dir "$dir/$name" --metrics-port 0 \
         --haSendHeartbeatInterval 1000 "$@" > "$dir/$name.log" 2>&1 &
     started=$!
     pids+=("$started")

@@ -11,6 +11,8 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpListener, TcpStream};
 
+use shards::store::{CommitLogOffset, FlushMode};
+
 use super::{last_report, transfer_header, SlaveLink, StartFrom};
 use crate::broker::Broker;
 
@@ -156,6 +158,28 @@ fn start_offset(broker: &Broker, reported: u64) -> u64 {
     }
 }
 
+/// The commitlog bytes from `from` the stream may send now, at most `max_bytes`. Under
+/// SYNC_FLUSH only durable ones: a master that crashes (a kill -9 loses the appends still in
+/// memory, a power loss what was not flushed) then never comes back with less than its slave
+/// holds, and its slave goes on after the restart (`epoch_after_an_unclean_stop` would
+/// otherwise make it refuse). A SYNC_MASTER send waits for both anyway. Under ASYNC_FLUSH
+/// (appends written within flushIntervalCommitLog) what is appended, as RocketMQ sends.
+async fn read_sendable(broker: &Broker, from: u64, max_bytes: usize) -> Result<Vec<u8>, String> {
+    let store = &broker.store;
+    let end = match store.flush_mode() {
+        FlushMode::Sync => store.durable_offset().0,
+        FlushMode::Async => store.max_physical_offset().0,
+    };
+    if from >= end && from >= store.min_physical_offset().0 {
+        return Ok(Vec::new());
+    }
+    let max_bytes = max_bytes.min(end.saturating_sub(from).max(1) as usize);
+    store
+        .read_log(from, max_bytes)
+        .await
+        .map_err(|error| error.to_string())
+}
+
 /// Most transfers one write to the slave carries.
 const TRANSFERS_PER_WRITE: usize = 16;
 
@@ -218,7 +242,7 @@ async fn write_stream(
         let grew = broker.ha.log_grew.wait();
         let data = match ahead.take() {
             Some(data) => data,
-            None => match broker.store.read_log(next, read_size).await {
+            None => match read_sendable(broker, next, read_size).await {
                 Ok(data) => data,
                 Err(error) => return format!("reading the commitlog at {next}: {error}"),
             },
@@ -226,7 +250,16 @@ async fn write_stream(
         if data.is_empty() {
             let waited = last_write.elapsed();
             if waited < heartbeat {
-                let _ = runtime::timeout(heartbeat - waited, grew).await;
+                let left = heartbeat - waited;
+                if broker.store.max_physical_offset().0 > next {
+                    // Appended, not durable yet (SYNC_FLUSH): sent once it is.
+                    let durable = broker.store.wait_durable(CommitLogOffset(next + 1));
+                    if let Some(Err(_)) = runtime::timeout(left, durable).await {
+                        runtime::sleep(left).await; // a poisoned store: heartbeats only
+                    }
+                    continue;
+                }
+                let _ = runtime::timeout(left, grew).await;
                 continue;
             }
             if let Err(error) = writer.write_all(&transfer_header(next, 0)).await {
@@ -242,7 +275,7 @@ async fn write_stream(
             writer.flush().await
         };
         let following = next + data.len() as u64;
-        let read_ahead = broker.store.read_log(following, read_size);
+        let read_ahead = read_sendable(broker, following, read_size);
         let (sent, read) = futures_lite::future::zip(sent, read_ahead).await;
         if let Err(error) = sent {
             return error.to_string();
