@@ -14,6 +14,8 @@ master: broker-i, brokerId 1).
 - A slave stopped while the master takes more catches up when it comes back.
 - A master whose disk loses power (powercut.py) comes back with less than its slave holds:
   it begins an epoch at its recovered end, and the slave refuses to continue past it.
+- A SYNC_FLUSH master killed under load never comes back with less than its slave holds (the
+  stream sends durable bytes only): the slave goes on, byte for byte.
 """
 
 import hashlib
@@ -740,3 +742,48 @@ def test_a_master_that_lost_its_tail_to_a_power_cut_is_not_continued_by_its_slav
             assert int(runtime_info(slave.broker_addr(0))["commitLogMaxOffset"]) == slave_end
             assert master.stop() == 0
             os.unlink(str(link))
+
+
+def test_a_sync_flush_master_killed_under_load_is_continued_by_its_slave(cluster):
+    """Under SYNC_FLUSH the stream sends only durable bytes: a master killed under load comes
+    back with at least what its slave holds, and the slave goes on (no haDiverged), ending
+    with the master's bytes. (A stream of appended bytes left the slave ahead of the
+    recovered log in 1 of 3 such kills.)"""
+    slave_args = ["--brokerRole", "SLAVE", "--brokerId", "1", "--ha-start-from", "oldest"]
+    master = cluster("master", MASTER_IP, shards=1, flush="sync")
+    slave = cluster("slave", SLAVE_IP, shards=1, role_args=slave_args)
+    topic = "Tkilled"
+    assert remoting.create_topic(master.broker_addr(0), topic, 4).code == 0
+    for round_number in range(3):
+        stopping = threading.Event()
+
+        def sending():
+            try:
+                with remoting.RemotingClient.connect(master.broker_addr(0)) as client:
+                    while not stopping.is_set():
+                        client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, -1),
+                                    body=b"k" * 4096)
+            except (OSError, remoting.ConnectionClosed):
+                pass  # the kill
+
+        senders = [threading.Thread(target=sending, daemon=True) for _ in range(4)]
+        for sender in senders:
+            sender.start()
+        time.sleep(2)
+        master.process.kill()
+        master.process.wait(10)
+        master._reap()
+        stopping.set()
+        for sender in senders:
+            sender.join(30)
+        slave_end = int(runtime_info(slave.broker_addr(0))["commitLogMaxOffset"])
+        master.start(keep_ports=True)
+        master_end = int(runtime_info(master.broker_addr(0))["commitLogMaxOffset"])
+        print("kill {}: the master's log ends at {}, the slave's at {}".format(
+            round_number + 1, master_end, slave_end))
+        assert slave_end <= master_end
+        wait_caught_up(master, slave)
+        assert runtime_info(slave.broker_addr(0))["haDiverged"] == ""
+    time.sleep(1.0)  # the slave's async flush writes its last bytes
+    end = int(runtime_info(master.broker_addr(0))["commitLogMaxOffset"])
+    assert segment_checksums(master, 0, end) == segment_checksums(slave, 0, end)
