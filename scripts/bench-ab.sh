@@ -12,6 +12,8 @@
 # broker past its first segment; default 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# A broker still running when the script ends (an error, a closed pipe) goes with it.
+trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
 a=$1; b=$2; rounds=${3:-3}; seconds=${4:-6}; modes=${5:-async sync}
 size=${SIZE:-1024}; in_flight=${IN_FLIGHT:-256}; profile=${PROFILE:-default}; warm=${WARM:-0}
 batch=${BATCH:-}; prefill=${PREFILL:-0}

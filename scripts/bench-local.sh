@@ -6,6 +6,8 @@
 #   scripts/bench-local.sh [SECONDS] [SHARDS] [MESSAGE_SIZE] [IN_FLIGHT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A broker still running when the script ends (an error, a closed pipe) goes with it.
+trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
 seconds=${1:-10}; shards=${2:-1}; size=${3:-1024}; in_flight=${4:-256}
 cargo build --release -q -p shardmq -p shardmq-bench
 ticks=$(getconf CLK_TCK)
