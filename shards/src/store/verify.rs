@@ -518,12 +518,9 @@ fn check_queue(
                         && message.topic == topic
                         && message.queue_id == queue_id
                         && message.queue_offset == queue_offset;
-                    report.matched_units += u64::from(matches);
-                    if message.total_size != size
-                        || message.topic != topic
-                        || message.queue_id != queue_id
-                        || message.queue_offset != queue_offset
-                    {
+                    if matches {
+                        report.matched_units += 1;
+                    } else {
                         report.damaged(format!(
                             "{name} ({size} bytes at {physical}) points at the record of {}/{} \
                              queue offset {} ({} bytes)",
