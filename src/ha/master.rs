@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shards::runtime::{self, TcpListener, TcpStream};
 
-use shards::store::{CommitLogOffset, FlushMode};
+use shards::store::{CommitLogOffset, FlushMode, StoreError};
 
 use super::{last_report, transfer_header, SlaveLink, StartFrom};
 use crate::broker::Broker;
@@ -164,20 +164,22 @@ fn start_offset(broker: &Broker, reported: u64) -> u64 {
 /// holds, and its slave goes on after the restart (`epoch_after_an_unclean_stop` would
 /// otherwise make it refuse). A SYNC_MASTER send waits for both anyway. Under ASYNC_FLUSH
 /// (appends written within flushIntervalCommitLog) what is appended, as RocketMQ sends.
-async fn read_sendable(broker: &Broker, from: u64, max_bytes: usize) -> Result<Vec<u8>, String> {
+async fn read_sendable(
+    broker: &Broker,
+    from: u64,
+    max_bytes: usize,
+) -> Result<Vec<u8>, StoreError> {
     let store = &broker.store;
-    let end = match store.flush_mode() {
+    let durable = match store.flush_mode() {
         FlushMode::Sync => store.durable_offset().0,
-        FlushMode::Async => store.max_physical_offset().0,
+        FlushMode::Async => return store.read_log(from, max_bytes).await,
     };
-    if from >= end && from >= store.min_physical_offset().0 {
+    if from >= durable {
         return Ok(Vec::new());
     }
-    let max_bytes = max_bytes.min(end.saturating_sub(from).max(1) as usize);
     store
-        .read_log(from, max_bytes)
+        .read_log(from, max_bytes.min((durable - from) as usize))
         .await
-        .map_err(|error| error.to_string())
 }
 
 /// Most transfers one write to the slave carries.
