@@ -170,6 +170,32 @@ def wait_slave_routed(master, topic):
         topic))
 
 
+class Load:
+    """`threads` connections sending 4 KiB raw messages to `address` one at a time until
+    `stop()`; a kill of the node ends them quietly."""
+
+    def __init__(self, address, topic, threads=1):
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._send, args=(address, topic), daemon=True)
+                        for _ in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def _send(self, address, topic):
+        try:
+            with remoting.RemotingClient.connect(address) as client:
+                while not self.stopping.is_set():
+                    client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, -1),
+                                body=b"x" * 4096)
+        except (OSError, remoting.ConnectionClosed):
+            pass  # the kill
+
+    def stop(self):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(30)
+
+
 def wait_caught_up(master, slave):
     """Until every slave shard has everything its master shard holds."""
     def caught_up():
@@ -695,24 +721,12 @@ def test_a_master_that_lost_its_tail_to_a_power_cut_is_not_continued_by_its_slav
         slave = cluster("slave", SLAVE_IP, shards=1, role_args=slave_args)
         topic = "Tcut"
         assert remoting.create_topic(master.broker_addr(0), topic, 4).code == 0
-        stopping = threading.Event()
-
-        def sending():
-            with remoting.RemotingClient.connect(master.broker_addr(0)) as client:
-                while not stopping.is_set():
-                    client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, -1),
-                                body=b"x" * 4096)
-
-        sender = threading.Thread(target=sending, daemon=True)
-        sender.start()
+        load = Load(master.broker_addr(0), topic)
         time.sleep(3)
         image = os.path.join(disk.workdir, "cut.img")
         counts = disk.cut(image, seed=1)
-        stopping.set()
-        sender.join(30)
-        master.process.kill()
-        master.process.wait(10)
-        master._reap()
+        load.stop()
+        master.kill9()
         slave_end = int(runtime_info(slave.broker_addr(0))["commitLogMaxOffset"])
         os.unlink(str(link))
         with mounted_image(image) as mount_point:
@@ -755,27 +769,10 @@ def test_a_sync_flush_master_killed_under_load_is_continued_by_its_slave(cluster
     topic = "Tkilled"
     assert remoting.create_topic(master.broker_addr(0), topic, 4).code == 0
     for round_number in range(3):
-        stopping = threading.Event()
-
-        def sending():
-            try:
-                with remoting.RemotingClient.connect(master.broker_addr(0)) as client:
-                    while not stopping.is_set():
-                        client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, -1),
-                                    body=b"k" * 4096)
-            except (OSError, remoting.ConnectionClosed):
-                pass  # the kill
-
-        senders = [threading.Thread(target=sending, daemon=True) for _ in range(4)]
-        for sender in senders:
-            sender.start()
+        load = Load(master.broker_addr(0), topic, threads=4)
         time.sleep(2)
-        master.process.kill()
-        master.process.wait(10)
-        master._reap()
-        stopping.set()
-        for sender in senders:
-            sender.join(30)
+        master.kill9()
+        load.stop()
         slave_end = int(runtime_info(slave.broker_addr(0))["commitLogMaxOffset"])
         master.start(keep_ports=True)
         master_end = int(runtime_info(master.broker_addr(0))["commitLogMaxOffset"])
