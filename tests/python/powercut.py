@@ -33,13 +33,10 @@ import tempfile
 import threading
 import time
 
+from smallfs import run_command
+
 BLOCK = 4096
 IMAGE = "disk.img"
-
-
-def _run(*command):
-    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True)
 
 
 # ---- the daemon -------------------------------------------------------------------------
@@ -134,7 +131,7 @@ def serve(backing, mount_point, control_path):
         def _cut_now(self):
             """Under the lock: copies the disk, each block written since the flush old or new."""
             armed, self.armed = self.armed, None
-            copied = _run("cp", "--sparse=always", backing, armed["path"])
+            copied = run_command("cp", "--sparse=always", backing, armed["path"])
             if copied.returncode != 0:
                 armed["reply"] = "error cp: " + copied.stdout.strip()
             else:
@@ -194,7 +191,7 @@ def _missing():
     for tool in ("mkfs.ext4", "mount", "umount", "losetup"):
         if shutil.which(tool) is None:
             return "cannot run: {} is not installed".format(tool)
-    probe = _run(sys.executable, "-c", "import fuse")
+    probe = run_command(sys.executable, "-c", "import fuse")
     if probe.returncode != 0:
         last = (probe.stdout.strip().splitlines() or ["?"])[-1]
         return "cannot run: fusepy or libfuse2 is missing: {}".format(last)
@@ -221,11 +218,11 @@ class PowerCutDisk:
 
 def _unmount(path):
     for _ in range(50):
-        if _run("umount", path).returncode == 0:
+        if run_command("umount", path).returncode == 0:
             return True
-        _run("sync")
+        run_command("sync")
         time.sleep(0.1)
-    return _run("umount", "-l", path).returncode == 0
+    return run_command("umount", "-l", path).returncode == 0
 
 
 @contextlib.contextmanager
@@ -246,7 +243,7 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp", image=None):
         with open(backing, "wb") as handle:
             handle.truncate(size_mib << 20)
     else:
-        copied = _run("cp", "--sparse=always", image, backing)
+        copied = run_command("cp", "--sparse=always", image, backing)
         assert copied.returncode == 0, "copying {} failed: {}".format(image, copied.stdout)
     daemon_log = open(os.path.join(workdir, "daemon.log"), "w")
     daemon = subprocess.Popen([sys.executable, os.path.abspath(__file__), backing, served,
@@ -263,17 +260,17 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp", image=None):
                     _skip("cannot run: the FUSE daemon did not serve its file: {}".format(
                         log.read().strip()[-400:]))
             time.sleep(0.05)
-        attached = _run("losetup", "--find", "--show", os.path.join(served, IMAGE))
+        attached = run_command("losetup", "--find", "--show", os.path.join(served, IMAGE))
         if attached.returncode != 0:
             _skip("cannot run: no loop device over a FUSE file here: {}".format(
                 attached.stdout.strip()))
         loop = attached.stdout.strip()
         if image is None:
             # Inode tables and journal written now: no lazy init writing behind the test.
-            made = _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+            made = run_command("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
                         "lazy_itable_init=0,lazy_journal_init=0", loop)
             assert made.returncode == 0, "mkfs.ext4 failed: {}".format(made.stdout)
-        mounted_now = _run("mount", loop, mount_point)
+        mounted_now = run_command("mount", loop, mount_point)
         if mounted_now.returncode != 0:
             _skip("cannot run: this machine refuses the mount: {}".format(
                 mounted_now.stdout.strip()))
@@ -283,8 +280,8 @@ def power_cut_disk(size_mib, workdir_parent="/var/tmp", image=None):
         if mounted:
             _unmount(mount_point)
         if loop:
-            _run("losetup", "-d", loop)
-        _run("umount", served)
+            run_command("losetup", "-d", loop)
+        run_command("umount", served)
         daemon.terminate()
         try:
             daemon.wait(10)
@@ -321,7 +318,7 @@ def mounted_image(image):
     """Mounts an image a power cut left (ext4 replays its journal); yields the mount point."""
     mount_point = image + ".mnt"
     os.makedirs(mount_point, exist_ok=True)
-    done = _run("mount", "-o", "loop", image, mount_point)
+    done = run_command("mount", "-o", "loop", image, mount_point)
     assert done.returncode == 0, "mounting {} failed: {}".format(image, done.stdout)
     try:
         yield mount_point

@@ -13,7 +13,8 @@ import tempfile
 import pytest
 
 
-def _run(*command):
+def run_command(*command):
+    """Runs `command`; its exit status and output (stdout and stderr together)."""
     return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True)
 
@@ -39,9 +40,9 @@ def small_filesystem(size_mib):
     try:
         with open(image, "wb") as handle:
             handle.truncate(size_mib << 20)
-        made = _run("mkfs.ext4", "-q", "-F", "-m", "0", image)
+        made = run_command("mkfs.ext4", "-q", "-F", "-m", "0", image)
         assert made.returncode == 0, "mkfs.ext4 failed: {}".format(made.stdout)
-        mounted_now = _run("mount", "-o", "loop", image, mount_point)
+        mounted_now = run_command("mount", "-o", "loop", image, mount_point)
         if mounted_now.returncode != 0:
             message = "cannot run: this machine refuses a loop mount: {}".format(
                 mounted_now.stdout.strip())
@@ -52,9 +53,9 @@ def small_filesystem(size_mib):
     finally:
         if mounted:
             for _ in range(20):
-                if _run("umount", mount_point).returncode == 0:
+                if run_command("umount", mount_point).returncode == 0:
                     break
-                _run("sync")
+                run_command("sync")
         shutil.rmtree(workdir, ignore_errors=True)
 
 
