@@ -225,8 +225,10 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     }
 }
 
-/// Shards bind with SO_REUSEPORT, which would let a second process share our ports silently
-/// (and split the traffic); a plain bind first makes "address in use" an error at start.
+/// Every shard binds the namesrv port with SO_REUSEPORT, which would let a second process
+/// share it silently (and split the traffic); a plain bind of every port first makes
+/// "address in use" an error at start, with the port's role named. (The other ports are
+/// bound by one shard each, without SO_REUSEPORT.)
 fn check_ports_free(config: &NodeConfig) -> anyhow::Result<()> {
     let mut ports = Vec::new();
     if config.run_namesrv {
@@ -608,7 +610,8 @@ fn start_listeners(
     );
     if shard.namesrv.is_some() {
         let addr = SocketAddr::from((ip, config.namesrv_port));
-        let listener = bind(addr, "namesrv")?;
+        // Every shard binds the namesrv port (check_ports_free made sure no one else has it).
+        let listener = named(runtime::bind_shared(addr), addr, "namesrv")?;
         let handler = Rc::new(RoleHandler {
             shard: shard.clone(),
             namesrv_port: true,
@@ -695,7 +698,12 @@ fn console_access(config: &NodeConfig) -> crate::console::Access {
 }
 
 fn bind(addr: SocketAddr, what: &str) -> std::io::Result<shards::runtime::TcpListener> {
-    runtime::bind(addr).map_err(|e| {
+    named(runtime::bind(addr), addr, what)
+}
+
+/// A bind's result, its error naming the port's role.
+fn named<T>(bound: std::io::Result<T>, addr: SocketAddr, what: &str) -> std::io::Result<T> {
+    bound.map_err(|e| {
         std::io::Error::new(e.kind(), format!("cannot listen for {what} on {addr}: {e}"))
     })
 }

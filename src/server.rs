@@ -637,8 +637,9 @@ pub async fn serve_listener(
     gate: Rc<ConnectionGate>,
     tls: Option<std::sync::Arc<crate::tls::TlsServer>>,
 ) {
+    let mut acceptor = listener.acceptor();
     loop {
-        match listener.accept().await {
+        match acceptor.accept().await {
             Ok(stream) => {
                 let Some(ticket) = gate.admit(stream.peer_addr().ok()) else {
                     drop(stream);

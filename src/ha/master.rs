@@ -21,8 +21,9 @@ const ACCEPT_RETRY_MS: u64 = 100;
 
 /// Accepts slaves forever.
 pub async fn serve(listener: TcpListener, broker: Rc<Broker>) {
+    let mut acceptor = listener.acceptor();
     loop {
-        match listener.accept().await {
+        match acceptor.accept().await {
             Ok(stream) => {
                 runtime::spawn_detached(serve_slave(stream, broker.clone()));
             }

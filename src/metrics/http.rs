@@ -28,8 +28,9 @@ pub async fn serve(
     console: Rc<Console>,
 ) {
     let board = Rc::new(board);
+    let mut acceptor = listener.acceptor();
     loop {
-        let Ok(stream) = listener.accept().await else {
+        let Ok(stream) = acceptor.accept().await else {
             runtime::sleep(Duration::from_millis(50)).await;
             continue;
         };

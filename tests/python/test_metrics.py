@@ -254,3 +254,20 @@ def test_inflight_refusals_latency_labels_and_shard_figures(shardmq_factory):
                             'holder="consume_queue_maps"') > 0
         assert sample_value(text, "shardmq_output_waiting_bytes", node0) == 0
         assert sample_value(text, "shardmq_process_resident_bytes") > 1 << 20
+
+
+def test_a_second_node_cannot_share_the_metrics_port(shardmq_factory):
+    """Two nodes on one host given the same --metrics-port: the second serves its brokers
+    without an endpoint and says why; the port stays the first's alone (it was bound with
+    SO_REUSEPORT, and the kernel split the scrapes between the two nodes)."""
+    metrics_port = free_port()
+    first = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    second = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    assert "no Prometheus endpoint" in second.log_tail(), second.log_tail()
+    assert "Address already in use" in second.log_tail(), second.log_tail()
+    shown = subprocess.run(["ss", "-ltnpH", "sport = :{}".format(metrics_port)],
+                           capture_output=True, text=True, check=True).stdout
+    owners = [line for line in shown.splitlines() if line.strip()]
+    assert len(owners) == 1 and "pid={},".format(first.process.pid) in owners[0], shown
+    for _ in range(8):
+        assert "rocketmq_" in scrape(metrics_port)

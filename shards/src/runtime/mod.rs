@@ -32,7 +32,7 @@ pub mod sockets;
 pub mod wake;
 pub mod workarounds;
 
-pub use glommio::net::{TcpListener, TcpStream};
+pub use glommio::net::TcpStream;
 pub use glommio::Task;
 
 /// Default memory glommio registers with io_uring per shard for its DMA buffers (glommio's
@@ -605,10 +605,41 @@ pub async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
     TcpStream::connect(addr).await.map_err(io::Error::from)
 }
 
-/// Binds a listener with SO_REUSEPORT (every shard binds the namesrv port) and SO_REUSEADDR
-/// (so that the connections it accepted, left in TIME_WAIT after a stop, do not keep a
-/// restarted node off its own ports; glommio's own bind sets only SO_REUSEPORT).
+/// A listening socket of the current shard (`bind`, `bind_shared`); its connections come
+/// through `acceptor`.
+pub struct TcpListener {
+    inner: glommio::net::TcpListener,
+    fd: std::os::fd::RawFd,
+}
+
+impl TcpListener {
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.inner.local_addr().map_err(io::Error::from)
+    }
+
+    /// Takes this listener's connections (see `workarounds::Acceptor`).
+    pub fn acceptor(&self) -> workarounds::Acceptor<'_> {
+        workarounds::Acceptor::new(&self.inner, self.fd)
+    }
+}
+
+/// Binds a listener only this shard serves: a second bind of the port, by this process or
+/// another, fails with "address in use" (no SO_REUSEPORT, which would let another process
+/// join the port silently and take part of its connections). SO_REUSEADDR, so that the
+/// connections it accepted, left in TIME_WAIT after a stop, do not keep a restarted node off
+/// its own ports.
 pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    bind_with(addr, false)
+}
+
+/// Binds a listener that every shard of this process binds (the namesrv port): with
+/// SO_REUSEPORT, the kernel spreads its connections over the shards. The node checks with a
+/// plain bind first that no other process holds the port.
+pub fn bind_shared(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    bind_with(addr, true)
+}
+
+fn bind_with(addr: std::net::SocketAddr, shared: bool) -> io::Result<TcpListener> {
     use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
     let std::net::SocketAddr::V4(addr) = addr else {
         return Err(io::Error::new(
@@ -625,7 +656,12 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
         }
         let owned = OwnedFd::from_raw_fd(fd);
         let one: libc::c_int = 1;
-        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+        let options: &[libc::c_int] = if shared {
+            &[libc::SO_REUSEADDR, libc::SO_REUSEPORT]
+        } else {
+            &[libc::SO_REUSEADDR]
+        };
+        for &option in options {
             let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
             let value = &one as *const libc::c_int as *const libc::c_void;
             if libc::setsockopt(fd, libc::SOL_SOCKET, option, value, size) != 0 {
@@ -644,7 +680,11 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
         if libc::listen(fd, LISTEN_BACKLOG_CONNECTIONS) != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(TcpListener::from_raw_fd(owned.into_raw_fd()))
+        let fd = owned.into_raw_fd();
+        Ok(TcpListener {
+            inner: glommio::net::TcpListener::from_raw_fd(fd),
+            fd,
+        })
     }
 }
 

@@ -485,7 +485,7 @@ mod tests {
         let listener = runtime::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let address = listener.local_addr().unwrap();
         let peer = std::thread::spawn(move || std::net::TcpStream::connect(address).unwrap());
-        let stream = listener.accept().await.unwrap();
+        let stream = listener.acceptor().accept().await.unwrap();
         (Socket::adopt(stream).unwrap(), peer.join().unwrap())
     }
 

@@ -403,6 +403,22 @@ impl Broker {
             shards::store::FlushMode::Async => "ASYNC_FLUSH",
         };
         put("flushDiskType", flush.into());
+        // Process-wide: the times each runtime workaround mattered (runtime::workarounds).
+        let workarounds = shards::runtime::workarounds::counters();
+        let count = |counter: &std::sync::atomic::AtomicU64| {
+            counter
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .to_string()
+        };
+        put("workaroundNudges", count(&workarounds.nudges));
+        put(
+            "workaroundStoreOpensAbandoned",
+            count(&workarounds.store_opens_abandoned),
+        );
+        put(
+            "workaroundAcceptsFoundWaiting",
+            count(&workarounds.accepts_found_waiting),
+        );
     }
 
     /// RocketMQ's getEarliestMessageTime: the store time of the oldest message held, -1 when
