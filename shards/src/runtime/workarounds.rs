@@ -33,7 +33,7 @@
 //! closed only about 5 s late each (when its client gave up), for minutes: the shard logged
 //! its refusals about every 5 s while its timers kept time, so the shard was awake but its
 //! accept did not complete while connections waited in the listener's queue. Seen: twice in
-//! about 30 full runs, never when the test ran alone (120 runs). Mechanism: not found; the
+//! full-suite runs (one on CI), never in 45 runs of the test alone. Mechanism: not found; the
 //! accept is an io_uring request on one of glommio's rings, and a completion that is not
 //! reaped (the watchdog's trap, without the missed timers) fits. Workaround: `Acceptor`
 //! keeps the ring's accept pending and, whenever it has waited `ACCEPT_RECHECK_MS`, tries a
