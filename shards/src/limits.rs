@@ -24,8 +24,8 @@ pub const RECORD_SIZE_MAX_BYTES: usize = record::encoded_size(
 /// `Busy` (a full queue is an answer) instead of growing memory while the disk lags.
 pub const TAIL_UNDURABLE_MAX_BYTES: u64 = 32 << 20;
 
-/// Durable bytes kept in memory behind the durable end, so that consumers reading the hot
-/// tail are served without a disk read.
+/// Written bytes kept in memory behind those of the last write (which stay too), so that
+/// consumers and the HA stream reading the hot tail are served without a disk read.
 pub const TAIL_READ_KEEP_BYTES: u64 = 4 << 20;
 
 /// Smallest segment (tests use such tiny ones); a record that does not fit its segment with

@@ -182,6 +182,33 @@ fn async_flush_batch_starts_a_flush_before_the_interval() {
 }
 
 #[test]
+fn async_mode_writes_at_once_for_a_written_waiter_without_a_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let mut slow = config(dir.path(), FlushMode::Async, 1 << 20);
+        slow.flush_interval_ms = 60_000;
+        let store = Store::open(slow).await.unwrap();
+        let first = append(&store, "T", 0, 0, 64, "t").end_offset;
+        shards::runtime::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            store.written_offset() < first,
+            "unasked, an append waits for the 60 s interval"
+        );
+        let started = std::time::Instant::now();
+        store.wait_written(first).await.unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(store.written_offset() >= first);
+        assert!(
+            store.durable_offset() < first,
+            "a write asked for is not a sync"
+        );
+        // Written already: it returns at once.
+        store.wait_written(first).await.unwrap();
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
 fn async_mode_syncs_what_it_wrote_within_the_interval_unasked() {
     let dir = tempfile::tempdir().unwrap();
     run(|| async {

@@ -159,28 +159,46 @@ fn start_offset(broker: &Broker, reported: u64) -> u64 {
     }
 }
 
-/// The commitlog bytes from `from` the stream may send now, at most `max_bytes`. Under
-/// SYNC_FLUSH only durable ones: a master that crashes (a kill -9 loses the appends still in
-/// memory, a power loss what was not flushed) then never comes back with less than its slave
-/// holds, and its slave goes on after the restart (`epoch_after_an_unclean_stop` would
-/// otherwise make it refuse). A SYNC_MASTER send waits for both anyway. Under ASYNC_FLUSH
-/// (appends written within flushIntervalCommitLog) what is appended, as RocketMQ sends.
+/// The commitlog bytes from `from` the stream may send now, at most `max_bytes`: only those a
+/// crash of this master keeps, so that it never comes back with less than its slave holds
+/// (its slave would then refuse to go on: `epoch_after_an_unclean_stop`). Under SYNC_FLUSH
+/// those are the durable ones (a power loss takes what was not flushed); under ASYNC_FLUSH the
+/// written ones (appends wait in memory up to flushIntervalCommitLog, and a kill -9 takes
+/// them), as RocketMQ sends only what it has committed to the file. A SYNC_MASTER send waits
+/// for both anyway.
 async fn read_sendable(
     broker: &Broker,
     from: u64,
     max_bytes: usize,
 ) -> Result<Vec<u8>, StoreError> {
-    let store = &broker.store;
-    let durable = match store.flush_mode() {
-        FlushMode::Sync => store.durable_offset().0,
-        FlushMode::Async => return store.read_log(from, max_bytes).await,
-    };
-    if from >= durable {
+    let end = sendable_end(broker);
+    if from >= end {
         return Ok(Vec::new());
     }
-    store
-        .read_log(from, max_bytes.min((durable - from) as usize))
+    broker
+        .store
+        .read_log(from, max_bytes.min((end - from) as usize))
         .await
+}
+
+/// The end of what `read_sendable` may send.
+fn sendable_end(broker: &Broker) -> u64 {
+    match broker.store.flush_mode() {
+        FlushMode::Sync => broker.store.durable_offset().0,
+        FlushMode::Async => broker.store.written_offset().0,
+    }
+}
+
+/// Resolves once the log past `next` may be sent (`read_sendable`): durable under SYNC_FLUSH;
+/// written under ASYNC_FLUSH, which the store then does at once rather than within
+/// flushIntervalCommitLog (a SYNC_MASTER's sends wait for the slave, and an ASYNC slave stays
+/// as close behind as when appends were sent).
+async fn sendable(broker: &Broker, next: u64) -> Result<(), StoreError> {
+    let past = CommitLogOffset(next + 1);
+    match broker.store.flush_mode() {
+        FlushMode::Sync => broker.store.wait_durable(past).await,
+        FlushMode::Async => broker.store.wait_written(past).await,
+    }
 }
 
 /// Most transfers one write to the slave carries.
@@ -255,9 +273,8 @@ async fn write_stream(
             if waited < heartbeat {
                 let left = heartbeat - waited;
                 if broker.store.max_physical_offset().0 > next {
-                    // Appended, not durable yet (SYNC_FLUSH): sent once it is.
-                    let durable = broker.store.wait_durable(CommitLogOffset(next + 1));
-                    if let Some(Err(_)) = runtime::timeout(left, durable).await {
+                    // Appended, not yet where a crash keeps it: sent once it is.
+                    if let Some(Err(_)) = runtime::timeout(left, sendable(broker, next)).await {
                         runtime::sleep(left).await; // a poisoned store: heartbeats only
                     }
                     continue;

@@ -178,6 +178,9 @@ pub(crate) struct FlushState {
     sync_in_flight: Option<(u64, u64)>,
     /// `wait_durable` callers by the offset they wait for.
     waiters: BTreeMap<u64, Vec<Waker>>,
+    /// `wait_written` callers by the offset they wait for (an ASYNC_FLUSH write is due at
+    /// once while there are any).
+    written_waiters: BTreeMap<u64, Vec<Waker>>,
     close_waiters: Vec<Waker>,
     /// When the oldest unflushed append happened (Async deadline).
     dirty_since: Option<Instant>,
@@ -271,6 +274,7 @@ impl FlushState {
             last_sync_at: Instant::now(),
             sync_in_flight: None,
             waiters: BTreeMap::new(),
+            written_waiters: BTreeMap::new(),
             close_waiters: Vec::new(),
             dirty_since: None,
             checkpoint_wanted: unsynced_files,
@@ -368,22 +372,22 @@ impl FlushState {
         for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
             waker.wake();
         }
+        self.wake_written_waiters_up_to(u64::MAX);
     }
 
     fn wake_waiters_up_to(&mut self, end: u64) {
-        let later = self.waiters.split_off(&(end + 1));
-        for waker in std::mem::replace(&mut self.waiters, later)
-            .into_values()
-            .flatten()
-        {
-            waker.wake();
-        }
+        wake_up_to(&mut self.waiters, end);
+    }
+
+    fn wake_written_waiters_up_to(&mut self, end: u64) {
+        wake_up_to(&mut self.written_waiters, end);
     }
 
     fn wake_everyone(&mut self) {
         for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
             waker.wake();
         }
+        self.wake_written_waiters_up_to(u64::MAX);
         for waker in self.close_waiters.drain(..) {
             waker.wake();
         }
@@ -394,6 +398,14 @@ impl FlushState {
         for waker in self.chain_waiters.drain(..) {
             waker.wake();
         }
+    }
+}
+
+/// Wakes the waiters of `waiters` for offsets up to `end`.
+fn wake_up_to(waiters: &mut BTreeMap<u64, Vec<Waker>>, end: u64) {
+    let later = waiters.split_off(&end.saturating_add(1));
+    for waker in std::mem::replace(waiters, later).into_values().flatten() {
+        waker.wake();
     }
 }
 
@@ -1043,12 +1055,16 @@ fn take_fault(flush: &mut FlushState, write: bool) -> Option<i32> {
     Some(errno)
 }
 
-/// A flush is due now: Sync, anything dirty; Async, `flush_dirty_max_bytes` dirty.
+/// A flush is due now: Sync, anything dirty; Async, `flush_dirty_max_bytes` dirty, or
+/// anything dirty while somebody waits for it to be written (`wait_written`).
 fn flush_due(inner: &Inner, log: &LogState) -> bool {
     let dirty = log.tail.end() - log.flush.written_end;
     match inner.config.flush_mode {
         FlushMode::Sync => dirty > 0,
-        FlushMode::Async => dirty >= inner.config.flush_dirty_max_bytes,
+        FlushMode::Async => {
+            dirty >= inner.config.flush_dirty_max_bytes
+                || (dirty > 0 && !log.flush.written_waiters.is_empty())
+        }
     }
 }
 
@@ -1480,13 +1496,18 @@ fn mark_written(inner: &Inner, end: u64, messages: u64) {
         end >= log.flush.written_end,
         "the written end never goes backwards"
     );
+    let before = log.flush.written_end;
     log.flush.written_end = end;
+    log.flush.wake_written_waiters_up_to(end);
     log.flush.last_flush_at = Instant::now();
     log.stats.flushes += 1;
     log.stats.flushed_messages += messages - log.flush.messages_at_last_flush;
     log.flush.messages_at_last_flush = messages;
     log.flush.dirty_since = (log.tail.end() > end).then(Instant::now);
-    let keep_from = align_down(end, BLOCK_BYTES).saturating_sub(TAIL_READ_KEEP_BYTES);
+    // The bytes just written stay, and TAIL_READ_KEEP_BYTES before them: readers of what was
+    // just written (the HA stream sends only written bytes, and an ASYNC_FLUSH write carries
+    // up to flush_dirty_max_bytes) get it from memory, not from the disk.
+    let keep_from = align_down(before, BLOCK_BYTES).saturating_sub(TAIL_READ_KEEP_BYTES);
     log.tail.drop_before(keep_from);
 }
 
@@ -1912,6 +1933,34 @@ pub(crate) async fn wait_durable(inner: &Inner, end_offset: u64) -> Result<(), S
             // A sync is due now (`sync_due`): the flusher starts one if no flush will.
             inner.notify.signal();
         }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Resolves once everything below `end_offset` is written to its segment file (a kill of the
+/// process then keeps it; under SYNC_FLUSH that is once it is durable). Under ASYNC_FLUSH the
+/// write starts now instead of within `flush_interval_ms` or at `flush_dirty_max_bytes`.
+pub(crate) async fn wait_written(inner: &Inner, end_offset: u64) -> Result<(), StoreError> {
+    poll_fn(|cx| {
+        let mut log = inner.log.borrow_mut();
+        let target = end_offset.min(log.tail.end());
+        if log.flush.written_end >= target {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(poison) = &log.poison {
+            return Poll::Ready(Err(poison.to_error()));
+        }
+        if log.flush.done.is_some() {
+            return Poll::Ready(Err(StoreError::Closed));
+        }
+        log.flush
+            .written_waiters
+            .entry(target)
+            .or_default()
+            .push(cx.waker().clone());
+        // A write is due now (`flush_due`): the flusher starts one if no flush will.
+        inner.notify.signal();
         Poll::Pending
     })
     .await

@@ -806,6 +806,19 @@ impl Store {
         flusher::wait_durable(&self.inner, end_offset.0).await
     }
 
+    /// Resolves once everything below `end_offset` is written to its segment file, where a
+    /// kill of the process cannot take it (under ASYNC_FLUSH, written now rather than within
+    /// `flush_interval_ms`; not synced: see `wait_durable`).
+    pub async fn wait_written(&self, end_offset: CommitLogOffset) -> Result<(), StoreError> {
+        flusher::wait_written(&self.inner, end_offset.0).await
+    }
+
+    /// Everything below this commitlog offset is written to its segment file (at or past
+    /// `durable_offset`).
+    pub fn written_offset(&self) -> CommitLogOffset {
+        CommitLogOffset(self.inner.log.borrow().flush.written_end)
+    }
+
     /// This store's clock (the shard's source of time).
     pub fn clock(&self) -> Rc<dyn Clock> {
         self.inner.clock.clone()
