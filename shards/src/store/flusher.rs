@@ -1909,43 +1909,36 @@ async fn exit(inner: &Inner) {
     log.flush.wake_everyone();
 }
 
+/// Resolves once a write + fdatasync covering `end_offset` has completed.
 pub(crate) async fn wait_durable(inner: &Inner, end_offset: u64) -> Result<(), StoreError> {
-    poll_fn(|cx| {
-        let mut log = inner.log.borrow_mut();
-        // An offset past the end can only be a caller's mistake; wait for the end instead.
-        let target = end_offset.min(log.tail.end());
-        // Durable before a later failure is durable: such a send is answered SUCCESS.
-        if log.flush.durable_end >= target {
-            return Poll::Ready(Ok(()));
-        }
-        if let Some(poison) = &log.poison {
-            return Poll::Ready(Err(poison.to_error()));
-        }
-        if log.flush.done.is_some() {
-            return Poll::Ready(Err(StoreError::Closed));
-        }
-        log.flush
-            .waiters
-            .entry(target)
-            .or_default()
-            .push(cx.waker().clone());
-        if inner.config.flush_mode == FlushMode::Async {
-            // A sync is due now (`sync_due`): the flusher starts one if no flush will.
-            inner.notify.signal();
-        }
-        Poll::Pending
-    })
-    .await
+    wait_for(inner, end_offset, Reach::Durable).await
 }
 
 /// Resolves once everything below `end_offset` is written to its segment file (a kill of the
 /// process then keeps it; under SYNC_FLUSH that is once it is durable). Under ASYNC_FLUSH the
 /// write starts now instead of within `flush_interval_ms` or at `flush_dirty_max_bytes`.
 pub(crate) async fn wait_written(inner: &Inner, end_offset: u64) -> Result<(), StoreError> {
+    wait_for(inner, end_offset, Reach::Written).await
+}
+
+/// The end a waiter waits for.
+#[derive(Clone, Copy, PartialEq)]
+enum Reach {
+    Durable,
+    Written,
+}
+
+async fn wait_for(inner: &Inner, end_offset: u64, reach: Reach) -> Result<(), StoreError> {
     poll_fn(|cx| {
         let mut log = inner.log.borrow_mut();
+        // An offset past the end can only be a caller's mistake; wait for the end instead.
         let target = end_offset.min(log.tail.end());
-        if log.flush.written_end >= target {
+        let reached = match reach {
+            Reach::Durable => log.flush.durable_end,
+            Reach::Written => log.flush.written_end,
+        };
+        // Durable before a later failure is durable: such a send is answered SUCCESS.
+        if reached >= target {
             return Poll::Ready(Ok(()));
         }
         if let Some(poison) = &log.poison {
@@ -1954,13 +1947,16 @@ pub(crate) async fn wait_written(inner: &Inner, end_offset: u64) -> Result<(), S
         if log.flush.done.is_some() {
             return Poll::Ready(Err(StoreError::Closed));
         }
-        log.flush
-            .written_waiters
-            .entry(target)
-            .or_default()
-            .push(cx.waker().clone());
-        // A write is due now (`flush_due`): the flusher starts one if no flush will.
-        inner.notify.signal();
+        let waiters = match reach {
+            Reach::Durable => &mut log.flush.waiters,
+            Reach::Written => &mut log.flush.written_waiters,
+        };
+        waiters.entry(target).or_default().push(cx.waker().clone());
+        if inner.config.flush_mode == FlushMode::Async {
+            // A sync (`sync_due`) or a write (`flush_due`) is due now: the flusher starts it
+            // if no flush will.
+            inner.notify.signal();
+        }
         Poll::Pending
     })
     .await
