@@ -1497,6 +1497,7 @@ pub(crate) fn make_first_file(
 ) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
     fs::create_dir_all(dir)?;
+    remove_later_files(dir)?;
     let path = dir.join(file_name(0));
     let file = OpenOptions::new()
         .read(true)
@@ -1537,6 +1538,25 @@ pub(crate) fn make_first_file(
     }
     file.write_all_at(&bytes, 0)?;
     Ok(units.len())
+}
+
+/// Removes the files past the first from the directory of a queue whose first file is being
+/// made: no file of this life exists yet, so any is a leftover of a life before (a restart of
+/// the machine whose synced catalog does not list the queue, or a directory retention had
+/// emptied of its first files), and its units would count once the queue reached it.
+fn remove_later_files(dir: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let later = name
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|start_byte| start_byte > 0);
+        if later {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Sizes the queue file `file` (at `path`) for `units_per_file` units, a sparse file. One
@@ -2345,6 +2365,54 @@ mod tests {
         assert!(made.is_empty(), "its making was called off");
         make_first_file(&dir.path().join("U").join("1"), 4, &[]).unwrap();
         assert!(!reopened.file_made("U", 1, 0).unwrap());
+    }
+
+    /// A directory a life before left with more than one file: making the queue's first file
+    /// zeroes what that file held past the units written now and removes the others, so that
+    /// none of their units counts once the queue grows into them.
+    #[test]
+    fn a_leftover_directory_is_emptied_when_its_queue_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        // A start that did not see the directory (a catalog not listing it).
+        let mut table = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue_dir = dir.path().join("T").join("0");
+        fs::create_dir_all(&queue_dir).unwrap();
+        let stale: Vec<u8> = (0..4u64)
+            .flat_map(|k| {
+                let mut bytes = [0u8; CQ_UNIT_BYTES as usize];
+                unit(50_000 + k * 100).encode(&mut bytes);
+                bytes
+            })
+            .collect();
+        for start in [0, 4, 8] {
+            fs::write(queue_dir.join(file_name(start)), &stale).unwrap();
+        }
+        fs::write(queue_dir.join("notes.txt"), b"not ours").unwrap();
+        // The queue made again: five units, into its first file and its second.
+        let (queue, _) = table.get_or_begin("T", 0).unwrap();
+        for i in 0..5 {
+            queue.append(unit(1_000 + i * 100)).unwrap();
+        }
+        let made = table.take_files_to_make(10);
+        let written = make_first_file(&made[0].2, 4, &[]).unwrap();
+        assert!(table.file_made("T", 0, written).unwrap());
+        drop(table);
+        let mut names: Vec<String> = fs::read_dir(&queue_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [file_name(0), file_name(4), "notes.txt".to_string()]);
+        let mut reopened = QueueTable::load(dir.path().to_path_buf(), 4).unwrap();
+        let queue = reopened.get_mut("T", 0).unwrap();
+        for i in 0..5 {
+            assert_eq!(queue.read_unit(i).unwrap(), Some(unit(1_000 + i * 100)));
+        }
+        // Past them, the second file holds nothing of the life before.
+        for i in 5..8 {
+            let read = queue.read_unit(i).unwrap();
+            assert!(read.is_none_or(|u| u.size_bytes == 0), "unit {i}: {read:?}");
+        }
     }
 
     /// Recovery's way: the files of many new queues made at once on several threads, each
