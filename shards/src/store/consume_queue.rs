@@ -1496,8 +1496,18 @@ pub(crate) fn make_first_file(
     units: &[Unit],
 ) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
-    fs::create_dir_all(dir)?;
-    remove_later_files(dir)?;
+    // A directory this call creates is empty; one that was there may hold a life before's.
+    let existing_dir = match fs::create_dir(dir) {
+        Ok(()) => false,
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => true,
+        Err(_) => {
+            fs::create_dir_all(dir)?;
+            false
+        }
+    };
+    if existing_dir {
+        remove_later_files(dir)?;
+    }
     let path = dir.join(file_name(0));
     let file = OpenOptions::new()
         .read(true)
