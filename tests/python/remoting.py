@@ -350,7 +350,12 @@ def consumer_ids(broker_address, group):
 def runtime_info(broker_address):
     """GET_BROKER_RUNTIME_INFO's table (brokerStatus), values as strings."""
     with RemotingClient.connect(broker_address) as client:
-        answer = client.call(GET_BROKER_RUNTIME_INFO)
+        return runtime_table(client)
+
+
+def runtime_table(client):
+    """`runtime_info` over a connection the caller holds."""
+    answer = client.call(GET_BROKER_RUNTIME_INFO)
     assert answer.code == SUCCESS, answer
     return json.loads(answer.body)["table"]
 

@@ -6,7 +6,6 @@ a connection that sends part of a frame and stalls, or trickles it, is closed on
 is late, and the log says why.
 """
 
-import json
 import resource
 import socket
 import struct
@@ -63,9 +62,7 @@ def listeners(port):
 
 def workarounds(client):
     """The broker's counters of the runtime workarounds that mattered (runtime info)."""
-    answer = client.call(remoting.GET_BROKER_RUNTIME_INFO)
-    assert answer.code == remoting.SUCCESS, answer
-    table = json.loads(answer.body)["table"]
+    table = remoting.runtime_table(client)
     return {key: value for key, value in table.items() if key.startswith("workaround")}
 
 

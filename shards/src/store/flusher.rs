@@ -369,10 +369,7 @@ impl FlushState {
         // Paths of files that are gone, or that a new file of the same name took.
         self.unsynced_paths.clear();
         self.unsynced_dir = None;
-        for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
-            waker.wake();
-        }
-        self.wake_written_waiters_up_to(u64::MAX);
+        self.wake_all_waiters();
     }
 
     fn wake_waiters_up_to(&mut self, end: u64) {
@@ -383,11 +380,14 @@ impl FlushState {
         wake_up_to(&mut self.written_waiters, end);
     }
 
-    fn wake_everyone(&mut self) {
-        for waker in std::mem::take(&mut self.waiters).into_values().flatten() {
-            waker.wake();
-        }
+    /// Wakes every `wait_durable` and `wait_written` caller.
+    fn wake_all_waiters(&mut self) {
+        self.wake_waiters_up_to(u64::MAX);
         self.wake_written_waiters_up_to(u64::MAX);
+    }
+
+    fn wake_everyone(&mut self) {
+        self.wake_all_waiters();
         for waker in self.close_waiters.drain(..) {
             waker.wake();
         }
@@ -1922,7 +1922,7 @@ pub(crate) async fn wait_written(inner: &Inner, end_offset: u64) -> Result<(), S
 }
 
 /// The end a waiter waits for.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Reach {
     Durable,
     Written,
