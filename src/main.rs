@@ -208,6 +208,12 @@ struct BrokerOptions {
     /// (deleteCommitLogFilesInterval).
     #[arg(long = "deleteCommitLogFilesInterval", default_value_t = 100)]
     delete_commit_log_files_interval: u64,
+    /// Retention: a master whose disk is below diskMaxUsedSpaceRatio gives an expired
+    /// segment's file to a later segment instead of removing it (durable writes over written
+    /// blocks are cheaper). false: expired segments are removed, and at start the recycled
+    /// files found are made plain again (broker.conf segmentRecycleEnable).
+    #[arg(long = "segment-recycle-enable", default_value_t = true, action = clap::ArgAction::Set)]
+    segment_recycle_enable: bool,
     /// AccessKey the brokers sign their namesrv requests with (RocketMQ 5's
     /// innerClientAuthenticationCredentials); with --acl-file and no key given, the first
     /// admin account of that file (by accessKey) is used.
@@ -482,6 +488,7 @@ fn apply_broker_options(config: &mut NodeConfig, options: &BrokerOptions) -> any
         clean_file_forcibly_enable: options.clean_file_forcibly_enable,
         clean_resource_interval_ms: options.clean_resource_interval,
         delete_commit_log_files_interval_ms: options.delete_commit_log_files_interval,
+        segment_recycle_enable: options.segment_recycle_enable,
     };
     config
         .retention

@@ -559,6 +559,16 @@ async fn open_broker(
     store_config.segment_size_bytes = config.segment_size_bytes;
     store_config.allocation_window_bytes = config.allocation_window_bytes;
     store_config.progress = progress;
+    // A slave's log takes its master's records unsealed: it keeps no recycled file. A live
+    // update saved by an earlier run wins over the flags, as it does once the shard runs.
+    let saved = crate::broker::handlers::broker_config::saved_live_value(
+        &shard_dir,
+        "segmentRecycleEnable",
+    );
+    let recycle = saved
+        .and_then(|value| crate::conf::java_bool(&value).ok())
+        .unwrap_or(config.retention.segment_recycle_enable);
+    store_config.keep_recycled_segments = recycle && config.ha.role != crate::ha::BrokerRole::Slave;
     let store = Store::open(store_config)
         .await
         .map_err(|e| format!("cannot open the store in {}: {e}", shard_dir.display()))?;

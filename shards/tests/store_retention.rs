@@ -225,6 +225,137 @@ fn record_on_disk(dir: &Path, offset: u64, size: u32) -> Vec<u8> {
     bytes
 }
 
+/// Appends messages `first`, `first + 1`, … over both queues until one lies a block past
+/// `offset`.
+async fn append_into(store: &Store, offset: u64, first: u64) -> Vec<shards::store::AppendResult> {
+    let mut i = first;
+    let mut results = Vec::new();
+    while results
+        .last()
+        .is_none_or(|r: &shards::store::AppendResult| r.physical_offset.0 < offset + 4096)
+    {
+        match try_append(store, "T", (i % 2) as u32, i, 1000, "tag") {
+            Ok(result) => {
+                results.push(result);
+                i += 1;
+            }
+            // Allocation (a task of the store) has not reached so far yet.
+            Err(_) => shards::runtime::sleep(std::time::Duration::from_millis(1)).await,
+        }
+    }
+    results
+}
+
+fn config_keeping(path: &Path, keep_recycled_segments: bool) -> shards::store::StoreConfig {
+    let mut config = config(path, FlushMode::Sync, SEGMENT);
+    config.keep_recycled_segments = keep_recycled_segments;
+    config
+}
+
+/// A master demoted to slave: its log ends in a recycled file, with more ahead, and it goes
+/// on with its new master's records, unsealed (that master does not recycle). Opened as a
+/// store that keeps no recycled file, it makes them plain, and a crash after the copied
+/// records keeps every one of them (a recycled file would have cut the log at the first).
+#[test]
+fn a_store_that_keeps_no_recycled_file_makes_them_plain_and_keeps_unsealed_records() {
+    let old = tempfile::tempdir().unwrap();
+    let old_path = old.path();
+    let (end, next, recycled) = run(|| async {
+        let store = Store::open(config(old_path, FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        fill(&store).await;
+        delete_all_sealed(&store, true).await;
+        let recycled = recycled_files(old_path);
+        assert!(recycled.len() >= 2, "{recycled:?}");
+        let results = append_into(&store, recycled[0], MESSAGES).await;
+        let end = results.last().unwrap().end_offset;
+        store.wait_durable(end).await.unwrap();
+        store.close().await.unwrap();
+        (end.0, MESSAGES + results.len() as u64, recycled)
+    });
+    let holding_end = end - end % SEGMENT;
+    assert_eq!(
+        holding_end, recycled[0],
+        "the log ends in the first recycled file"
+    );
+    // The new master: a copy of the log so far, whose records from here on are unsealed.
+    let new = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", old_path.display()))
+        .arg(new.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let copied = run(|| async {
+        let store = Store::open(config_keeping(new.path(), false))
+            .await
+            .unwrap();
+        let results = append_into(&store, holding_end + SEGMENT + 8192, next).await;
+        let new_end = results.last().unwrap().end_offset.0;
+        store.wait_durable(CommitLogOffset(new_end)).await.unwrap();
+        let mut bytes = Vec::new();
+        while end + (bytes.len() as u64) < new_end {
+            let more = store
+                .read_log(end + bytes.len() as u64, 1 << 20)
+                .await
+                .unwrap();
+            bytes.extend_from_slice(&more);
+        }
+        store.close().await.unwrap();
+        bytes
+    });
+    let new_end = end + copied.len() as u64;
+    run(|| async {
+        let (store, summary) = open_recovered(config_keeping(old_path, false)).await;
+        assert_eq!(summary.end, end);
+        assert!(
+            recycled_files(old_path).is_empty(),
+            "{:?}",
+            recycled_files(old_path)
+        );
+        // Past the end the file holding it reads as zeros, not its earlier life's records.
+        {
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::File::open(
+                old_path
+                    .join("commitlog")
+                    .join(format!("{holding_end:020}")),
+            )
+            .unwrap();
+            let mut rest = vec![0xffu8; (holding_end + SEGMENT - end) as usize];
+            file.read_exact_at(&mut rest, end - holding_end).unwrap();
+            assert!(rest.iter().all(|&b| b == 0), "old bytes past the end");
+        }
+        every_message_from_the_minimum(&store).await;
+        let mut taken = 0;
+        while taken < copied.len() {
+            match store.append_replicated(end + taken as u64, &copied[taken..]) {
+                Ok(n) if n > 0 => taken += n,
+                // Allocation has not reached so far yet.
+                Ok(_) | Err(_) => shards::runtime::sleep(std::time::Duration::from_millis(1)).await,
+            }
+        }
+        store.wait_durable(CommitLogOffset(new_end)).await.unwrap();
+        // A crash.
+        drop(store);
+    });
+    let report = shards::store::verify::verify_store(old_path, Some(SEGMENT)).unwrap();
+    assert_eq!(report.damage, 0, "{:?}", report.findings);
+    assert_eq!(report.log_end, new_end);
+    run(|| async {
+        let (store, summary) = open_recovered(config_keeping(old_path, false)).await;
+        assert_eq!(summary.end, new_end, "every copied record recovered");
+        every_message_from_the_minimum(&store).await;
+        let max: u64 = (0..2u32)
+            .map(|q| store.max_queue_offset("T", QueueId(q)).0)
+            .sum();
+        assert!(max > next, "{max} messages held, {next} before the copy");
+        store.close().await.unwrap();
+    });
+}
+
 #[test]
 fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
@@ -246,24 +377,8 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
         // They lie past the log's end, each after the last segment of its time.
         assert!(recycled[0] > store.durable_offset().0);
         // Appends go on until the log writes in the first recycled file.
-        let first_recycled = recycled[0];
-        let mut i = MESSAGES;
-        let mut results = Vec::new();
-        while results
-            .last()
-            .is_none_or(|r: &shards::store::AppendResult| {
-                r.physical_offset.0 < first_recycled + 4096
-            })
-        {
-            match try_append(&store, "T", (i % 2) as u32, i, 1000, "tag") {
-                Ok(result) => {
-                    results.push(result);
-                    i += 1;
-                }
-                // Allocation (a task of the store) has not reached so far yet.
-                Err(_) => shards::runtime::sleep(std::time::Duration::from_millis(1)).await,
-            }
-        }
+        let results = append_into(&store, recycled[0], MESSAGES).await;
+        let i = MESSAGES + results.len() as u64;
         let last = *results.last().unwrap();
         store.wait_durable(last.end_offset).await.unwrap();
         // Every record written over a recycled file carries a seal, the others none.

@@ -231,6 +231,7 @@ fn map_key(key: &str, value: &str, role: Role, base_dir: &Path) -> Option<Result
         "slaveTimeout" => number("slave_timeout"),
         "slaveReadEnable" => switch("slave_read_enable"),
         "haResetWhenBehind" => switch("ha_reset_when_behind"),
+        "segmentRecycleEnable" => switch("segment_recycle_enable"),
         "haListenPort" => port(value, "ha_listen_port"),
         "listenPort" => port(value, "broker_port"),
         "namesrvAddr" => match role {

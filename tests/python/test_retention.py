@@ -5,7 +5,9 @@ refused; a consumer that kept up receives everything; a consumer group that fell
 moved to each queue's minimum by the C++ client's own handling of PULL_OFFSET_MOVED and
 receives everything from there, nothing twice. Below diskMaxUsedSpaceRatio the expired
 segments' files are recycled as later segments, and the node is killed (kill -9) before the
-laggard comes back: it recovers over their old records.
+laggard comes back: it recovers over their old records. Last, recycling is turned off
+(segmentRecycleEnable=false): the next start makes the recycled files plain again, and what
+is written after survives another kill -9.
 """
 
 import os
@@ -100,6 +102,19 @@ class Producer:
     def close(self):
         for client in self.clients:
             client.close()
+
+
+def pulled_body(address, topic, queue_id, offset):
+    """The body of the message at (topic, queue, offset) on one endpoint (a raw pull)."""
+    with remoting.RemotingClient.connect(address) as client:
+        response = remoting.call_retrying_busy(
+            client, remoting.PULL_MESSAGE,
+            remoting.pull_message_ext(unique("cg_check"), topic, queue_id, offset,
+                                      max_msg_nums=1))
+    assert response.code == remoting.SUCCESS, (topic, queue_id, offset, response)
+    records = list(remoting.stored_records(response.body))
+    assert records and records[0][0] == offset, (offset, [r[0] for r in records])
+    return records[0][1]
 
 
 def wait_registered(node, group):
@@ -233,6 +248,45 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             twice = sorted(k for k, items in got.items() if len(items) > 1)
             assert not twice, "the laggard got {} twice, e.g. {}".format(len(twice), twice[:5])
             print("the laggard received the {} messages past the minimums".format(len(expected)))
+            laggard.shutdown()
+            laggard = None
+
+            # Recycling turned off (segmentRecycleEnable=false): the start makes the recycled
+            # files plain again, and what is written since (unsealed) survives a kill -9.
+            commitlog = os.path.join(data_dir, "shard-0", "commitlog")
+
+            def recycled_names():
+                return sorted(n for n in os.listdir(commitlog) if n.endswith(".recycled"))
+
+            before = recycled_names()
+            node.stop()
+            node.extra_args = KEEP_ALL_ARGS + ["--segment-recycle-enable", "false"]
+            log_from = os.path.getsize(node.log_path)
+            node.start(keep_ports=True, allow_port_change=True)
+            assert not recycled_names(), recycled_names()
+            with open(node.log_path) as log:
+                log.seek(log_from)
+                made_plain = "recycled commitlog files made plain again" in log.read()
+            print("recycling off: {} recycled file(s) made plain at start".format(len(before)))
+            assert made_plain == bool(before), (before, made_plain)
+            producer = Producer(node, topic, unique("r"))
+            while producer.sent < LAGGARD_MESSAGES:
+                producer.send()
+            assert not producer.refused, "sends refused: {!r}".format(producer.refused[:3])
+            written = producer.placed
+            producer.close()
+            producer = None
+            # ASYNC_FLUSH writes what it took within flushIntervalCommitLog (200 ms): a kill -9
+            # before then would lose the last sends whatever the files.
+            time.sleep(1)
+            node.kill9()
+            node.start(keep_ports=True, allow_port_change=True)
+            assert not recycled_names(), recycled_names()
+            for key, (shard, queue_id, offset) in sorted(written.items()):
+                assert pulled_body(node.broker_addrs[shard], topic, queue_id, offset) == \
+                    body_of(key), key
+            print("the {} messages sent with recycling off are all there after a kill -9"
+                  .format(len(written)))
         finally:
             watch.stopping.set()
             if producer is not None:

@@ -127,6 +127,16 @@ impl DirectFile {
         }
     }
 
+    /// Gives back the blocks of `[pos, pos + len)` (a hole that reads as zeros; the size
+    /// stays). A filesystem that cannot punch holes does nothing and says so with `Ok(false)`.
+    pub async fn deallocate(&self, pos: u64, len: u64) -> io::Result<bool> {
+        match self.0.deallocate(pos, len).await.map_err(io_error) {
+            Ok(()) => Ok(true),
+            Err(error) if raw_os_error_of(&error) == Some(libc::EOPNOTSUPP) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     /// A zeroed aligned buffer of `len` bytes for this file's writes.
     pub fn alloc_buffer(&self, len: usize) -> AlignedBuffer {
         let mut buffer = self.0.alloc_dma_buffer(len);

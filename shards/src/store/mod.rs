@@ -160,6 +160,12 @@ pub struct StoreConfig {
     pub allocation_window_bytes: u64,
     /// What `open` has done so far (recovery's progress), for whoever watches it.
     pub progress: Rc<OpenProgress>,
+    /// Whether `open` keeps the recycled segment files it finds (`retention.rs`): true for a
+    /// master that recycles. False turns them back into plain ones (`recovery::plain_again`):
+    /// for a slave, whose log takes its master's records unsealed, and for a node with
+    /// recycling turned off (after which a build that does not know recycled files can read
+    /// the store).
+    pub keep_recycled_segments: bool,
 }
 
 /// How far `Store::open` has got: every completed step of recovery moves `steps`, so a
@@ -215,6 +221,7 @@ impl StoreConfig {
             index: IndexConfig::default(),
             allocation_window_bytes: ALLOCATION_WINDOW_DEFAULT_BYTES,
             progress: Rc::default(),
+            keep_recycled_segments: true,
         }
     }
 

@@ -33,7 +33,8 @@
 //! 4. Unless the previous stop was clean, zero the commitlog from the end for as many bytes as
 //!    a flush could have written past the durable end, so that a torn or unacknowledged tail
 //!    never reappears once later appends land in front of it; delete segments past the next
-//!    (but for recycled ones, `retention.rs`).
+//!    (but for recycled ones, `retention.rs`). A store that keeps no recycled file (a slave,
+//!    or recycling turned off) makes them plain again (`plain_again`).
 //!
 //! After a restart of the machine (the checkpoint a synced one that names a queue catalog,
 //! `catalog.rs`) the queues come from that catalog, and no queue directory or file is read:
@@ -275,6 +276,17 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
         zero_after_end(&segments, end, &config.progress).await?;
     }
     remove_segments_after(&mut segments, end).await?;
+    if !config.keep_recycled_segments {
+        let (renamed, removed) = plain_again(&mut segments, end).await?;
+        if renamed + removed > 0 {
+            log::info!(
+                "store {}: recycled commitlog files made plain again, as this store does not \
+                 keep them (a slave's, or segmentRecycleEnable=false): {renamed} renamed, \
+                 {removed} past the log's end removed",
+                root.display()
+            );
+        }
+    }
     let tail = read_tail(&segments, first, end).await?;
     // From a light checkpoint (a crash in this boot), the units below it and those the scan
     // wrote are in the page cache: a light checkpoint records the end, and the first synced
@@ -880,21 +892,7 @@ async fn zero_after_end(
         let stop = (pos + ZERO_FILL_CHUNK_BYTES)
             .min(segment + size)
             .min(window_end);
-        let mut buffer = file.alloc_buffer((stop - pos) as usize);
-        if pos < end {
-            let keep = (end - pos) as usize;
-            file.read_exact_at(pos - segment, &mut buffer.as_bytes_mut()[..keep])
-                .await?;
-        }
-        if let Err(error) = file.write_at(pos - segment, buffer).await {
-            if !super::error::is_space_error(&error) {
-                return Err(error.into());
-            }
-            // Part of the range is a hole (never allocated, so no flush wrote there, and it
-            // reads as zeros): zero it block by block, skipping the blocks the disk has no
-            // room for.
-            zero_blocks_where_allocated(&file, segment, pos, stop, end).await?;
-        }
+        zero_keeping(&file, segment, pos, stop, end).await?;
         progress.step();
         if !touched.iter().any(|f| std::rc::Rc::ptr_eq(f, &file)) {
             touched.push(file);
@@ -907,7 +905,34 @@ async fn zero_after_end(
     Ok(())
 }
 
-/// `zero_after_end`'s fallback for a range that is partly a hole on a full disk: each block
+/// Zeroes `[pos, stop)` of the segment starting at `segment` (block-aligned, one chunk at
+/// most), keeping the bytes before `end`. Not synced.
+async fn zero_keeping(
+    file: &DirectFile,
+    segment: u64,
+    pos: u64,
+    stop: u64,
+    end: u64,
+) -> Result<(), StoreError> {
+    let mut buffer = file.alloc_buffer((stop - pos) as usize);
+    if pos < end {
+        let keep = (end - pos) as usize;
+        file.read_exact_at(pos - segment, &mut buffer.as_bytes_mut()[..keep])
+            .await?;
+    }
+    if let Err(error) = file.write_at(pos - segment, buffer).await {
+        if !super::error::is_space_error(&error) {
+            return Err(error.into());
+        }
+        // Part of the range is a hole (never allocated, so no flush wrote there, and it
+        // reads as zeros): zero it block by block, skipping the blocks the disk has no
+        // room for.
+        zero_blocks_where_allocated(file, segment, pos, stop, end).await?;
+    }
+    Ok(())
+}
+
+/// `zero_keeping`'s fallback for a range that is partly a hole on a full disk: each block
 /// of `[pos, stop)` is zeroed (keeping the bytes before `end`), except where writing it would
 /// need a new block (a hole, which reads as zeros anyway).
 async fn zero_blocks_where_allocated(
@@ -933,6 +958,66 @@ async fn zero_blocks_where_allocated(
         block += BLOCK_BYTES;
     }
     Ok(())
+}
+
+/// Turns the recycled segment files back into plain ones, for a store that is not to keep
+/// them (`StoreConfig::keep_recycled_segments`: a slave, whose log takes its master's records
+/// unsealed, or a node with recycling turned off). In a recycled file recovery takes only
+/// sealed records, so an unsealed one written there would cut the log at the next start;
+/// in a plain file the bytes of the file's earlier life past the end would read as records.
+/// So the files past the segment holding `end` (nothing of the log: allocation makes fresh
+/// ones) are removed, the one holding `end` is zeroed past it (its space given back, not
+/// written) and synced before its rename, and the ones below it (whole segments of the log,
+/// ended by a blank record) are renamed. A crash part way leaves recycled files that recover
+/// as before, and the next open goes on. Returns how many files were renamed and removed.
+async fn plain_again(segments: &mut Segments, end: u64) -> Result<(usize, usize), StoreError> {
+    let size = segments.segment_size_bytes;
+    let holding_end = align_down(end, size);
+    let past: Vec<u64> = segments
+        .recycled
+        .range(holding_end + 1..)
+        .copied()
+        .collect();
+    for start in &past {
+        let path = segments.path_of(*start);
+        if let Some(file) = segments.files.remove(start) {
+            DirectFile::close_shared(file).await;
+        }
+        segments.recycled.remove(start);
+        std::fs::remove_file(path)?;
+    }
+    if segments.recycled.contains(&holding_end) {
+        if let Some((segment, file)) = segments.file_for(end) {
+            let whole = align_up(end, BLOCK_BYTES).min(segment + size);
+            if whole > end {
+                zero_keeping(&file, segment, align_down(end, BLOCK_BYTES), whole, end).await?;
+            }
+            if whole < segment + size
+                && !file
+                    .deallocate(whole - segment, segment + size - whole)
+                    .await?
+            {
+                // No hole punching on this filesystem: zeros, a chunk at a time.
+                let mut pos = whole;
+                while pos < segment + size {
+                    let stop = (pos + ZERO_FILL_CHUNK_BYTES).min(segment + size);
+                    zero_keeping(&file, segment, pos, stop, end).await?;
+                    pos = stop;
+                }
+            }
+            file.fdatasync().await?;
+        }
+    }
+    let renamed: Vec<u64> = segments.recycled.iter().copied().collect();
+    for start in &renamed {
+        let from = segments.path_of(*start);
+        segments.recycled.remove(start);
+        crate::runtime::fs::rename(&from, &segments.path_of(*start)).await?;
+    }
+    if !past.is_empty() || !renamed.is_empty() {
+        super::segments::sync_dir(&segments.dir).await?;
+    }
+    Ok((renamed.len(), past.len()))
 }
 
 /// Deletes segments that start after the one following `end`'s: nothing durable is there.

@@ -82,6 +82,9 @@ pub struct RetentionConfig {
     pub clean_resource_interval_ms: u64,
     /// `deleteCommitLogFilesInterval`, ms.
     pub delete_commit_log_files_interval_ms: u64,
+    /// `segmentRecycleEnable` (shardmq's own): whether a master whose disk has room gives an
+    /// expired segment's file to a later segment instead of removing it.
+    pub segment_recycle_enable: bool,
 }
 
 impl Default for RetentionConfig {
@@ -95,6 +98,7 @@ impl Default for RetentionConfig {
             clean_file_forcibly_enable: true,
             clean_resource_interval_ms: 10_000,
             delete_commit_log_files_interval_ms: 100,
+            segment_recycle_enable: true,
         }
     }
 }

@@ -24,8 +24,18 @@ use crate::server::Connection;
 /// The file of a shard's live updates, under its config directory (RocketMQ's name).
 pub const LIVE_CONFIG_FILE: &str = "broker.properties";
 
+/// The value a live update of an earlier run saved for `key` in the shard directory
+/// `shard_dir` (`config/broker.properties`), for what the shard reads before it applies that
+/// file (`segmentRecycleEnable` at the store's open); None when none is saved or the file
+/// cannot be read (`apply_saved_live_config` says why).
+pub fn saved_live_value(shard_dir: &std::path::Path, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(shard_dir.join("config").join(LIVE_CONFIG_FILE)).ok()?;
+    let entries = crate::conf::parse_properties(&text).ok()?;
+    entries.into_iter().find(|e| e.key == key).map(|e| e.value)
+}
+
 /// Keys UPDATE_BROKER_CONFIG changes live.
-pub const LIVE_KEYS: [&str; 11] = [
+pub const LIVE_KEYS: [&str; 12] = [
     "fileReservedTime",
     "deleteWhen",
     "diskMaxUsedSpaceRatio",
@@ -34,6 +44,7 @@ pub const LIVE_KEYS: [&str; 11] = [
     "cleanFileForciblyEnable",
     "cleanResourceInterval",
     "deleteCommitLogFilesInterval",
+    "segmentRecycleEnable",
     "autoCreateTopicEnable",
     "brokerRole",
     "brokerId",
@@ -138,6 +149,10 @@ impl Broker {
             (
                 "deleteCommitLogFilesInterval",
                 retention.delete_commit_log_files_interval_ms.to_string(),
+            ),
+            (
+                "segmentRecycleEnable",
+                retention.segment_recycle_enable.to_string(),
             ),
             (
                 "autoCreateTopicEnable",
@@ -438,6 +453,7 @@ fn apply_live(key: &str, value: &str, settings: &mut LiveSettings) -> Result<(),
         "deleteCommitLogFilesInterval" => {
             retention.delete_commit_log_files_interval_ms = number(value)?
         }
+        "segmentRecycleEnable" => retention.segment_recycle_enable = flag(value)?,
         "autoCreateTopicEnable" => settings.auto_create = flag(value)?,
         "brokerRole" => settings.role = Some(crate::ha::BrokerRole::parse(value)?),
         "brokerId" => settings.broker_id = Some(number(value)?),

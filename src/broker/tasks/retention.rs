@@ -214,9 +214,12 @@ impl Broker {
                 )
             };
             // An expired segment's file becomes a later one while the disk has room (a
-            // master's only: a slave's log is its master's bytes, unsealed), see
-            // shards/src/store/retention.rs.
-            let recycle = expired && !self.ha.is_slave() && !self.check_disk().space_to_delete;
+            // master's only: a slave's log is its master's bytes, unsealed; and unless
+            // segmentRecycleEnable is off), see shards/src/store/retention.rs.
+            let recycle = expired
+                && config.segment_recycle_enable
+                && !self.ha.is_slave()
+                && !self.check_disk().space_to_delete;
             match self.store.delete_oldest_segment(segment, recycle).await {
                 Ok(Some(done)) => {
                     let bytes = done.end.0 - done.start.0;
