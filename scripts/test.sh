@@ -54,18 +54,22 @@ fi
 # The tests drive the store's fault hooks (a slow disk, failed writes): they are compiled in
 # only with the fault-injection feature, never in a production build.
 features="shardmq/fault-injection,shards/fault-injection"
+# One build for everything: the `ci` profile is release that unwinds (Cargo.toml), so the test
+# binaries and the shardmq binary the suites run share each dependency's build (under release's
+# panic = "abort" every dependency was built twice, for the binary and for the test harness).
+profile=ci
 echo "==> cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all -- --check
-cargo clippy --release --workspace --all-targets --features "$features" -- -D warnings
-echo "==> cargo build --release -p shardmq (with the test-only fault hooks)"
-cargo build --release -p shardmq --features fault-injection
+cargo clippy --profile "$profile" --workspace --all-targets --features "$features" -- -D warnings
+echo "==> cargo test --profile $profile --workspace (builds target/$profile/shardmq too, with the test-only fault hooks)"
+cargo test --profile "$profile" --workspace --features "$features" --no-run
 # Both suites run even when the first fails, so one run shows every failure; either fails it.
-echo "==> cargo test --release --workspace"
 cargo_status=0
-cargo test --release --workspace --features "$features" --no-fail-fast || cargo_status=$?
+cargo test --profile "$profile" --workspace --features "$features" --no-fail-fast || cargo_status=$?
 echo "==> pytest tests/python"
 pytest_status=0
-"$venv/bin/python" -m pytest -q -rs --durations=10 tests/python "$@" || pytest_status=$?
+SHARDMQ_BIN=${SHARDMQ_BIN:-$PWD/target/$profile/shardmq} \
+    "$venv/bin/python" -m pytest -q -rs --durations=10 tests/python "$@" || pytest_status=$?
 
 elapsed=$(( $(date +%s) - started ))
 if [ "$cargo_status" -ne 0 ] || [ "$pytest_status" -ne 0 ]; then
