@@ -3,10 +3,8 @@
 //! Rust client verifying that certificate produces and push-consumes, and the admin CLI
 //! speaks TLS with `--tls` (and fails without it).
 
-mod common;
-
-use common::client::send_then_consume;
-use common::*;
+use crate::common::client::send_then_consume;
+use crate::common::*;
 use shardmq_client::TlsOptions;
 
 const TOPIC: &str = "TlsRustTopic";

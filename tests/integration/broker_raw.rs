@@ -1,14 +1,12 @@
 //! The real binary on loopback, driven with raw remoting frames built by our codec: route
 //! data, send, pull, offsets, and the bad-input answers, checked field by field.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use shardmq::remoting::{request_code as rc, response_code};
 
 fn send_v2(stream: &mut TcpStream, topic: &str, queue: &str, body: &[u8], tag: &str) -> Frame {

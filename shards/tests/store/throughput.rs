@@ -1,12 +1,10 @@
 //! A figure, not an assertion: Sync-mode appends per second with many acks in flight.
-//! Run with `cargo test -p shards --test store_throughput -- --ignored --nocapture`.
-
-mod store_support;
+//! Run with `cargo test --release -p shards --test store throughput:: -- --ignored --nocapture`.
 
 use std::time::Instant;
 
+use crate::support::*;
 use shards::store::{FlushMode, MessageToStore, Store};
-use store_support::*;
 
 #[test]
 #[ignore]

@@ -2,12 +2,10 @@
 //! running shards (their CPU affinity, their io_uring ring depth), a bad profile or flag is
 //! refused naming the key, and `tune` inspects without changing anything.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 
-use common::{shardmq, DataDir, Node};
+use crate::common::{shardmq, DataDir, Node};
 
 /// A fresh directory (created), removed with its contents on drop.
 fn scratch_dir() -> DataDir {

@@ -3,12 +3,10 @@
 //! frees its parked pulls at once; a consumer that never reads costs bounded memory; a slow
 //! disk and a stalled shard turn sends into quick SYSTEM_BUSY answers.
 
-mod common;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use shardmq::remoting::response_code;
 
 #[test]

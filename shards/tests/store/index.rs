@@ -1,17 +1,15 @@
 //! The message index: lookups by key and unique id, time ranges, collisions, its bound, and
 //! what it keeps across a clean stop, a crash, a lost index and a cut commitlog.
 
-mod store_support;
-
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::support::*;
 use shards::store::{
     record, FlushMode, IndexConfig, MessageQuery, MessageToStore, Store, StoreConfig,
     INDEX_ENTRIES_PER_FILE_MIN,
 };
-use store_support::*;
 
 const SEGMENT: u64 = 64 << 10;
 

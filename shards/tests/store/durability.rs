@@ -1,16 +1,14 @@
 //! Flushing, segments, reopen and recovery: what must survive a stop.
 
-mod store_support;
-
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use futures_lite::future::zip;
 use shards::runtime::fs::DirectFile;
 use shards::store::{record, FlushMode, GetStatus, Store, StoreError};
-use store_support::*;
 
 const SMALL_SEGMENT: u64 = 64 << 10;
 

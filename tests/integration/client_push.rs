@@ -2,14 +2,12 @@
 //! (no loss), broadcasting, orderly order per queue, send-back of failed messages, and offsets
 //! resumed after a node restart.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::client::{distinct_bodies, record, wait_until, Log};
-use common::Node;
+use crate::common::client::{distinct_bodies, record, wait_until, Log};
+use crate::common::Node;
 use shardmq_client::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, ConsumerOptions, Message, MessageExt, MessageModel, Producer,

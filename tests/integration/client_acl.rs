@@ -3,12 +3,10 @@
 //! `SessionCredentials` produces and push-consumes; a wrong secret is refused with
 //! NO_PERMISSION and its remark, and nothing is stored.
 
-mod common;
-
 use std::process::Output;
 
-use common::client::send_then_consume;
-use common::*;
+use crate::common::client::send_then_consume;
+use crate::common::*;
 use shardmq_client::{ClientError, Message, Producer, SessionCredentials};
 
 const RULES: &str = "\

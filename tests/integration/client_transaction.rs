@@ -2,15 +2,13 @@
 //! consumers, a rolled-back one never does, and an unknown one is settled by the broker's
 //! CHECK_TRANSACTION_STATE through the check listener.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::client::{distinct_bodies, record, wait_until, Log};
-use common::Node;
+use crate::common::client::{distinct_bodies, record, wait_until, Log};
+use crate::common::Node;
 use shardmq_client::{
     ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, LocalTransactionState, Message,
     MessageExt, PushConsumer, TransactionListener, TransactionProducer,

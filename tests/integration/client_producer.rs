@@ -1,14 +1,12 @@
 //! The producer against the real binary: every send mode, both selectors, compression, and a
 //! push consumer reading back exactly what was sent.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::client::{distinct_bodies, record, wait_until, Log};
-use common::Node;
+use crate::common::client::{distinct_bodies, record, wait_until, Log};
+use crate::common::Node;
 use shardmq_client::{
     ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer, SelectByHash,
     SelectByRoundRobin, SendStatus,

@@ -4,11 +4,9 @@
 //! message naming the problem, CHECK_CLIENT_CONFIG validates the same way, and a held pull
 //! never returns a message its filter refuses.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use shardmq::remoting::{request_code as rc, response_code};
 
 const TOPIC: &str = "SqlTopic";

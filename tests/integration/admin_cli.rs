@@ -2,12 +2,10 @@
 //! every command run as its own process with `--json`, its output parsed and checked against
 //! what the test did to the node (sends, a consumer's heartbeat and commits).
 
-mod common;
-
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use shardmq::remoting::{request_code as rc, response_code};
 

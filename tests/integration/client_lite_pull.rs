@@ -1,13 +1,11 @@
 //! The lite pull consumer against the real binary: assign, poll, seek, commit, resume from the
 //! committed offset, and subscribe mode sharing a topic between two consumers.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Node;
+use crate::common::Node;
 use shardmq_client::{AllocateAveragelyByCircle, LitePullConsumer, Message, MessageExt, Producer};
 
 async fn poll_until(consumer: &LitePullConsumer, count: usize) -> Vec<MessageExt> {

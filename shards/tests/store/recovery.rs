@@ -1,13 +1,11 @@
 //! Recovery against damaged commitlog tails: cut the log at many points, reopen, check.
 
-mod store_support;
-
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::support::*;
 use shards::store::{record, FlushMode, Store};
-use store_support::*;
 
 const SEGMENT: u64 = 64 << 10;
 

@@ -4,11 +4,9 @@
 //! its RESET_CONSUMER_CLIENT_OFFSET push (fastjson form, to non-C++ consumers) and the pull
 //! path that moves every consumer, C++ ones included.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use shardmq::body::ResetOffsetBody;
 use shardmq::remoting::{request_code as rc, response_code};
 

@@ -1,13 +1,11 @@
 //! Retention: deleting sealed segments moves every queue's minimum, drops the consume-queue
 //! and index files behind it, and survives restarts and crashes in between.
 
-mod store_support;
-
 use std::path::Path;
 
+use crate::support::*;
 use shards::store::{FlushMode, GetStatus, Store};
 use shards::{CommitLogOffset, QueueId, QueueOffset};
-use store_support::*;
 
 const SEGMENT: u64 = 64 << 10;
 const MESSAGES: u64 = 600;

@@ -1,14 +1,12 @@
 //! The two filter stages of a pull: tags code on the consume queue, then the record's
 //! properties (RocketMQ's isMatchedByConsumeQueue / isMatchedByCommitLog).
 
-mod store_support;
-
 use std::cell::Cell;
 
+use crate::support::*;
 use shards::store::{
     record, FlushMode, GetStatus, PullFilter, Store, PROPERTY_FILTER_READ_MAX_BYTES,
 };
-use store_support::*;
 
 const SEGMENT: u64 = 1 << 20;
 

@@ -1,11 +1,9 @@
 //! Append, pull, decode: the store's data path on one executor.
 
-mod store_support;
-
 use std::net::SocketAddr;
 
+use crate::support::*;
 use shards::store::{record, FlushMode, GetStatus, MessageToStore, Store, StoreError};
-use store_support::*;
 
 const SEGMENT: u64 = 1 << 20;
 

@@ -4,7 +4,7 @@
 //! holds the options and message logs of the tests of our client library.
 //!
 //! Each test file includes it with `mod common;` and uses what it needs: the raw-frame tests
-//! `use common::*`, the client tests `common::Node` and `common::client::*`.
+//! `use crate::common::*`, the client tests `crate::common::Node` and `crate::common::client::*`.
 #![allow(dead_code)]
 
 pub mod client;

@@ -4,13 +4,11 @@
 //! committed, a restart still checks an undecided half (and only it), a half never answered
 //! is discarded after `--transaction-check-max` checks and stays discarded across a restart.
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use shardmq::remoting::{request_code as rc, response_code};
 use shards::store::record;
 
