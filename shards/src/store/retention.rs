@@ -14,6 +14,7 @@
 //! | `diskSpaceCleanForciblyRatio` | 85 % | above it, the oldest segments go even when not expired |
 //! | `diskSpaceWarningLevelRatio` | 90 % | above it, appends are refused (`Store::set_over_ratio`) |
 //! | `cleanFileForciblyEnable` | true | allows the forced deletion |
+//! | `segmentRecycleEnable` | true | shardmq's own: allows recycling (below) |
 //!
 //! Deletion (`delete_oldest`): only a sealed segment goes (every byte of it durable, appends
 //! past its end, and never the last file), oldest first. In one synchronous step the segment
@@ -25,7 +26,8 @@
 //! blocks (what takes time for a 1 GiB file); the helper thread's close does.
 //!
 //! Recycling: when the caller allows it (a master whose disk is below
-//! `diskMaxUsedSpaceRatio`, deleting an expired segment), the segment's file is not removed
+//! `diskMaxUsedSpaceRatio`, deleting an expired segment, with `segmentRecycleEnable`), the
+//! segment's file is not removed
 //! but renamed to the segment after the last one, `<start>.recycled` (`segments.rs`), and
 //! made durable there, while fewer than `recycled_ahead_max` segments lie ahead of the one
 //! being written. Writes then land on blocks the disk has written before: over space only
@@ -36,7 +38,9 @@
 //! every record in a recycled segment carries a seal, a CRC32 over all its bytes
 //! (`record::encode_sealed_to`), which recovery requires there (`recovery.rs`). The disk's
 //! use then stays what retention keeps plus those few files; past `diskMaxUsedSpaceRatio`
-//! expired segments are deleted, as before.
+//! expired segments are deleted, as before. A store opened without
+//! `StoreConfig::keep_recycled_segments` (a slave's, or with recycling off) turns the recycled
+//! files it finds back into plain segments (`recovery::plain_again`).
 
 use std::io;
 use std::rc::Rc;
