@@ -275,9 +275,9 @@ pub(crate) async fn recover(config: &StoreConfig) -> Result<Recovered, StoreErro
     if !clean {
         zero_after_end(&segments, end, &config.progress).await?;
     }
-    remove_segments_after(&mut segments, end).await?;
+    let removed = remove_segments_after(&mut segments, end, config.keep_recycled_segments).await?;
     if !config.keep_recycled_segments {
-        let (renamed, removed) = plain_again(&mut segments, end).await?;
+        let renamed = plain_again(&mut segments, end).await?;
         if renamed + removed > 0 {
             log::info!(
                 "store {}: recycled commitlog files made plain again, as this store does not \
@@ -965,27 +965,14 @@ async fn zero_blocks_where_allocated(
 /// unsealed, or a node with recycling turned off). In a recycled file recovery takes only
 /// sealed records, so an unsealed one written there would cut the log at the next start;
 /// in a plain file the bytes of the file's earlier life past the end would read as records.
-/// So the files past the segment holding `end` (nothing of the log: allocation makes fresh
-/// ones) are removed, the one holding `end` is zeroed past it (its space given back, not
-/// written) and synced before its rename, and the ones below it (whole segments of the log,
-/// ended by a blank record) are renamed. A crash part way leaves recycled files that recover
-/// as before, and the next open goes on. Returns how many files were renamed and removed.
-async fn plain_again(segments: &mut Segments, end: u64) -> Result<(usize, usize), StoreError> {
+/// So once the files past the segment holding `end` are gone (`remove_segments_after`), the
+/// one holding `end` is zeroed past it (its space given back, not written) and synced before
+/// its rename, and the ones below it (whole segments of the log, ended by a blank record) are
+/// renamed. A crash part way leaves recycled files that recover as before, and the next open
+/// goes on. Returns how many files were renamed.
+async fn plain_again(segments: &mut Segments, end: u64) -> Result<usize, StoreError> {
     let size = segments.segment_size_bytes;
     let holding_end = align_down(end, size);
-    let past: Vec<u64> = segments
-        .recycled
-        .range(holding_end + 1..)
-        .copied()
-        .collect();
-    for start in &past {
-        let path = segments.path_of(*start);
-        if let Some(file) = segments.files.remove(start) {
-            DirectFile::close_shared(file).await;
-        }
-        segments.recycled.remove(start);
-        std::fs::remove_file(path)?;
-    }
     if segments.recycled.contains(&holding_end) {
         if let Some((segment, file)) = segments.file_for(end) {
             let whole = align_up(end, BLOCK_BYTES).min(segment + size);
@@ -1014,31 +1001,49 @@ async fn plain_again(segments: &mut Segments, end: u64) -> Result<(usize, usize)
         segments.recycled.remove(start);
         crate::runtime::fs::rename(&from, &segments.path_of(*start)).await?;
     }
-    if !past.is_empty() || !renamed.is_empty() {
+    if !renamed.is_empty() {
         super::segments::sync_dir(&segments.dir).await?;
     }
-    Ok((renamed.len(), past.len()))
+    Ok(renamed.len())
 }
 
 /// Deletes segments that start after the one following `end`'s: nothing durable is there.
-/// Recycled files stay (retention gave them to those segments, and their records will be
-/// sealed): removed, their space would be allocated again, unwritten.
-async fn remove_segments_after(segments: &mut Segments, end: u64) -> Result<(), StoreError> {
+/// Recycled files past `end`'s segment stay when `keep_recycled` (retention gave them to
+/// those segments, and their records will be sealed: removed, their space would be
+/// allocated again, unwritten); otherwise they go too, the next segment's included, as
+/// nothing of the log is in them (`plain_again`). Returns how many recycled files went.
+async fn remove_segments_after(
+    segments: &mut Segments,
+    end: u64,
+    keep_recycled: bool,
+) -> Result<usize, StoreError> {
     let size = segments.segment_size_bytes;
     let keep_until = align_down(end, size) + size;
-    let doomed: Vec<u64> = segments
+    let doomed: Vec<(u64, bool)> = segments
         .files
-        .range(keep_until + 1..)
-        .map(|(s, _)| *s)
-        .filter(|s| !segments.recycled.contains(s))
+        .range(align_down(end, size) + 1..)
+        .map(|(&s, _)| (s, segments.recycled.contains(&s)))
+        .filter(|&(s, recycled)| {
+            if recycled {
+                !keep_recycled
+            } else {
+                s > keep_until
+            }
+        })
         .collect();
-    for start in doomed {
+    for &(start, _) in &doomed {
+        let path = segments.path_of(start);
         if let Some(file) = segments.files.remove(&start) {
             DirectFile::close_shared(file).await;
         }
-        std::fs::remove_file(segments.path_of(start))?;
+        segments.recycled.remove(&start);
+        std::fs::remove_file(path)?;
     }
-    Ok(())
+    let recycled = doomed.iter().filter(|&&(_, recycled)| recycled).count();
+    if recycled > 0 {
+        super::segments::sync_dir(&segments.dir).await?;
+    }
+    Ok(recycled)
 }
 
 /// The tail's first chunk: the bytes of `[align_down(end, TAIL_CHUNK_BYTES), end)`.

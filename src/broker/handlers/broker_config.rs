@@ -24,13 +24,33 @@ use crate::server::Connection;
 /// The file of a shard's live updates, under its config directory (RocketMQ's name).
 pub const LIVE_CONFIG_FILE: &str = "broker.properties";
 
+/// The file of the live updates of the shard whose directory is `shard_dir`.
+fn live_config_path(shard_dir: &std::path::Path) -> std::path::PathBuf {
+    shard_dir.join("config").join(LIVE_CONFIG_FILE)
+}
+
+/// The live updates an earlier run saved in the shard directory `shard_dir`: None when there
+/// are none; an error naming the file when it cannot be read or parsed.
+fn saved_live_entries(
+    shard_dir: &std::path::Path,
+) -> Result<Option<Vec<crate::conf::Entry>>, String> {
+    let path = live_config_path(shard_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
+    };
+    crate::conf::parse_properties(&text)
+        .map(Some)
+        .map_err(|why| format!("{} left unread: {why}", path.display()))
+}
+
 /// The value a live update of an earlier run saved for `key` in the shard directory
 /// `shard_dir` (`config/broker.properties`), for what the shard reads before it applies that
 /// file (`segmentRecycleEnable` at the store's open); None when none is saved or the file
 /// cannot be read (`apply_saved_live_config` says why).
 pub fn saved_live_value(shard_dir: &std::path::Path, key: &str) -> Option<String> {
-    let text = std::fs::read_to_string(shard_dir.join("config").join(LIVE_CONFIG_FILE)).ok()?;
-    let entries = crate::conf::parse_properties(&text).ok()?;
+    let entries = saved_live_entries(shard_dir).ok().flatten()?;
     entries.into_iter().find(|e| e.key == key).map(|e| e.value)
 }
 
@@ -245,7 +265,7 @@ impl Broker {
             }
             _ => None,
         };
-        let path = self.live_config_path();
+        let path = live_config_path(&self.identity.shard_dir);
         let epoch_path = crate::ha::epoch::master_epoch_path(&self.identity.shard_dir);
         let bytes = live_config_text(&saved).into_bytes();
         let keys: Vec<String> = entries.iter().map(|entry| entry.key.clone()).collect();
@@ -304,37 +324,15 @@ impl Broker {
         }
     }
 
-    fn live_config_path(&self) -> std::path::PathBuf {
-        self.identity
-            .shard_dir
-            .join("config")
-            .join(LIVE_CONFIG_FILE)
-    }
-
     /// Applies the live updates saved by an earlier run (`config/broker.properties`) over
     /// the settings the shard started with; a key that no longer applies is logged and left.
     pub(crate) fn apply_saved_live_config(&self) {
-        let path = self.live_config_path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return,
-            Err(error) => {
-                return log::warn!(
-                    "{}: cannot read {}: {error}",
-                    self.identity.broker_name,
-                    path.display()
-                )
-            }
-        };
-        let entries = match crate::conf::parse_properties(&text) {
-            Ok(entries) => entries,
-            Err(why) => {
-                return log::warn!(
-                    "{}: {} left unread: {why}",
-                    self.identity.broker_name,
-                    path.display()
-                )
-            }
+        let shard_dir = &self.identity.shard_dir;
+        let path = live_config_path(shard_dir);
+        let entries = match saved_live_entries(shard_dir) {
+            Ok(Some(entries)) => entries,
+            Ok(None) => return,
+            Err(why) => return log::warn!("{}: {why}", self.identity.broker_name),
         };
         let mut settings = self.live_settings();
         let mut saved = BTreeMap::new();
