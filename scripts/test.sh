@@ -19,7 +19,7 @@ fi
 if ! "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata, sys
 sys.exit(0 if metadata.version("rocketmq") == "0.4.4" and metadata.version("pytest")
-         and metadata.version("fusepy") else 1)
+         and metadata.version("pytest-xdist") == "3.8.0" and metadata.version("fusepy") else 1)
 PY
 then
     echo "==> installing test requirements into $venv"
@@ -66,10 +66,17 @@ cargo test --profile "$profile" --workspace --features "$features" --no-run
 # Both suites run even when the first fails, so one run shows every failure; either fails it.
 cargo_status=0
 cargo test --profile "$profile" --workspace --features "$features" --no-fail-fast || cargo_status=$?
-echo "==> pytest tests/python"
+# The end-to-end tests spend most of their time waiting on clients (route polls, rebalances,
+# delay levels), not on the CPU: SHARDMQ_TEST_WORKERS (default 3) run them side by side, the
+# long ones first, each test handed to a worker as one frees up; 1 runs them one after another.
+workers=${SHARDMQ_TEST_WORKERS:-3}
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist load --maxschedchunk 1)
+echo "==> pytest tests/python (${workers} worker(s))"
 pytest_status=0
 SHARDMQ_BIN=${SHARDMQ_BIN:-$PWD/target/$profile/shardmq} \
-    "$venv/bin/python" -m pytest -q -rs --durations=10 tests/python "$@" || pytest_status=$?
+    "$venv/bin/python" -m pytest -q -rs --durations=10 "${parallel[@]}" tests/python "$@" \
+    || pytest_status=$?
 
 elapsed=$(( $(date +%s) - started ))
 if [ "$cargo_status" -ne 0 ] || [ "$pytest_status" -ne 0 ]; then

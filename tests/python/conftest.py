@@ -339,11 +339,35 @@ def shardmq(shardmq_factory):
     return shardmq_factory()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "long: takes 15 s or more here; collected first, so that the workers of a "
+        "parallel run (pytest-xdist, scripts/test.sh) are not left waiting on one late")
+
+
+def pytest_collection_modifyitems(items):
+    """The long tests first, each file's order kept otherwise (a stable sort)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+# How many of mq.send_retries and remoting.busy_retries earlier reports already carried.
+_retries_reported = {"send": 0, "busy": 0}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, "_report_" + report.when, report)
+    # The retries of this phase travel on its report: under pytest-xdist the summary is
+    # written by the controlling process, which sees the workers' reports, not their modules.
+    import mq
+    import remoting
+    for name, retries in (("send", mq.send_retries), ("busy", remoting.busy_retries)):
+        new = retries[_retries_reported[name]:]
+        _retries_reported[name] = len(retries)
+        if new:
+            report.user_properties.append((name + "_retries", list(new)))
     if report.failed and call.when != "teardown":  # teardown failures carry the log already
         for node in getattr(item, "_shardmq_nodes", []):
             report.sections.append(("shardmq output " + node.log_path, node.log_tail()))
@@ -376,13 +400,19 @@ def _watchdog(request, pytestconfig):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Say how often the C++ client's lock race forced a send retry (see mq.SEND_ATTEMPTS_MAX)."""
-    import mq
-    import remoting
-    if mq.send_retries:
+    """Say how often the C++ client's lock race forced a send retry (see mq.SEND_ATTEMPTS_MAX)
+    and how many SYSTEM_BUSY answers raw sends retried, from every report (every worker's)."""
+    retries = {"send_retries": [], "busy_retries": []}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, values in getattr(report, "user_properties", ()):
+                if name in retries:
+                    retries[name].extend(values)
+    if retries["send_retries"]:
         terminalreporter.write_line("C++ client send retries (client-side lock race): {}; first: "
-                                    "{}".format(len(mq.send_retries), mq.send_retries[0]))
-    if remoting.busy_retries:
+                                    "{}".format(len(retries["send_retries"]),
+                                                retries["send_retries"][0]))
+    if retries["busy_retries"]:
         terminalreporter.write_line("SYSTEM_BUSY answers retried by raw sends: {}; first: "
-                                    "{}".format(len(remoting.busy_retries),
-                                                remoting.busy_retries[0]))
+                                    "{}".format(len(retries["busy_retries"]),
+                                                retries["busy_retries"][0]))

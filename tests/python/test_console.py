@@ -151,6 +151,7 @@ def test_console_answers_json_html_and_refuses_writes(console_node):
                message="rocketmq_rpc_latency to count every send")
 
 
+@pytest.mark.long
 def test_console_pages_in_headless_chromium(console_node, chromium_ready):
     port, topic, group = console_node["port"], console_node["topic"], console_node["group"]
     message = console_node["message"]

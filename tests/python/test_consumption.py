@@ -8,6 +8,7 @@ level 2 keeps RocketMQ's 5 s (the delay test measures it): retries use level 3 +
 import threading
 import time
 
+import pytest
 import remoting
 from mq import (closing, create_topic, make_producer, unique, wait_until, SEND_ATTEMPTS_MAX,
                 SEND_RETRY_BACKOFF_S)
@@ -90,6 +91,7 @@ def max_offset_sum(shardmq, topic, queue_nums=1):
     return total
 
 
+@pytest.mark.long
 def test_rejected_message_comes_back_with_growing_reconsume_times(shardmq_factory):
     node = shardmq_factory(extra_args=["--message-delay-level", SHORT_DELAY_TABLE])
     topic = create_topic(node, "Tretry")
@@ -116,6 +118,7 @@ def test_rejected_message_comes_back_with_growing_reconsume_times(shardmq_factor
     assert max_offset_sum(node, "%DLQ%" + group) == 0
 
 
+@pytest.mark.long
 def test_always_rejected_message_ends_in_the_dead_letter_queue(shardmq_factory):
     node = shardmq_factory(extra_args=["--message-delay-level", SHORT_DELAY_TABLE])
     topic = create_topic(node, "Tdlq")
@@ -137,6 +140,7 @@ def test_always_rejected_message_ends_in_the_dead_letter_queue(shardmq_factory):
     assert refused.code == 16 and "forbidden" in refused.remark, refused
 
 
+@pytest.mark.long
 def test_delay_level_2_is_delivered_after_5_s_even_across_a_restart(shardmq_factory):
     node = shardmq_factory(extra_args=["--message-delay-level", SHORT_DELAY_TABLE])
     topic = create_topic(node, "Tdelay")
@@ -193,6 +197,7 @@ class OrderChecker:
             self.count += 1
 
 
+@pytest.mark.long
 def test_orderly_consumers_keep_per_key_order_across_a_consumer_leaving(shardmq):
     topic = create_topic(shardmq, "Torder", queue_nums=8)
     group = unique("cg_order")
@@ -262,6 +267,7 @@ def test_broadcasting_consumers_each_receive_everything(shardmq):
             consumer.shutdown()
 
 
+@pytest.mark.long
 def test_timer_messages_arrive_at_their_time_across_a_restart(shardmq_factory):
     """RocketMQ 5 timer properties (the C++ client cannot set them: raw SEND_MESSAGE frames),
     consumed by the real push consumer."""

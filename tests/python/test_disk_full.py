@@ -105,6 +105,7 @@ def consume_all(node, topic, expected):
     check_delivered(expected, collector.snapshot(), label="reader after the full disk")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("flush", ["async", "sync"])
 def test_a_full_disk_refuses_sends_serves_reads_heals_and_loses_nothing(shardmq_factory, flush):
     with small_filesystem(FS_MIB) as mount_point:
@@ -187,10 +188,14 @@ def test_a_topic_created_on_a_full_disk_is_not_answered_success_until_written(
                          if name.endswith(".tmp")]
             assert not leftovers, "temp files left behind: {}".format(leftovers)
             os.remove(filler)
-            # The writer tries again by itself; once it has, the topic is on disk.
-            config_path = os.path.join(data_dir, "shard-0", "config", "topics.json")
-            wait_until(lambda: refused in open(config_path).read(), HEAL_TIMEOUT_S,
-                       interval_s=0.2, message="topics.json to be written once space returned")
+            # Each shard's writer tries again by itself, on its own timer; once every one has,
+            # the topic is on disk.
+            config_paths = [os.path.join(data_dir, "shard-{}".format(shard), "config",
+                                         "topics.json")
+                            for shard in range(len(node.broker_addrs))]
+            wait_until(lambda: all(refused in open(path).read() for path in config_paths),
+                       HEAL_TIMEOUT_S, interval_s=0.2,
+                       message="every shard's topics.json to be written once space returned")
             node.kill9()
             node.start(keep_ports=True)
             for address in node.broker_addrs:

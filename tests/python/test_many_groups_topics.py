@@ -8,6 +8,7 @@ import json
 import os
 import time
 
+import pytest
 import remoting
 from mq import unique, wait_until
 
@@ -36,6 +37,7 @@ def config_file(shardmq, name):
         return json.loads(f.read())
 
 
+@pytest.mark.long
 def test_thousands_of_groups_and_topics_survive_kill9(shardmq_factory):
     shardmq = shardmq_factory(shards=1)
     address = shardmq.broker_addr(0)

@@ -18,6 +18,7 @@ import json
 import os
 import time
 
+import pytest
 import remoting
 from mq import wait_until
 from powercut import forget_light_checkpoints
@@ -186,6 +187,7 @@ def timed_start(node, how):
     print("restart after {}: ready in {:.2f} s".format(how, time.monotonic() - started))
 
 
+@pytest.mark.long
 def test_ten_thousand_queues_on_one_shard_survive_kill9_and_restart(shardmq_factory):
     node = shardmq_factory(shards=1, flush="sync")
     started = time.monotonic()

@@ -226,6 +226,7 @@ def segment_checksums(node, shard, end):
     return sums
 
 
+@pytest.mark.long
 def test_the_consumer_moves_to_the_slave_and_gets_every_message(cluster):
     master = cluster("master", MASTER_IP)
     slave = cluster("slave", SLAVE_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1",
@@ -475,6 +476,7 @@ def test_sync_master_over_a_delayed_link(cluster):
         link.close()
 
 
+@pytest.mark.long
 def test_a_slave_with_another_shard_count_says_so(cluster):
     master = cluster("master", MASTER_IP)
     slave = cluster("slave", SLAVE_IP, shards=1, role_args=["--brokerRole", "SLAVE",
@@ -604,6 +606,7 @@ def test_promotion_by_hand_and_the_old_master_back_as_a_slave(cluster):
     print("the old master, reset, holds the promoted node's log byte for byte")
 
 
+@pytest.mark.long
 def test_the_master_returns_and_takes_back_the_offsets(cluster):
     master = cluster("master", MASTER_IP)
     slave = cluster("slave", SLAVE_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1",
@@ -760,6 +763,7 @@ def test_a_master_that_lost_its_tail_to_a_power_cut_is_not_continued_by_its_slav
 
 @pytest.mark.parametrize("flush,role", [("sync", "ASYNC_MASTER"), ("async", "ASYNC_MASTER"),
                                         ("async", "SYNC_MASTER")])
+@pytest.mark.long
 def test_a_master_killed_under_load_is_continued_by_its_slave(cluster, flush, role):
     """The stream sends only what a crash of the master keeps (durable bytes under
     SYNC_FLUSH, written ones under ASYNC_FLUSH, whose appends wait in memory up to

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 
+import pytest
 import remoting
 from mq import Collector, make_consumer, unique, wait_for_keys, wait_until
 from smallfs import KEEP_ALL_ARGS, RETENTION_ARGS, small_filesystem
@@ -131,6 +132,7 @@ def committed_total(node, group, topic):
     return total
 
 
+@pytest.mark.long
 def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shardmq_factory):
     with small_filesystem(FS_MIB) as mount_point:
         data_dir = os.path.join(mount_point, "data")
