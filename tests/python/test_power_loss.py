@@ -6,10 +6,9 @@ random, as from a disk with a volatile write cache. Producers send over raw remo
 topic with large bodies and to small topics with small ones (a new topic every 40 sends,
 auto-created by the send), while retention deletes
 and recycles 16 MiB segments behind them; several times while they send, the disk is cut: a
-copy of it is taken as the power cut would leave it (the last one once a recycled
-segment holds records). Each copy is then mounted (ext4 replays
-its journal), its light checkpoints marked as of an earlier boot (a power loss restarts the
-machine), and a node started on it. Every record it holds, from each queue's minimum to its
+copy of it is taken as the power cut would leave it (the last one once a recycled segment
+holds records). Each copy is then mounted (ext4 replays its journal), its light checkpoints
+marked as of an earlier boot (a power loss restarts the machine), and a node started on it. Every record it holds, from each queue's minimum to its
 end, is the one the node that went on placed at that offset, whole; `shardmq verify` finds no
 damage after a clean stop. Under SYNC_FLUSH every message acknowledged before the cut is
 among them (unless retention took it before the cut), also when the power goes again, twice,

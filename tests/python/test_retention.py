@@ -197,13 +197,28 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             for key, got in snapshot.items():
                 assert got[0].body == body_of(key), key
 
-            # From here nothing is deleted; the minimums stay where retention left them.
             placed = producer.placed
             producer.close()
             producer = None
-            status = remoting.runtime_info(node.broker_addr(0))
-            status_counts = (int(status["retentionDeletedSegments"]),
-                             int(status["retentionRecycledSegments"]))
+            # With the sends stopped, retention still takes what expires behind the segment
+            # being written: wait until it has settled (the node's counters and its log agree,
+            # and stay so past a retention pass), then nothing more is deleted and the
+            # minimums stay where retention left them.
+            seen = []
+
+            def settled():
+                status = remoting.runtime_info(node.broker_addr(0))
+                counts = (int(status["retentionDeletedSegments"]),
+                          int(status["retentionRecycledSegments"]))
+                with open(node.log_path) as log:
+                    text = log.read()
+                logged = (text.count("retention deleted commitlog segment"),
+                          text.count("its file recycled as segment"))
+                seen.append(counts)
+                return counts == logged and seen[-2:] == [counts, counts]
+
+            wait_until(settled, 60, interval_s=2.0, message="retention to settle")
+            status_counts = seen[-1]
             node.extra_args = KEEP_ALL_ARGS
             # kill -9: recovery meets the recycled files' old records past the log's end.
             node.kill9()
