@@ -8,12 +8,12 @@ auto-created by the send), while retention deletes
 and recycles 16 MiB segments behind them; several times while they send, the disk is cut: a
 copy of it is taken as the power cut would leave it (the last one once a recycled segment
 holds records). Each copy is then mounted (ext4 replays its journal), its light checkpoints
-marked as of an earlier boot (a power loss restarts the machine), and a node started on it. Every record it holds, from each queue's minimum to its
-end, is the one the node that went on placed at that offset, whole; `shardmq verify` finds no
-damage after a clean stop. Under SYNC_FLUSH every message acknowledged before the cut is
-among them (unless retention took it before the cut), also when the power goes again, twice,
-while a node starts on what the last cut left; under ASYNC_FLUSH the last ones may be
-lost, and the test says how many were. Some of the records sat in recycled segments, where the
+marked as of an earlier boot (a power loss restarts the machine), and a node started on it.
+Every record it holds, from each queue's minimum to its end, is the one the node that went on
+placed at that offset, whole; `shardmq verify` finds no damage after a clean stop. Under
+SYNC_FLUSH every message acknowledged before the cut is among them (unless retention took it
+before the cut), also when the power goes again, twice, while a node starts on what the last
+cut left; under ASYNC_FLUSH the last ones may be lost, and the test says how many were. Some of the records sat in recycled segments, where the
 old records past the log's end look like records until their seal is read.
 """
 
@@ -241,7 +241,8 @@ def test_after_a_power_cut_under_async_flush_each_queue_holds_what_was_placed(
 
 def power_cuts(shardmq_factory, flush, cuts_at, again=False):
     with power_cut_disk(FS_MIB) as disk:
-        node = shardmq_factory(data_dir=os.path.join(disk.mount_point, "data"),
+        data_dir = os.path.join(disk.mount_point, "data")
+        node = shardmq_factory(data_dir=data_dir,
                                segment_size_mib=SEGMENT_MIB, shards=SHARDS, flush=flush,
                                extra_args=RETENTION_ARGS)
         assert remoting.create_topic(node.broker_addr(0), BIG_TOPIC, BIG_QUEUES).code == 0
@@ -258,9 +259,9 @@ def power_cuts(shardmq_factory, flush, cuts_at, again=False):
             for number, at in enumerate(cuts_at, 1):
                 time.sleep(max(0.0, started + at - time.monotonic()))
                 if number == len(cuts_at):
-                    live = os.path.join(disk.mount_point, "data")
                     deadline = started + at + RECYCLED_WAIT_MAX_S
-                    while not records_in_recycled(live, senders) and time.monotonic() < deadline:
+                    while (not records_in_recycled(data_dir, senders)
+                           and time.monotonic() < deadline):
                         time.sleep(0.2)
                     at = round(time.monotonic() - started, 1)
                 # Everything acknowledged so far, then the cut: under SYNC_FLUSH each of these

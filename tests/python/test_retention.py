@@ -132,6 +132,14 @@ def committed_total(node, group, topic):
     return total
 
 
+def logged_retention(node):
+    """(segments deleted, of them recycled) as the node's log tells, over all its starts."""
+    with open(node.log_path) as log:
+        text = log.read()
+    return (text.count("retention deleted commitlog segment"),
+            text.count("its file recycled as segment"))
+
+
 @pytest.mark.long
 def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shardmq_factory):
     with small_filesystem(FS_MIB) as mount_point:
@@ -210,12 +218,8 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
                 status = remoting.runtime_info(node.broker_addr(0))
                 counts = (int(status["retentionDeletedSegments"]),
                           int(status["retentionRecycledSegments"]))
-                with open(node.log_path) as log:
-                    text = log.read()
-                logged = (text.count("retention deleted commitlog segment"),
-                          text.count("its file recycled as segment"))
                 seen.append(counts)
-                return counts == logged and seen[-2:] == [counts, counts]
+                return counts == logged_retention(node) and seen[-2:] == [counts, counts]
 
             wait_until(settled, 60, interval_s=2.0, message="retention to settle")
             status_counts = seen[-1]
@@ -223,12 +227,9 @@ def test_retention_keeps_the_disk_bounded_and_moves_laggards_to_the_minimum(shar
             # kill -9: recovery meets the recycled files' old records past the log's end.
             node.kill9()
             node.start(keep_ports=True, allow_port_change=True)
-            with open(node.log_path) as log:
-                text = log.read()
-            deletions = text.count("retention deleted commitlog segment")
             # Below diskMaxUsedSpaceRatio an expired segment's file becomes a later segment
             # (recycled: its records then carry a seal); the consumer above read through them.
-            recycled = text.count("its file recycled as segment")
+            deletions, recycled = logged_retention(node)
             minimums = {}
             for shard, address in enumerate(node.broker_addrs):
                 for queue_id in range(QUEUES):
