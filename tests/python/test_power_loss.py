@@ -13,8 +13,9 @@ Every record it holds, from each queue's minimum to its end, is the one the node
 placed at that offset, whole; `shardmq verify` finds no damage after a clean stop. Under
 SYNC_FLUSH every message acknowledged before the cut is among them (unless retention took it
 before the cut), also when the power goes again, twice, while a node starts on what the last
-cut left; under ASYNC_FLUSH the last ones may be lost, and the test says how many were. Some of the records sat in recycled segments, where the
-old records past the log's end look like records until their seal is read.
+cut left; under ASYNC_FLUSH the last ones may be lost, and the test says how many were. Some
+of the records sat in recycled segments, where the old records past the log's end look like
+records until their seal is read.
 """
 
 import os
