@@ -606,20 +606,50 @@ pub async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
 }
 
 /// A listening socket of the current shard (`bind`, `bind_shared`); its connections come
-/// through `acceptor`.
+/// through `acceptor`, from the shard's epoll set (`sockets::Listening`), as client sockets'
+/// input does. They used to come from glommio's accept, an io_uring request on its latency
+/// ring: in full-suite runs a broker port's connections were now and then left unserved for
+/// seconds while the shard was awake, the last time with the listener's queue empty, which
+/// fits an accept completed in the kernel whose completion the shard never collected.
 pub struct TcpListener {
-    inner: glommio::net::TcpListener,
-    fd: std::os::fd::RawFd,
+    /// Non-blocking.
+    socket: std::net::TcpListener,
 }
 
 impl TcpListener {
     pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
-        self.inner.local_addr().map_err(io::Error::from)
+        self.socket.local_addr()
     }
 
-    /// Takes this listener's connections (see `workarounds::Acceptor`).
-    pub fn acceptor(&self) -> workarounds::Acceptor<'_> {
-        workarounds::Acceptor::new(&self.inner, self.fd)
+    /// Takes this listener's connections, on the shard that calls it.
+    pub fn acceptor(&self) -> Acceptor<'_> {
+        Acceptor {
+            listener: self,
+            listening: None,
+        }
+    }
+}
+
+/// One listener's connections, taken on the shard that serves it: the listener joins that
+/// shard's epoll set at the first accept, and leaves it when the acceptor goes.
+pub struct Acceptor<'a> {
+    listener: &'a TcpListener,
+    listening: Option<sockets::Listening>,
+}
+
+impl Acceptor<'_> {
+    /// The next connection; an error (descriptors short) leaves it queued for the next call.
+    pub async fn accept(&mut self) -> io::Result<TcpStream> {
+        use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+        let listening = match &mut self.listening {
+            Some(listening) => listening,
+            empty => empty.insert(sockets::Listening::register(
+                self.listener.socket.as_raw_fd(),
+            )?),
+        };
+        let fd = listening.accept().await?;
+        // SAFETY: the stream takes over a connected socket's descriptor, owned here alone.
+        Ok(unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
     }
 }
 
@@ -640,7 +670,7 @@ pub fn bind_shared(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
 }
 
 fn bind_with(addr: std::net::SocketAddr, shared: bool) -> io::Result<TcpListener> {
-    use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+    use std::os::fd::{FromRawFd, OwnedFd};
     let std::net::SocketAddr::V4(addr) = addr else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -650,7 +680,8 @@ fn bind_with(addr: std::net::SocketAddr, shared: bool) -> io::Result<TcpListener
     // SAFETY: plain socket calls on a descriptor we own; every return value is checked and
     // the descriptor is closed by OwnedFd on any error.
     unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        let kind = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+        let fd = libc::socket(libc::AF_INET, kind, 0);
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -680,10 +711,8 @@ fn bind_with(addr: std::net::SocketAddr, shared: bool) -> io::Result<TcpListener
         if libc::listen(fd, LISTEN_BACKLOG_CONNECTIONS) != 0 {
             return Err(io::Error::last_os_error());
         }
-        let fd = owned.into_raw_fd();
         Ok(TcpListener {
-            inner: glommio::net::TcpListener::from_raw_fd(fd),
-            fd,
+            socket: std::net::TcpListener::from(owned),
         })
     }
 }

@@ -8,8 +8,7 @@
 //! | the watchdog's nudge of a stalled shard | `runtime.watchdog_ms` = 0 | `nudges` |
 //! | a store open abandoned for want of progress, and tried again | `STORE_OPEN_STALL_MS` → `store_open_stall_ms` = 0 | `store_opens_abandoned` |
 //! | the DMA probe priming | — (a wrong device answer breaks every read) | — |
-//! | a connection taken from a listener's queue while its accept still waits | — (one accept attempt a second per listener) | `accepts_found_waiting` |
-//!
+//! //!
 //! **Watchdog.** Symptom: a shard slept through its own timers and new connections until
 //! something else woke it (a debugger attaching freed it). Seen: now and then at start-up on
 //! these virtio VMs (1 stall in 50 starts). Mechanism: glommio parks an idle executor in
@@ -28,18 +27,6 @@
 //! legitimate recovery longer than that (5 GB past the checkpoint); now an attempt is abandoned
 //! only when no I/O step completed for `store_open_stall_ms` (recovery reports each step in
 //! `store::OpenProgress`), so a long recovery runs as long as it needs.
-//!
-//! **Accept recheck.** Symptom: in a full CI run a test's connections to a broker port were
-//! closed only about 5 s late each (when its client gave up), for minutes: the shard logged
-//! its refusals about every 5 s while its timers kept time, so the shard was awake but its
-//! accept did not complete while connections waited in the listener's queue. Seen: twice in
-//! full-suite runs (one on CI), never in 45 runs of the test alone. Mechanism: not found; the
-//! accept is an io_uring request on one of glommio's rings, and a completion that is not
-//! reaped (the watchdog's trap, without the missed timers) fits. Workaround: `Acceptor`
-//! keeps the ring's accept pending and, whenever it has waited `ACCEPT_RECHECK_MS`, tries a
-//! non-blocking accept of its own on the listener; a connection found that way counts in
-//! `accepts_found_waiting` (a few may be races with a completion about to be reaped, so a
-//! steady rise is the sign). Cost: one accept attempt a second per idle listener.
 //!
 //! **DMA probe priming.** glommio 0.9 reads the first DMA file opened on a device (per thread)
 //! to decide whether the device takes polled I/O; on an empty file the read "succeeds", the
@@ -61,8 +48,6 @@ pub const HEARTBEAT_MS: u64 = 1_000;
 pub const STALL_GRACE_MS: u64 = 500;
 /// Default watchdog period; 0 turns the watchdog off.
 pub const WATCHDOG_DEFAULT_MS: u64 = 250;
-/// How long a listener's accept waits before the listener's queue is looked at directly.
-pub const ACCEPT_RECHECK_MS: u64 = 1_000;
 /// Default: an open without an I/O step for this long is abandoned and tried again.
 pub const STORE_OPEN_STALL_DEFAULT_MS: u64 = 10_000;
 /// Attempts of a store open before the node gives up.
@@ -77,8 +62,6 @@ pub struct Counters {
     pub nudges: AtomicU64,
     /// Store opens abandoned for want of progress.
     pub store_opens_abandoned: AtomicU64,
-    /// Connections a listener's recheck found waiting while its accept had not completed.
-    pub accepts_found_waiting: AtomicU64,
 }
 
 /// The process's counters.
@@ -224,133 +207,5 @@ pub async fn prime_dma_probe(dir: &Path) -> io::Result<()> {
             ))
         }
         Err(error) => Err(error),
-    }
-}
-
-/// The connections of one listener, accepted through glommio's ring and, should that accept
-/// not complete while connections wait, by the recheck (see the module doc). The ring's
-/// accept stays pending between rechecks: cancelling it could lose a connection it had just
-/// taken.
-pub struct Acceptor<'a> {
-    listener: &'a glommio::net::TcpListener,
-    /// The listener's descriptor (glommio's listener does not tell it).
-    fd: std::os::fd::RawFd,
-    pending: Option<PendingAccept<'a>>,
-}
-
-type PendingAccept<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = glommio::Result<super::TcpStream, ()>> + 'a>,
->;
-
-impl<'a> Acceptor<'a> {
-    pub(crate) fn new(
-        listener: &'a glommio::net::TcpListener,
-        fd: std::os::fd::RawFd,
-    ) -> Acceptor<'a> {
-        Acceptor {
-            listener,
-            fd,
-            pending: None,
-        }
-    }
-
-    /// The next connection.
-    pub async fn accept(&mut self) -> io::Result<super::TcpStream> {
-        let listener = self.listener;
-        loop {
-            let pending = self
-                .pending
-                .get_or_insert_with(|| Box::pin(listener.accept()));
-            let recheck = Duration::from_millis(ACCEPT_RECHECK_MS);
-            if let Some(accepted) = super::timeout(recheck, pending.as_mut()).await {
-                self.pending = None;
-                return accepted.map_err(io::Error::from);
-            }
-            if let Some(stream) = accept_waiting(self.fd)? {
-                counters()
-                    .accepts_found_waiting
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(stream);
-            }
-        }
-    }
-}
-
-/// A connection waiting in the queue of listener `fd`, taken without blocking; None when none waits.
-fn accept_waiting(fd: std::os::fd::RawFd) -> io::Result<Option<super::TcpStream>> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fcntl and accept4 on a descriptor the listener owns, every result checked; the
-    // descriptor accept4 returns is new and owned by the stream made from it.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The listener is blocking (glommio sets O_NONBLOCK only around its own attempt).
-        let toggled = flags & libc::O_NONBLOCK == 0;
-        if toggled && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let accepted = libc::accept4(
-            fd,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
-        );
-        let error = io::Error::last_os_error();
-        if toggled {
-            libc::fcntl(fd, libc::F_SETFL, flags);
-        }
-        if accepted >= 0 {
-            return Ok(Some(super::TcpStream::from_raw_fd(accepted)));
-        }
-        match error.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::ECONNABORTED) => Ok(None),
-            _ => Err(error),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runtime;
-
-    #[test]
-    fn the_recheck_takes_a_waiting_connection_and_nothing_else() {
-        runtime::run_local(|| async {
-            let listener = runtime::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let address = listener.local_addr().unwrap();
-            assert!(accept_waiting(listener.fd).unwrap().is_none());
-            let peer = std::net::TcpStream::connect(address).unwrap();
-            let stream = accept_waiting(listener.fd)
-                .unwrap()
-                .expect("a waiting connection");
-            assert_eq!(stream.peer_addr().unwrap(), peer.local_addr().unwrap());
-            assert!(accept_waiting(listener.fd).unwrap().is_none());
-            // The listener is left blocking, as glommio expects it.
-            // SAFETY: F_GETFL on a descriptor the listener owns.
-            let flags = unsafe { libc::fcntl(listener.fd, libc::F_GETFL) };
-            assert_eq!(flags & libc::O_NONBLOCK, 0);
-        });
-    }
-
-    #[test]
-    fn the_acceptor_serves_connections_across_rechecks() {
-        runtime::run_local(|| async {
-            let listener = runtime::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let address = listener.local_addr().unwrap();
-            let mut acceptor = listener.acceptor();
-            // One connection at once, one after the ring's accept has waited past a recheck.
-            let peers = std::thread::spawn(move || {
-                let first = std::net::TcpStream::connect(address).unwrap();
-                std::thread::sleep(Duration::from_millis(ACCEPT_RECHECK_MS * 3 / 2));
-                let second = std::net::TcpStream::connect(address).unwrap();
-                (first.local_addr().unwrap(), second.local_addr().unwrap())
-            });
-            let first = acceptor.accept().await.unwrap().peer_addr().unwrap();
-            let second = acceptor.accept().await.unwrap().peer_addr().unwrap();
-            assert_eq!((first, second), peers.join().unwrap());
-        });
     }
 }

@@ -415,10 +415,6 @@ impl Broker {
             "workaroundStoreOpensAbandoned",
             count(&workarounds.store_opens_abandoned),
         );
-        put(
-            "workaroundAcceptsFoundWaiting",
-            count(&workarounds.accepts_found_waiting),
-        );
     }
 
     /// RocketMQ's getEarliestMessageTime: the store time of the oldest message held, -1 when
