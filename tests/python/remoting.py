@@ -259,7 +259,7 @@ def call_retrying_busy(client, code, ext, body=b"", **kwargs):
 def create_topic(broker_address, topic, queue_nums=4, perm=6):
     """UPDATE_AND_CREATE_TOPIC (17) on one broker endpoint (shardmq fans it out to every shard)."""
     with RemotingClient.connect(broker_address) as client:
-        return client.call(UPDATE_AND_CREATE_TOPIC, {
+        return call_retrying_busy(client, UPDATE_AND_CREATE_TOPIC, {
             "topic": topic,
             "defaultTopic": "TBW102",
             "readQueueNums": queue_nums,

@@ -281,9 +281,9 @@ def test_timer_messages_arrive_at_their_time_across_a_restart(shardmq_factory):
         props = "KEYS\x01{}\x02TAGS\x01T\x02{}".format(key, properties)
         with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
             sent_at[key] = time.time()
-            response = client.call(remoting.SEND_MESSAGE,
-                                   remoting.send_message_ext(topic, 0, props),
-                                   body=key.encode())
+            response = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                                   remoting.send_message_ext(topic, 0, props),
+                                                   body=key.encode())
         assert response.code == remoting.SUCCESS, response
 
     with closing(start_consumer(node.namesrv_addr, topic, counter, group)):
@@ -319,12 +319,12 @@ def test_client_resend_to_the_retry_topic_follows_the_dead_letter_rule(shardmq):
         # Within the limit: delayed by its DELAY level, then in %RETRY%<group>.
         ext = remoting.send_message_ext(retry_topic, 0, "DELAY\x011\x02RETRY_TOPIC\x01T\x02")
         ext.update(reconsumeTimes=3, maxReconsumeTimes=16)
-        response = client.call(remoting.SEND_MESSAGE, ext, body=b"again")
+        response = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE, ext, body=b"again")
         assert response.code == remoting.SUCCESS, response
         # Past the limit: straight to %DLQ%<group>, undelayed.
         ext = remoting.send_message_ext(retry_topic, 0, "DELAY\x011\x02RETRY_TOPIC\x01T\x02")
         ext.update(reconsumeTimes=17, maxReconsumeTimes=16)
-        response = client.call(remoting.SEND_MESSAGE, ext, body=b"dead")
+        response = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE, ext, body=b"dead")
         assert response.code == remoting.SUCCESS, response
 
     def offset_on_shard0(topic):

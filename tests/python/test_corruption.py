@@ -53,9 +53,10 @@ def test_damage_in_the_middle_is_found_and_never_served(shardmq_factory, tmp_pat
         with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
             for i in range(MESSAGES):
                 key = "dmg-{}-{:05d}".format(run, i)
-                response = client.call(remoting.SEND_MESSAGE,
-                                       remoting.send_message_ext(topic, 0, properties(key)),
-                                       body=body_of(key), timeout_s=30)
+                response = remoting.call_retrying_busy(
+                    client, remoting.SEND_MESSAGE,
+                    remoting.send_message_ext(topic, 0, properties(key)),
+                    body=body_of(key), timeout_s=30)
                 assert response.code == remoting.SUCCESS, response
                 keys.append(key)
                 # An offset msgId: store host (16 hex digits), then the commitlog offset.

@@ -190,8 +190,9 @@ def test_inflight_refusals_latency_labels_and_shard_figures(shardmq_factory):
             group, topic, 0, queue_offset=0, max_msg_nums=PULLED))
         assert pulled.code == remoting.SUCCESS, pulled
         assert pulled.ext["nextBeginOffset"] == str(PULLED), pulled.ext
-        refused = client.call(remoting.SEND_MESSAGE,
-                              remoting.send_message_ext("SCHEDULE_TOPIC_XXXX"), body=b"x")
+        refused = remoting.call_retrying_busy(
+            client, remoting.SEND_MESSAGE, remoting.send_message_ext("SCHEDULE_TOPIC_XXXX"),
+            body=b"x")
         assert refused.code == 16, refused  # NO_PERMISSION
         # A pull at the end that may wait: parked ~1 s, then answered PULL_NOT_FOUND.
         parked = remoting.pull_message_ext(group, topic, 1, queue_offset=0,

@@ -246,7 +246,8 @@ def test_the_consumer_moves_to_the_slave_and_gets_every_message(cluster):
         assert ours == theirs, (shard, ours, theirs)
     # A slave takes no writes.
     with remoting.RemotingClient.connect(slave.broker_addr(0)) as client:
-        refused = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic), body=b"x")
+        refused = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                              remoting.send_message_ext(topic), body=b"x")
     assert refused.code == remoting.SERVICE_NOT_AVAILABLE, refused
     assert "SLAVE" in refused.remark
 
@@ -275,7 +276,8 @@ def test_sync_master_acknowledges_only_what_the_slave_has(cluster):
     topic = create_topic(master, "Tsync")
     # No slave yet: stored, and answered SLAVE_NOT_AVAILABLE (RocketMQ's isSlaveOK).
     with remoting.RemotingClient.connect(master.broker_addr(0)) as client:
-        lonely = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic), body=b"1")
+        lonely = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                             remoting.send_message_ext(topic), body=b"1")
     assert lonely.code == SLAVE_NOT_AVAILABLE, lonely
     assert lonely.ext.get("msgId"), lonely.ext
     slave = cluster("slave", SLAVE_IP, role_args=["--brokerRole", "SLAVE", "--brokerId", "1",
@@ -578,7 +580,8 @@ def test_promotion_by_hand_and_the_old_master_back_as_a_slave(cluster):
     wait_until(lambda: "another master holds this broker name" in old.log_tail(200), 30,
                interval_s=0.3, message="the old master to learn it was replaced")
     with remoting.RemotingClient.connect(old.broker_addr(0)) as client:
-        refused = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic), body=b"x")
+        refused = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                              remoting.send_message_ext(topic), body=b"x")
     print("a send to the replaced master:", refused.code, refused.remark)
     assert refused.code == remoting.SERVICE_NOT_AVAILABLE and "replaced" in refused.remark
     assert master_of(slave, "broker-0") == slave.broker_addr(0)

@@ -44,8 +44,9 @@ def create_topic(address, topic, tls=None):
 def send_and_count(address, topic, count, tls=None):
     with remoting.RemotingClient.connect(address, tls=tls) as client:
         for index in range(count):
-            response = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
-                                   body="tls {}".format(index).encode())
+            response = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                                   remoting.send_message_ext(topic, 0),
+                                                   body="tls {}".format(index).encode())
             assert response.code == remoting.SUCCESS, response
         response = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
         return int(response.ext["offset"])
