@@ -2,12 +2,13 @@
 # Connection churn: for each round, each shardmq BINARY in turn serves a fresh two-shard node
 # (unpinned) while THREADS client threads each connect to the broker port, send one request
 # (an unknown code: the cheapest answer), read the answer and close, for SECS seconds. Prints
-# connections a second and the connect-to-answer p50 / p99 / max per binary and round, so
-# a change to how connections are accepted is compared side by side.
+# connections a second, the connect-to-answer p50 / p99 / max, and the node's CPU time a
+# connection (all its threads, from /proc: the client's speed does not move it) per binary
+# and round, so a change to how connections are accepted is compared side by side.
 #   [ROUNDS=2] [SECS=10] [THREADS=8] scripts/bench-accept.sh BINARY...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { sed -n '2,7p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,8p' "$0"; exit 2; }
 rounds=${ROUNDS:-2}
 secs=${SECS:-10}
 threads=${THREADS:-8}
@@ -18,12 +19,15 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 ns_port=27976
 broker_port=27996
 
+# The node's user + system time in clock ticks.
+node_ticks() { awk '{print $14 + $15}' /proc/"$pid"/stat; }
+
 churn() {
-    python3 - "$1" "$secs" "$threads" <<'EOF'
+    python3 - "$1" "$secs" "$threads" "$dir/count" <<'EOF'
 import os, socket, statistics, sys, threading, time
 sys.path.insert(0, os.path.join("tests", "python"))
 import remoting
-address, secs, threads = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+address, secs, threads, count_file = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 UNKNOWN_CODE = 9_999
 host, port = address.rsplit(":", 1)
 latencies, failures = [], []
@@ -41,8 +45,9 @@ workers = [threading.Thread(target=client) for _ in range(threads)]
 for worker in workers: worker.start()
 for worker in workers: worker.join()
 latencies.sort()
+open(count_file, "w").write(str(len(latencies) + len(failures)))
 at = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
-print("{:8.0f} conn/s  p50 {:6.2f} ms  p99 {:6.2f} ms  max {:7.1f} ms  failed {}{}".format(
+print("{:6.0f} conn/s  p50 {:5.2f} ms  p99 {:5.2f} ms  max {:6.1f} ms  failed {}{}".format(
     len(latencies) / secs, at(0.5), at(0.99), latencies[-1] * 1000, len(failures),
     "  first: " + failures[0] if failures else ""))
 EOF
@@ -59,7 +64,11 @@ for round in $(seq 1 "$rounds"); do
         for _ in $(seq 1 200); do grep -q "shardmq: ready" "$dir/node.log" && break; sleep 0.1; done
         grep -q "shardmq: ready" "$dir/node.log" || { echo "not ready"; cat "$dir/node.log"; exit 1; }
         printf 'round %d binary %d: ' "$round" "$number"
-        churn 127.0.0.1:$broker_port
+        ticks=$(node_ticks)
+        churn 127.0.0.1:$broker_port | tr -d '\n'
+        ticks=$(( $(node_ticks) - ticks ))
+        awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$(cat "$dir/count")" \
+            'BEGIN { printf "  node CPU %.1f us a connection\n", t / hz * 1e6 / n }'
         kill $pid; wait $pid 2>/dev/null; pid=""
     done
 done

@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 
 use shards::runtime::sockets::Socket;
-use shards::runtime::{self, TcpListener, TcpStream};
+use shards::runtime::{self, TcpListener};
 use shards::sync::{Signal, WaiterSet};
 
 use crate::remoting::{self, FrameEncoder, RemotingCommand};
@@ -768,7 +768,7 @@ async fn tls_read(
 }
 
 async fn serve_connection(
-    stream: TcpStream,
+    stream: std::net::TcpStream,
     handler: Rc<dyn RequestHandler>,
     limits: ConnectionLimits,
     tls: Option<std::sync::Arc<crate::tls::TlsServer>>,

@@ -25,7 +25,7 @@ pub async fn serve(listener: TcpListener, broker: Rc<Broker>) {
     loop {
         match acceptor.accept().await {
             Ok(stream) => {
-                runtime::spawn_detached(serve_slave(stream, broker.clone()));
+                runtime::spawn_detached(serve_slave(runtime::stream_of(stream), broker.clone()));
             }
             Err(error) => {
                 log::warn!("{}: HA accept failed: {error}", broker.identity.broker_name);

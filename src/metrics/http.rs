@@ -37,7 +37,7 @@ pub async fn serve(
         let (board, tls, console) = (board.clone(), tls.clone(), console.clone());
         runtime::spawn_detached(async move {
             let deadline = Duration::from_millis(REQUEST_TIMEOUT_MS);
-            let served = answer(stream, &board, &console, tls.as_deref());
+            let served = answer(runtime::stream_of(stream), &board, &console, tls.as_deref());
             let _ = runtime::timeout(deadline, served).await;
         });
     }

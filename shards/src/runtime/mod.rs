@@ -638,19 +638,25 @@ pub struct Acceptor<'a> {
 }
 
 impl Acceptor<'_> {
-    /// The next connection; an error (descriptors short) leaves it queued for the next call.
-    pub async fn accept(&mut self) -> io::Result<TcpStream> {
-        use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+    /// The next connection (blocking mode: `sockets::Socket::adopt` or `stream_of` take it
+    /// over); an error (descriptors short) leaves it queued for the next call.
+    pub async fn accept(&mut self) -> io::Result<std::net::TcpStream> {
+        use std::os::fd::AsRawFd;
         let listening = match &mut self.listening {
             Some(listening) => listening,
             empty => empty.insert(sockets::Listening::register(
                 self.listener.socket.as_raw_fd(),
             )?),
         };
-        let fd = listening.accept().await?;
-        // SAFETY: the stream takes over a connected socket's descriptor, owned here alone.
-        Ok(unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
+        Ok(std::net::TcpStream::from(listening.accept().await?))
     }
+}
+
+/// A connection accepted through an `Acceptor`, as a stream read and written through glommio.
+pub fn stream_of(stream: std::net::TcpStream) -> TcpStream {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the stream takes over a connected socket's descriptor, owned here alone.
+    unsafe { TcpStream::from_raw_fd(stream.into_raw_fd()) }
 }
 
 /// Binds a listener only this shard serves: a second bind of the port, by this process or

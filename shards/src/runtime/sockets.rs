@@ -66,17 +66,9 @@ enum Direction {
 }
 
 impl Socket {
-    /// Takes over a stream accepted through the runtime: its descriptor is copied and the
-    /// stream closed, so glommio holds nothing of it.
-    pub fn adopt(stream: super::TcpStream) -> io::Result<Socket> {
-        // SAFETY: fcntl(F_DUPFD_CLOEXEC) of an open descriptor; the result is checked.
-        let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        drop(stream);
-        // SAFETY: `fd` is a descriptor this function just made and owns alone.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    /// Takes over a connection accepted through the runtime (`runtime::Acceptor`).
+    pub fn adopt(stream: std::net::TcpStream) -> io::Result<Socket> {
+        let fd = OwnedFd::from(stream);
         let token = with_reactor(|reactor| reactor.register(fd.as_raw_fd()))??;
         Ok(Socket {
             fd,
