@@ -55,14 +55,23 @@ impl Drop for Node {
     }
 }
 
+/// The port blocks, just below Linux's ephemeral range (32768-60999): a client's port there,
+/// live or in TIME_WAIT, would keep a node off its port (a run after a connection churn found
+/// every block it tried taken when they lay at 40,000 and up). The integration tests and the
+/// end-to-end suite use ports below these, and never run beside them.
+const PORT_BLOCKS_FIRST: u16 = 32_000;
+const PORT_BLOCK_SIZE: u16 = 22;
+const PORT_BLOCKS: u16 = 34;
+const _: () = assert!(PORT_BLOCKS_FIRST + PORT_BLOCKS * PORT_BLOCK_SIZE <= 32_768);
+
 /// A namesrv port whose block (namesrv, 2 shards × 3 ports) is free right now.
 fn free_ports() -> (u16, u16) {
     // Tests run in parallel: each call starts from a block of its own.
     static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let first = CALLS.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
-    let process_slot = (std::process::id() % 100) as u16;
+    let process_slot = (std::process::id() % u32::from(PORT_BLOCKS)) as u16;
     for block in first..first + 8 {
-        let base = 40_000 + process_slot * 25 + (block % 10) * 2_500;
+        let base = PORT_BLOCKS_FIRST + (process_slot + block) % PORT_BLOCKS * PORT_BLOCK_SIZE;
         // The namesrv, and per shard its broker, VIP (broker - 2) and HA (broker + 1) ports.
         let ports = [
             base,
