@@ -74,6 +74,15 @@ impl Checkpoint {
     pub(crate) fn light(&self) -> bool {
         self.boot.is_some()
     }
+
+    /// The commitlog offset below which every record's consume-queue unit is counted here:
+    /// the checkpoint's offset, or the first unit of a queue that awaited its files.
+    pub(crate) fn covers(&self) -> u64 {
+        self.awaiting_from
+            .map_or(self.commitlog_offset, |awaiting| {
+                awaiting.min(self.commitlog_offset)
+            })
+    }
 }
 
 /// This boot of the machine, read once; None where Linux does not say (then every
@@ -100,6 +109,11 @@ pub(crate) fn read(root: &Path) -> Option<Checkpoint> {
     let light = read_file(root, LIGHT_FILE_NAME)
         .filter(|light| light.boot.is_some() && light.boot.as_deref() == boot_id());
     choose(synced, light)
+}
+
+/// What the synced checkpoint in `root` covers (`Checkpoint::covers`); 0 when there is none.
+pub(crate) fn synced_covers(root: &Path) -> u64 {
+    read_file(root, FILE_NAME).map_or(0, |synced| synced.covers())
 }
 
 /// The newer of a synced and a light checkpoint of this boot (the synced one at a tie).

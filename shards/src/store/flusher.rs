@@ -185,6 +185,15 @@ pub(crate) struct FlushState {
     /// When the oldest unflushed append happened (Async deadline).
     dirty_since: Option<Instant>,
     pub(crate) checkpoint_wanted: bool,
+    /// Every record below this commitlog offset has its consume-queue unit counted by the
+    /// synced checkpoint on disk: its offset, or the first unit of a queue that still awaited
+    /// its files (`awaiting_from`), whichever is lower. Retention deletes no segment past it
+    /// (retention.rs): after a power loss recovery starts from that checkpoint, and a unit it
+    /// does not count, of a record retention took, could be neither trusted nor rebuilt.
+    pub(crate) synced_covers: u64,
+    /// A checkpoint failed for want of resources (a full disk) since the last synced one:
+    /// retention then deletes past `synced_covers` rather than keep a full disk full.
+    pub(crate) checkpoints_failing: bool,
     /// A checkpoint task is under way (it runs beside the flusher's loop: its sync of
     /// thousands of consume-queue files must not hold up allocation and flushes).
     pub(crate) checkpoint_running: bool,
@@ -265,7 +274,13 @@ impl FlushState {
     /// `unsynced_files`: recovery left written files unsynced and wrote a light checkpoint
     /// (`Recovered::unsynced_files`): the first synced checkpoint syncs the whole filesystem
     /// (`syncfs_next`), and it is due at once.
-    pub(crate) fn new(durable_end: u64, zero_fill_next: u64, unsynced_files: bool) -> FlushState {
+    /// `synced_covers`: what the synced checkpoint on disk covers (`checkpoint::synced_covers`).
+    pub(crate) fn new(
+        durable_end: u64,
+        zero_fill_next: u64,
+        unsynced_files: bool,
+        synced_covers: u64,
+    ) -> FlushState {
         FlushState {
             durable_end,
             written_end: durable_end,
@@ -278,6 +293,8 @@ impl FlushState {
             close_waiters: Vec::new(),
             dirty_since: None,
             checkpoint_wanted: unsynced_files,
+            synced_covers,
+            checkpoints_failing: false,
             checkpoint_running: false,
             segment_preparing: false,
             allocating: false,
@@ -1714,6 +1731,8 @@ async fn durable_through(weak: &std::rc::Weak<Inner>, offset: u64) -> bool {
 /// the whole filesystem.
 pub(crate) struct CheckpointWritten {
     offset: u64,
+    /// Below it every record's unit is counted (`FlushState::synced_covers`).
+    covers: u64,
     synced: bool,
     whole_fs: bool,
 }
@@ -1750,6 +1769,7 @@ async fn write_checkpoint(
         })?;
     Ok(CheckpointWritten {
         offset: plan.record.commitlog_offset,
+        covers: plan.record.covers(),
         synced,
         whole_fs: plan.whole_fs,
     })
@@ -1766,6 +1786,8 @@ fn checkpoint_done(inner: &Inner, outcome: Result<CheckpointWritten, SyncFailure
             if written.synced {
                 log.flush.last_synced_at = now;
                 log.flush.last_synced_offset = written.offset;
+                log.flush.synced_covers = written.covers;
+                log.flush.checkpoints_failing = false;
                 log.flush.checkpoint_wanted = false;
                 if written.whole_fs {
                     log.flush.syncfs_next = false;
@@ -1794,6 +1816,7 @@ fn checkpoint_failed(inner: &Inner, context: &str, error: &io::Error) {
         log.flush.last_checkpoint_at = now;
         log.flush.last_synced_at = now;
         log.flush.checkpoint_wanted = false;
+        log.flush.checkpoints_failing = true;
     }
 }
 

@@ -555,6 +555,7 @@ impl Store {
                 recovered.durable_end,
                 recovered.zero_fill_next,
                 recovered.unsynced_files,
+                checkpoint::synced_covers(&config.root_dir),
             ),
             ring,
             scratch: Vec::new(),
@@ -1064,9 +1065,16 @@ impl Store {
     }
 
     /// The oldest commitlog segment retention may delete now (sealed and durable, never the
-    /// last file), with its age; None when there is none.
+    /// last file, its records' units counted by the synced checkpoint on disk), with its age;
+    /// None when there is none (a synced checkpoint is then asked for, should one be missing).
     pub fn oldest_sealed_segment(&self) -> Option<SealedSegment> {
         retention::oldest_sealed(&self.inner)
+    }
+
+    /// Below this offset every record's consume-queue unit is counted by the synced
+    /// checkpoint on disk: retention deletes no segment past it (retention.rs).
+    pub fn synced_checkpoint_covers(&self) -> CommitLogOffset {
+        CommitLogOffset(self.inner.log.borrow().flush.synced_covers)
     }
 
     /// Deletes `segment` (from `oldest_sealed_segment`) if it still is the oldest that may go,

@@ -17,7 +17,13 @@
 //! | `segmentRecycleEnable` | true | shardmq's own: allows recycling (below) |
 //!
 //! Deletion (`delete_oldest`): only a sealed segment goes (every byte of it durable, appends
-//! past its end, and never the last file), oldest first. In one synchronous step the segment
+//! past its end, and never the last file), oldest first, and only once the synced checkpoint
+//! on disk counts the consume-queue units of all its records (`FlushState::synced_covers`;
+//! one is asked for when it does not yet). After a power loss recovery starts from that
+//! checkpoint, and units it does not count are neither trusted (their files may not have
+//! reached the disk) nor rebuilt from records retention took: such a queue came back shorter,
+//! or not at all, and its next message took an offset consumers had already passed. While
+//! checkpoints fail for want of space (a full disk) deletion goes on without that wait. In one synchronous step the segment
 //! leaves the table, the commitlog's minimum offset moves to the next one, and the consume
 //! queues and the message index drop the files that only point below it (each queue's
 //! minimum offset moves to its first unit still held, so pulls below it get OffsetTooSmall
@@ -256,7 +262,7 @@ pub fn recycled_ahead_max(segment_size_bytes: u64) -> u64 {
 const RECYCLED_AHEAD_BYTES: u64 = 2 << 30;
 
 /// The oldest segment that may go: not the last file, wholly below the durable end and below
-/// the write position.
+/// the write position, and what the synced checkpoint on disk covers (else one is asked for).
 pub(crate) fn oldest_sealed(inner: &Inner) -> Option<SealedSegment> {
     let log = inner.log.borrow();
     let resetting = log.reset.is_some();
@@ -266,6 +272,14 @@ pub(crate) fn oldest_sealed(inner: &Inner) -> Option<SealedSegment> {
     let start = log.segments.first_start()?;
     let end = start + inner.config.segment_size_bytes;
     if end > log.flush.durable_end || end > log.tail.end() {
+        return None;
+    }
+    if end > log.flush.synced_covers && !log.flush.checkpoints_failing {
+        // Not before a synced checkpoint counts every unit of its records (see the module
+        // doc): one is asked for at once.
+        drop(log);
+        inner.log.borrow_mut().flush.checkpoint_wanted = true;
+        inner.notify.signal();
         return None;
     }
     let path = log.segments.path_of(start);

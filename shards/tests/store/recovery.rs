@@ -737,6 +737,11 @@ fn a_clean_stop_lists_the_queues_and_the_next_start_reads_no_directory() {
             store.queues_awaiting_files() == 0
         })
         .await;
+        // Retention waits for a synced checkpoint that counts the segment's units.
+        wait_until("no segment retention may delete", 30, || {
+            store.oldest_sealed_segment().is_some()
+        })
+        .await;
         let oldest = store.oldest_sealed_segment().unwrap();
         store
             .delete_oldest_segment(oldest, false)

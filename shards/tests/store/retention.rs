@@ -33,7 +33,15 @@ async fn fill(store: &Store) {
     .await;
 }
 
+/// Deletes every sealed segment, once a synced checkpoint covers the durable log (retention
+/// waits for one; asking for a segment asks for the checkpoint).
 async fn delete_all_sealed(store: &Store, recycle: bool) -> usize {
+    let durable = store.durable_offset().0;
+    wait_until("no synced checkpoint covering the durable log", 30, || {
+        let _ = store.oldest_sealed_segment();
+        store.synced_checkpoint_covers().0 >= durable
+    })
+    .await;
     let mut deleted = 0;
     while let Some(segment) = store.oldest_sealed_segment() {
         assert!(segment.end.0 <= store.durable_offset().0);
@@ -436,4 +444,68 @@ fn recycled_segments_take_later_writes_sealed_and_recover_after_a_crash() {
     });
     let report = shards::store::verify::verify_store(path, Some(SEGMENT)).unwrap();
     assert_eq!(report.damage, 0, "{:?}", report.findings);
+}
+
+/// A power loss soon after retention emptied a queue made since the last synced checkpoint:
+/// retention waited for a synced checkpoint that counts the queue, so the queue comes back
+/// with its offsets and its next message takes the next one. (It used to come back empty,
+/// its next message at offset 0, below what its consumers had read: a power-cut test under
+/// load found one such queue.)
+#[test]
+fn a_power_loss_after_retention_emptied_a_new_queue_keeps_its_offsets() {
+    const NEW: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    run(|| async {
+        let store = Store::open(config(root, FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        fill(&store).await;
+        delete_all_sealed(&store, false).await;
+        // New's records then lie in the oldest segment, the next to go.
+        let mut new_end = 0;
+        for i in 0..NEW {
+            new_end = append(&store, "New", 0, MESSAGES + i, 1000, "tag")
+                .end_offset
+                .0;
+        }
+        // Enough behind it to seal its segment and the next.
+        let mut last = CommitLogOffset(0);
+        for i in 0..(3 * SEGMENT / 1000) {
+            last = append(&store, "T", 0, MESSAGES + NEW + i, 1000, "tag").end_offset;
+        }
+        store.wait_durable(last).await.unwrap();
+        // Retention at its most eager: each segment as soon as it may go, until New's go.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while store.min_physical_offset().0 < new_end {
+            match store.oldest_sealed_segment() {
+                Some(segment) => {
+                    store.delete_oldest_segment(segment, false).await.unwrap();
+                }
+                None => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "New's records never went"
+                    );
+                    shards::runtime::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        }
+        drop(store); // a crash at once, before any later checkpoint
+    });
+    // The power went too: the light checkpoint, of this boot, no longer holds.
+    let _ = std::fs::remove_file(root.join("checkpoint.light"));
+    run(|| async {
+        let store = Store::open(config(root, FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let (min, max) = (
+            store.min_queue_offset("New", QueueId(0)).0,
+            store.max_queue_offset("New", QueueId(0)).0,
+        );
+        assert_eq!((min, max), (NEW, NEW), "New's offsets after the power loss");
+        let next = append(&store, "New", 0, 1 << 20, 1000, "tag");
+        assert_eq!(next.queue_offset.0, NEW);
+        store.close().await.unwrap();
+    });
 }
