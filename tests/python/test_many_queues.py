@@ -146,15 +146,30 @@ def awaiting_mark(node):
     return "no checkpoint"
 
 
-def wait_for_queue_files(node, timeout_s=120):
-    """Until every queue's first file is on disk (they are made off the shard)."""
+def wait_for_queue_files(node, units, timeout_s=120):
+    """Until every queue's first file is on disk holding its first `units` units. The files
+    are made off the shard, a batch at a time, and the units the shard held meanwhile are
+    written into a file only once its batch is made: a file that exists may still be zeros."""
     shard = os.path.join(node.data_dir, "shard-0", "consumequeue")
+    unit_bytes = 20
     deadline = time.monotonic() + timeout_s
+
+    def written(topic, queue_id):
+        path = os.path.join(shard, topic, str(queue_id), "0" * 20)
+        try:
+            with open(path, "rb") as queue_file:
+                head = queue_file.read(units * unit_bytes)
+        except FileNotFoundError:
+            return False
+        return len(head) == units * unit_bytes and all(
+            head[i:i + unit_bytes] != bytes(unit_bytes)
+            for i in range(0, len(head), unit_bytes))
+
     missing = every_queue()
     while missing:
-        missing = [(topic, queue_id) for topic, queue_id in missing
-                   if not os.path.exists(os.path.join(shard, topic, str(queue_id), "0" * 20))]
-        assert time.monotonic() < deadline, "{} queues without files".format(len(missing))
+        missing = [queue for queue in missing if not written(*queue)]
+        assert time.monotonic() < deadline, "{} queues without their units in files".format(
+            len(missing))
         if missing:
             time.sleep(0.2)
 
@@ -227,7 +242,7 @@ def test_ten_thousand_queues_on_one_shard_survive_kill9_and_restart(shardmq_fact
     check_readable(node, acked, "after kill -9")
 
     # The same with the second round's units lost to a power loss: rebuilt from the commitlog.
-    wait_for_queue_files(node)
+    wait_for_queue_files(node, units=2)
     node.kill9()
     zeroed = lose_units_after_first_round(node, offsets)
     timed_start(node, "a power loss ({} units zeroed)".format(zeroed))
