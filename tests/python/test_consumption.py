@@ -217,6 +217,11 @@ def test_orderly_consumers_keep_per_key_order_across_a_consumer_leaving(shardmq)
                     send_with_retries(lambda: producer.send_orderly(message, index), key,
                                       attempts=20)
                 if sequence == per_key // 2:
+                    # The second consumer takes its queues at a rebalance once their locks
+                    # are free: the first one may still hold them at the second's first
+                    # rebalance, and the next comes 20 s later. It leaves once it consumed.
+                    wait_until(lambda: second.count > 0, 60, interval_s=0.2,
+                               message="the second consumer to take its queues")
                     consumer_b.shutdown()
                     stopped_b = True
         total = len(keys) * per_key
