@@ -24,7 +24,7 @@ node_ticks() { awk '{print $14 + $15}' /proc/"$pid"/stat; }
 
 churn() {
     python3 - "$1" "$secs" "$threads" "$dir/count" <<'EOF'
-import os, socket, statistics, sys, threading, time
+import os, sys, threading, time
 sys.path.insert(0, os.path.join("tests", "python"))
 import remoting
 address, secs, threads, count_file = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

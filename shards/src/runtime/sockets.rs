@@ -88,7 +88,7 @@ impl Socket {
     pub async fn read(&self, into: &mut [u8]) -> io::Result<usize> {
         loop {
             if self.read_drained.get() {
-                self.ready(Direction::Read).await?;
+                ready(self.token, Direction::Read).await?;
             }
             clear(self.token, Direction::Read);
             // SAFETY: recv(2) into a live, exclusively borrowed buffer of `into.len()` bytes.
@@ -119,7 +119,7 @@ impl Socket {
         let mut written = 0;
         while written < bytes.len() {
             if self.write_full.get() {
-                self.ready(Direction::Write).await?;
+                ready(self.token, Direction::Write).await?;
             }
             clear(self.token, Direction::Write);
             let rest = &bytes[written..];
@@ -146,10 +146,6 @@ impl Socket {
             }
         }
         Ok(())
-    }
-
-    async fn ready(&self, direction: Direction) -> io::Result<()> {
-        ready(self.token, direction).await
     }
 }
 

@@ -8,7 +8,7 @@
 //! | the watchdog's nudge of a stalled shard | `runtime.watchdog_ms` = 0 | `nudges` |
 //! | a store open abandoned for want of progress, and tried again | `STORE_OPEN_STALL_MS` → `store_open_stall_ms` = 0 | `store_opens_abandoned` |
 //! | the DMA probe priming | — (a wrong device answer breaks every read) | — |
-//! //!
+//!
 //! **Watchdog.** Symptom: a shard slept through its own timers and new connections until
 //! something else woke it (a debugger attaching freed it). Seen: now and then at start-up on
 //! these virtio VMs (1 stall in 50 starts). Mechanism: glommio parks an idle executor in

@@ -23,13 +23,14 @@
 //! checkpoint, and units it does not count are neither trusted (their files may not have
 //! reached the disk) nor rebuilt from records retention took: such a queue came back shorter,
 //! or not at all, and its next message took an offset consumers had already passed. While
-//! checkpoints fail for want of space (a full disk) deletion goes on without that wait. In one synchronous step the segment
-//! leaves the table, the commitlog's minimum offset moves to the next one, and the consume
-//! queues and the message index drop the files that only point below it (each queue's
-//! minimum offset moves to its first unit still held, so pulls below it get OffsetTooSmall
-//! from then on). The files are then removed on the shard's helper thread: the shard keeps
-//! an extra descriptor of the segment so that neither its own close nor the unlink frees the
-//! blocks (what takes time for a 1 GiB file); the helper thread's close does.
+//! checkpoints fail for want of space (a full disk) deletion goes on without that wait. In
+//! one synchronous step the segment leaves the table, the commitlog's minimum offset moves to
+//! the next one, and the consume queues and the message index drop the files that only point
+//! below it (each queue's minimum offset moves to its first unit still held, so pulls below
+//! it get OffsetTooSmall from then on). The files are then removed on the shard's helper
+//! thread: the shard keeps an extra descriptor of the segment so that neither its own close
+//! nor the unlink frees the blocks (what takes time for a 1 GiB file); the helper thread's
+//! close does.
 //!
 //! Recycling: when the caller allows it (a master whose disk is below
 //! `diskMaxUsedSpaceRatio`, deleting an expired segment, with `segmentRecycleEnable`), the
