@@ -11,6 +11,7 @@
 # runs before the bench starts, so that its zero-fill is ahead of the writes as it is in a
 # broker past its first segment; default 0).
 set -uo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 # A broker still running when the script ends (an error, a closed pipe) goes with it.
 trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
@@ -25,7 +26,7 @@ run() { # binary flush
     "$1" serve --profile "$profile" --shards 1 --flush "$2" --data-dir "$dir" \
         --namesrv-port 11876 --broker-port 11911 > "$dir/broker.log" 2>&1 &
     broker=$!
-    until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
+    wait_ready "$dir/broker.log" "$broker"
     sleep "$warm"
     if [ "$prefill" != 0 ]; then
         target/release/shardmq-bench producer --namesrv 127.0.0.1:11876 --topic "Bench_$2" \

@@ -7,6 +7,7 @@
 # and round, so a change to how connections are accepted is compared side by side.
 #   [ROUNDS=2] [SECS=10] [THREADS=8] scripts/bench-accept.sh BINARY...
 set -uo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,8p' "$0"; exit 2; }
 rounds=${ROUNDS:-2}
@@ -61,8 +62,7 @@ for round in $(seq 1 "$rounds"); do
         "$binary" serve --shards 2 --no-pin --data-dir "$dir/data" --namesrv-port $ns_port \
             --broker-port $broker_port --segment-size-mib 64 > "$dir/node.log" 2>&1 &
         pid=$!
-        for _ in $(seq 1 200); do grep -q "shardmq: ready" "$dir/node.log" && break; sleep 0.1; done
-        grep -q "shardmq: ready" "$dir/node.log" || { echo "not ready"; cat "$dir/node.log"; exit 1; }
+        wait_ready "$dir/node.log" "$pid" 20
         printf 'round %d binary %d: ' "$round" "$number"
         ticks=$(node_ticks)
         churn 127.0.0.1:$broker_port | tr -d '\n'

@@ -8,6 +8,7 @@
 #   scripts/bench-catchup.sh [GIB] [MESSAGE_SIZE] [DATA_PARENT_DIR]
 # Environment: SHARDS (1). Needs root (drop_caches), fio (`apt-get install fio`), python3.
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 gib=${1:-6}; size=${2:-4096}; parent=${3:-${TMPDIR:-/var/tmp}}; shards=${SHARDS:-1}
 command -v fio >/dev/null || { echo "bench-catchup: fio is not installed (apt-get install fio)" >&2; exit 1; }
@@ -31,7 +32,7 @@ start_broker() {
         --data-dir "$scratch/data" --namesrv-port 12276 --broker-port 12311 \
         > "$scratch/broker.log" 2>&1 &
     broker=$!
-    until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
+    wait_ready "$scratch/broker.log" "$broker"
 }
 messages=$((gib * 1024 * 1024 * 1024 / size))
 start_broker

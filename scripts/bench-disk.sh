@@ -9,6 +9,7 @@
 # Environment: SHARDS (1): shards of the broker (e.g. SHARDS=2 with the small-vm profile).
 # Needs fio (`apt-get install fio`) and python3.
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 seconds=${1:-6}; profile=${2:-default}; parent=${3:-${TMPDIR:-/tmp}}; shards=${SHARDS:-1}
 command -v fio >/dev/null || { echo "bench-disk: fio is not installed (apt-get install fio)" >&2; exit 1; }
@@ -55,7 +56,7 @@ for cfg in "1024 64 16" "4096 32 16" "16384 16 16"; do
     target/release/shardmq serve --profile "$profile" --shards "$shards" --data-dir "$dir" \
         --namesrv-port 12676 --broker-port 12711 > "$scratch/broker.log" 2>&1 &
     broker=$!
-    until grep -q "shardmq: ready" "$scratch/broker.log"; do sleep 0.1; done
+    wait_ready "$scratch/broker.log" "$broker"
     c0=$(awk '{print $14 + $15}' /proc/$broker/stat); t0=$(date +%s.%N)
     out=$(target/release/shardmq-bench producer --namesrv 127.0.0.1:12676 --topic BenchDisk \
         --message-size "$1" --batch "$2" --in-flight "$3" --duration-secs "$seconds" --no-progress 2>&1)

@@ -14,6 +14,7 @@ set -uo pipefail
 # written queue. With 10,000 topics raise vm.max_map_count first
 # (`sysctl -w vm.max_map_count=655360`, and back after).
 #   [MESSAGES=N] [IDLE=S] scripts/bench-idle-queues.sh BINARY TOPICS
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 bin=$1 topics=$2 messages=${MESSAGES:-400000} idle=${IDLE:-75}
 dir=$(mktemp -d /var/tmp/shardmq-idle.XXXXXX)
@@ -27,8 +28,7 @@ node() {
     $bin serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 13476 \
         --broker-port 13511 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
     pid=$!
-    until grep -q "shardmq: ready" $dir/broker.log || ! kill -0 $pid 2>/dev/null; do sleep 0.05; done
-    kill -0 $pid 2>/dev/null || { echo "$bin did not start: $(tail -n 1 $dir/broker.log)"; exit 1; }
+    wait_ready $dir/broker.log $pid
     args="--namesrv 127.0.0.1:13476 --topic IQ --queues 8 --in-flight 64 --no-progress"
     [ "$t" -gt 1 ] && args="$args --topics $t"
     target/release/shardmq-bench producer $args --messages 1 2>&1 | grep -E "Created"

@@ -5,6 +5,7 @@
 # msgs/s per busy broker core can be read off.
 #   scripts/bench-local.sh [SECONDS] [SHARDS] [MESSAGE_SIZE] [IN_FLIGHT]
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 # A broker still running when the script ends (an error, a closed pipe) goes with it.
 trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
@@ -16,7 +17,7 @@ for flush in async sync; do
     target/release/shardmq serve --shards "$shards" --flush "$flush" --data-dir "$dir" \
         --namesrv-port 13876 --broker-port 13911 > "$dir/broker.log" 2>&1 &
     broker=$!
-    until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
+    wait_ready "$dir/broker.log" "$broker"
     cpu_before=$(awk '{print $14 + $15}' /proc/$broker/stat)
     started=$(date +%s.%N)
     target/release/shardmq-bench producer --namesrv 127.0.0.1:13876 --topic "Bench_$flush" \

@@ -15,6 +15,7 @@ set -uo pipefail
 # pulls timed by the bench). Needs
 # ~3x the image's used space free in /var/tmp, and vm.max_map_count above 65,530 for the fill.
 #   scripts/bench-power-loss.sh BINARY_A BINARY_B TOPICS [ROUNDS]
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 a=$1 b=$2 topics=$3 rounds=${4:-3}
 base=$(mktemp -d /var/tmp/shardmq-power.XXXXXX)
@@ -30,10 +31,7 @@ serve() {
     $1 serve --shards 2 --segment-size-mib 256 --data-dir $mnt/data --namesrv-port 14276 \
         --broker-port 14311 --listen-ip 127.0.0.1 > $mnt/broker.log 2>&1 &
     pid=$!
-    until grep -q "shardmq: ready" $mnt/broker.log; do
-        kill -0 $pid 2>/dev/null || { echo "the node exited:"; tail -5 $mnt/broker.log; exit 1; }
-        sleep 0.05
-    done
+    wait_ready $mnt/broker.log $pid
 }
 truncate -s ${IMAGE_GIB:-20}G $base/work.img
 mkfs.ext4 -q -F -J size=1024 $base/work.img || { echo "could not run: mkfs.ext4 failed"; exit 1; }

@@ -8,6 +8,7 @@
 # 1 KiB single sends at 64 in flight (`shardmq-bench producer --queues N`). Prints msgs/s, the
 # SYSTEM_BUSY answers, the consume-queue directory's disk use and the broker's RSS.
 set -uo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 a=$1; b=$2; shift 2
 counts=${*:-8 256 1024}
@@ -18,7 +19,7 @@ run() { # binary queues
     "$1" serve --shards 2 --segment-size-mib 64 --data-dir "$dir/data" \
         --namesrv-port 14676 --broker-port 14711 --listen-ip 127.0.0.1 >"$dir/broker.log" 2>&1 &
     pid=$!
-    until grep -q "shardmq: ready" "$dir/broker.log"; do sleep 0.1; done
+    wait_ready "$dir/broker.log" "$pid"
     "$BENCH" producer --namesrv 127.0.0.1:14676 --topic "BenchQ$2" --queues "$2" \
         --in-flight 64 --duration-secs 6 --no-progress >/dev/null 2>&1
     out=$("$BENCH" producer --namesrv 127.0.0.1:14676 --topic "BenchQ$2" --queues "$2" \

@@ -11,6 +11,7 @@ set -uo pipefail
 # same crash (the copy is taken before each start, page cache warm). Many queues need
 # vm.max_map_count above 65,530 (one map per written queue).
 #   scripts/bench-restart.sh BINARY_A BINARY_B TOPICS [ROUNDS]
+. "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 a=$1 b=$2 topics=$3 rounds=${4:-3}
 fill=${FILL:-20} stop=${STOP:-term}
@@ -20,10 +21,7 @@ serve() {
     $1 serve --shards 2 --segment-size-mib 256 --data-dir $dir/data --namesrv-port 15076 \
         --broker-port 15111 --listen-ip 127.0.0.1 > $dir/broker.log 2>&1 &
     pid=$!
-    until grep -q "shardmq: ready" $dir/broker.log; do
-        kill -0 $pid 2>/dev/null || { echo "the node exited:"; tail -5 $dir/broker.log; exit 1; }
-        sleep 0.05
-    done
+    wait_ready $dir/broker.log $pid
 }
 serve $a
 target/release/shardmq-bench producer --namesrv 127.0.0.1:15076 --topic BT --topics $topics \

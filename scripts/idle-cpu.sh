@@ -3,6 +3,7 @@
 # waits for it to be ready, and reads its user + system time from /proc over SECONDS (20).
 # Prints the share of one core. Usage: scripts/idle-cpu.sh [BINARY] [SECONDS]
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 binary=${1:-target/release/shardmq}
 seconds=${2:-20}
 shards=${SHARDS:-2}
@@ -13,8 +14,7 @@ log="$dir/out.log"
     --broker-port $(( port + 20 )) --segment-size-mib 64 ${EXTRA:-} >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 1 200); do grep -q "shardmq: ready" "$log" && break; sleep 0.1; done
-grep -q "shardmq: ready" "$log" || { echo "not ready"; cat "$log"; exit 1; }
+wait_ready "$log" "$pid" 20
 sleep 3   # start-up work (zero-fill of the first window) settles
 # Nanoseconds on a CPU, summed over every thread (schedstat's first field).
 cpu_ns() { cat /proc/$pid/task/*/schedstat | awk '{ sum += $1 } END { printf "%d", sum }'; }
