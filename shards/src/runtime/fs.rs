@@ -3,7 +3,7 @@
 //!
 //! - [`DirectFile`]: a file opened with O_DIRECT (commitlog segments, the DMA probe), read and
 //!   written through io_uring with block-aligned [`AlignedBuffer`]s; reads at any alignment
-//!   are widened by glommio and copied out.
+//!   are widened by glommio and copied out, aligned ones can be kept as read ([`DmaBytes`]).
 //! - [`write_small_file`], [`rename`], [`sync_dir`], [`fdatasync_path`]: buffered-file steps
 //!   the checkpoint and the consume-queue syncs take, through io_uring as well.
 //!
@@ -17,6 +17,17 @@ use std::rc::Rc;
 
 use glommio::io::{BufferedFile, Directory, DmaBuffer, DmaFile, OpenOptions};
 use glommio::GlommioError;
+
+/// Bytes a DMA read brought in, in the (aligned) buffer they were read into.
+pub struct DmaBytes(glommio::io::ReadResult);
+
+impl std::ops::Deref for DmaBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 /// A block-aligned buffer for O_DIRECT writes, registered with io_uring (glommio's DMA
 /// memory).
@@ -155,6 +166,20 @@ impl DirectFile {
         }
         out.copy_from_slice(&read);
         Ok(())
+    }
+
+    /// Reads exactly `len` bytes at the block-aligned `pos` and keeps them in the buffer the
+    /// kernel read them into: no zeroed buffer to read into and no copy out of it (the store's
+    /// read cache holds 1 MiB windows so). A short read is an error.
+    pub async fn read_exact_aligned(&self, pos: u64, len: usize) -> io::Result<DmaBytes> {
+        let read = self.0.read_at_aligned(pos, len).await.map_err(io_error)?;
+        if read.len() != len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read at {pos}: {} of {len} bytes", read.len()),
+            ));
+        }
+        Ok(DmaBytes(read))
     }
 
     /// Reads up to `len` bytes at the block-aligned `pos`; fewer at the end of the file.

@@ -26,6 +26,7 @@
 use std::rc::Rc;
 
 use super::consume_queue::Unit;
+use super::read_cache::WindowBytes;
 use super::record;
 use super::recovery::plausible_record_size;
 use super::{Inner, StoreError, RECORD_SIZE_MAX_BYTES};
@@ -111,7 +112,7 @@ fn plan(
     take_all: bool,
 ) -> Result<Plan, StoreError> {
     let min_physical = inner.log.borrow().min_physical_offset;
-    let mut queues = inner.queues.borrow_mut();
+    let queues = inner.queues.borrow();
     let (min, max) = match queues.get(request.topic, request.queue_id) {
         Some(queue) => (queue.min_offset(), queue.max_offset()),
         None => (0, 0),
@@ -148,36 +149,47 @@ fn plan(
     let max_messages = request.max_messages.clamp(1, PULL_BATCH_MAX_MESSAGES);
     let max_bytes = u64::from(request.max_bytes.min(PULL_BATCH_MAX_BYTES));
     let scan_end = max.min(offset + PULL_SCAN_MIN_UNITS.max(u64::from(max_messages)));
-    // Units are read first and the filter runs after the borrow ends, so a filter may call
-    // back into the store.
-    let mut scanned = Vec::with_capacity((scan_end - offset) as usize);
-    if let Some(queue) = queues.get_mut(request.topic, request.queue_id) {
-        for index in offset..scan_end {
-            scanned.push(queue.read_unit(index)?);
-        }
-    }
     drop(queues);
     let (mut units, mut indexes, mut bytes, mut saw_null) = (Vec::new(), Vec::new(), 0u64, false);
     let mut index = offset;
-    for unit in scanned {
-        let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
-        else {
-            saw_null = true;
-            index += 1;
-            continue;
-        };
-        let size = u64::from(unit.size_bytes);
-        let full =
-            !units.is_empty() && (units.len() as u32 >= max_messages || bytes + size > max_bytes);
-        if full && !take_all {
+    // Units are read a batch's worth at a time (a pull that filters nothing reads only the
+    // units it takes, not the whole scan window), each batch before the filter runs on it,
+    // with the queue table's borrow ended, so that a filter may call back into the store.
+    let mut scanned = Vec::with_capacity(max_messages as usize);
+    'scan: while index < scan_end {
+        if !take_all && units.len() as u32 >= max_messages {
             break;
         }
-        if filter(unit.tags_code) {
-            units.push(unit);
-            indexes.push(index);
-            bytes += size;
+        let batch_end = scan_end.min(index + u64::from(max_messages));
+        {
+            let mut queues = inner.queues.borrow_mut();
+            let Some(queue) = queues.get_mut(request.topic, request.queue_id) else {
+                break;
+            };
+            for at in index..batch_end {
+                scanned.push(queue.read_unit(at)?);
+            }
         }
-        index += 1;
+        for unit in scanned.drain(..) {
+            let Some(unit) = unit.filter(|u| u.size_bytes > 0 && u.physical_offset >= min_physical)
+            else {
+                saw_null = true;
+                index += 1;
+                continue;
+            };
+            let size = u64::from(unit.size_bytes);
+            let full = !units.is_empty()
+                && (units.len() as u32 >= max_messages || bytes + size > max_bytes);
+            if full && !take_all {
+                break 'scan;
+            }
+            if filter(unit.tags_code) {
+                units.push(unit);
+                indexes.push(index);
+                bytes += size;
+            }
+            index += 1;
+        }
     }
     let status = match (units.is_empty(), saw_null) {
         (false, _) => GetStatus::Found,
@@ -492,7 +504,7 @@ fn cacheable_window(inner: &Inner, at: u64) -> Option<(u64, u64)> {
 }
 
 /// The bytes of a window: from the cache, after the read under way, or read now.
-async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, StoreError> {
+async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
     use super::read_cache::Lookup;
     loop {
         let lookup = inner.read_cache.borrow_mut().lookup(window.0);
@@ -506,16 +518,45 @@ async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, 
 
 /// Reads a window its caller registered as its reader (`ReadCache::lookup`,
 /// `start_read_ahead`) and hands it to the cache, which wakes whoever waits for it.
-async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<Rc<Vec<u8>>, StoreError> {
+async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
     let generation = inner.read_cache.borrow().generation();
-    let read = read_range(inner, window.0, (window.1 - window.0) as usize).await;
-    let bytes = read.map(Rc::new);
+    let bytes = read_window_file(inner, window).await;
     let kept = bytes.as_ref().ok().cloned();
     inner
         .read_cache
         .borrow_mut()
         .finish(window.0, kept, generation);
     bytes
+}
+
+/// One DMA read of the window's bytes from its segment file, kept in the buffer they were
+/// read into (a window is block-aligned and wholly inside one segment, below the tail).
+async fn read_window_file(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
+    let (start, end) = window;
+    let (segment, file) = {
+        let log = inner.log.borrow();
+        if start < log.min_physical_offset || end > log.tail.base() {
+            return Err(StoreError::Corrupt {
+                offset: start,
+                reason: format!("window [{start}, {end}) is not durable commitlog"),
+            });
+        }
+        match log.segments.file_for(start) {
+            Some(found) => found,
+            None if log.closing => return Err(StoreError::Closed),
+            None => {
+                return Err(StoreError::Corrupt {
+                    offset: start,
+                    reason: "commitlog segment missing".into(),
+                })
+            }
+        }
+    };
+    debug_assert!(end <= segment + inner.config.segment_size_bytes);
+    let bytes = file
+        .read_exact_aligned(start - segment, (end - start) as usize)
+        .await?;
+    Ok(Rc::new(bytes))
 }
 
 /// Starts reading the `READ_AHEAD_WINDOWS` windows from `start` in the background, those that

@@ -331,6 +331,50 @@ fn segments_roll_and_read_back_after_reopen() {
     });
 }
 
+/// Pulls of cold records read the log through 1 MiB windows held as their DMA reads brought
+/// them in (read_cache.rs): records that straddle a window's end, interleaved across queues,
+/// come back whole and in order after a reopen, when nothing is in the in-memory tail.
+#[test]
+fn cold_pulls_read_records_that_straddle_windows_whole() {
+    const SEGMENT: u64 = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let count = 4_000u64;
+    let size = |i: u64| 700 + (i % 13) as usize * 61;
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let mut last = None;
+        for i in 0..count {
+            last = Some(append(&store, "Cold", (i % 4) as u32, i, size(i), "t"));
+        }
+        store.wait_durable(last.unwrap().end_offset).await.unwrap();
+        assert!(store.max_physical_offset() > shards::CommitLogOffset(3 << 20));
+        store.close().await.unwrap();
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        for q in 0..4u32 {
+            let bodies = pull_all(&store, "Cold", q, 0).await;
+            assert_eq!(bodies.len() as u64, count / 4, "queue {q}");
+            for (k, body) in bodies.iter().enumerate() {
+                let i = u64::from(q) + 4 * k as u64;
+                assert_eq!(body, &body_of(i, size(i)), "queue {q} offset {k}");
+            }
+        }
+        let stats = store.stats();
+        assert!(
+            stats.read_cache_misses > 0 && stats.read_cache_hits > 0,
+            "the pulls read through the windows: {} hits, {} misses",
+            stats.read_cache_hits,
+            stats.read_cache_misses
+        );
+        store.close().await.unwrap();
+    });
+}
+
 /// Segment files are created well ahead of the appends (creating one syncs the directory,
 /// which can wait seconds for the journal under load), hold no blocks until allocation
 /// reaches them, and the ones past the next are removed by the recovery of the next open.
