@@ -16,11 +16,24 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 wait_ready "$log" "$pid" 20
 sleep 3   # start-up work (zero-fill of the first window) settles
-# Nanoseconds on a CPU, summed over every thread (schedstat's first field).
-cpu_ns() { cat /proc/$pid/task/*/schedstat | awk '{ sum += $1 } END { printf "%d", sum }'; }
-wakeups() { cat /proc/$pid/task/*/status | awk '/^voluntary_ctxt_switches/ { sum += $2 } END { printf "%d", sum }'; }
-before=$(cpu_ns); woke_before=$(wakeups)
+# Per thread: its id, nanoseconds on a CPU (schedstat's first field), voluntary switches.
+threads() {
+    for task in /proc/$pid/task/*; do
+        printf '%s %s %s\n' "${task##*/}" "$(cut -d' ' -f1 "$task/schedstat" 2>/dev/null)" \
+            "$(awk '/^voluntary_ctxt_switches/ {print $2}' "$task/status" 2>/dev/null)"
+    done
+}
+threads > "$dir/before"
 sleep "$seconds"
-after=$(cpu_ns); woke_after=$(wakeups)
-awk -v b="$before" -v a="$after" -v s="$seconds" -v n="$shards" -v wb="$woke_before" -v wa="$woke_after" \
-    'BEGIN { printf "idle %d-shard node: %.3f%% of one core over %d s, %.1f wake-ups/s (all threads)\n", n, 100 * (a - b) / 1e9 / s, s, (wa - wb) / s }'
+threads > "$dir/after"
+# Summed over the threads alive at both ends (io_uring's workers come and go: a thread that
+# exits takes its counts with it); the threads that came or went are counted apart.
+awk -v s="$seconds" -v n="$shards" '
+    NR == FNR { cpu[$1] = $2; woke[$1] = $3; next }
+    $1 in cpu { c += $2 - cpu[$1]; w += $3 - woke[$1]; both++; delete cpu[$1]; next }
+    { came++ }
+    END {
+        for (t in cpu) went++
+        printf "idle %d-shard node: %.3f%% of one core over %d s, %.1f wake-ups/s (%d threads; %d came, %d went meanwhile, not counted)\n",
+            n, 100 * c / 1e9 / s, s, w / s, both, came, went
+    }' "$dir/before" "$dir/after"
