@@ -29,6 +29,17 @@ impl std::ops::Deref for DmaBytes {
     }
 }
 
+/// A read at `pos` that brought fewer than `len` bytes is an error.
+fn whole(read: &[u8], pos: u64, len: usize) -> io::Result<()> {
+    if read.len() == len {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("short read at {pos}: {} of {len} bytes", read.len()),
+    ))
+}
+
 /// A block-aligned buffer for O_DIRECT writes, registered with io_uring (glommio's DMA
 /// memory).
 pub struct AlignedBuffer(DmaBuffer);
@@ -158,12 +169,7 @@ impl DirectFile {
     /// Reads exactly `out.len()` bytes at `pos` (any alignment); a short read is an error.
     pub async fn read_exact_at(&self, pos: u64, out: &mut [u8]) -> io::Result<()> {
         let read = self.0.read_at(pos, out.len()).await.map_err(io_error)?;
-        if read.len() != out.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("short read at {pos}: {} of {} bytes", read.len(), out.len()),
-            ));
-        }
+        whole(&read, pos, out.len())?;
         out.copy_from_slice(&read);
         Ok(())
     }
@@ -173,12 +179,7 @@ impl DirectFile {
     /// read cache holds 1 MiB windows so). A short read is an error.
     pub async fn read_exact_aligned(&self, pos: u64, len: usize) -> io::Result<DmaBytes> {
         let read = self.0.read_at_aligned(pos, len).await.map_err(io_error)?;
-        if read.len() != len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("short read at {pos}: {} of {len} bytes", read.len()),
-            ));
-        }
+        whole(&read, pos, len)?;
         Ok(DmaBytes(read))
     }
 

@@ -29,7 +29,7 @@ use super::consume_queue::Unit;
 use super::read_cache::WindowBytes;
 use super::record;
 use super::recovery::plausible_record_size;
-use super::{Inner, StoreError, RECORD_SIZE_MAX_BYTES};
+use super::{Inner, LogState, StoreError, RECORD_SIZE_MAX_BYTES};
 use crate::runtime::fs::DirectFile;
 use crate::types::QueueOffset;
 
@@ -438,16 +438,7 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
         }
         let mut at = pos;
         while at < split {
-            let Some((segment, file)) = log.segments.file_for(at) else {
-                return Err(if log.closing {
-                    StoreError::Closed
-                } else {
-                    StoreError::Corrupt {
-                        offset: at,
-                        reason: "commitlog segment missing".into(),
-                    }
-                });
-            };
+            let (segment, file) = segment_file(&log, at)?;
             let stop = split.min(segment + inner.config.segment_size_bytes);
             pieces.push((segment, at, stop, file));
             at = stop;
@@ -459,6 +450,21 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
             .await?;
     }
     Ok(out)
+}
+
+/// The segment holding commitlog offset `at` (its start and file), for a read below the tail;
+/// a segment missing there is damage, unless the store is closing.
+fn segment_file(log: &LogState, at: u64) -> Result<(u64, Rc<DirectFile>), StoreError> {
+    log.segments.file_for(at).ok_or_else(|| {
+        if log.closing {
+            StoreError::Closed
+        } else {
+            StoreError::Corrupt {
+                offset: at,
+                reason: "commitlog segment missing".into(),
+            }
+        }
+    })
 }
 
 /// Appends commitlog bytes `[pos, pos + len)` to `out` as [`read_range`] reads them, but the
@@ -541,16 +547,7 @@ async fn read_window_file(inner: &Inner, window: (u64, u64)) -> Result<WindowByt
                 reason: format!("window [{start}, {end}) is not durable commitlog"),
             });
         }
-        match log.segments.file_for(start) {
-            Some(found) => found,
-            None if log.closing => return Err(StoreError::Closed),
-            None => {
-                return Err(StoreError::Corrupt {
-                    offset: start,
-                    reason: "commitlog segment missing".into(),
-                })
-            }
-        }
+        segment_file(&log, start)?
     };
     debug_assert!(end <= segment + inner.config.segment_size_bytes);
     let bytes = file
