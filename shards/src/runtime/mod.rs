@@ -35,9 +35,12 @@ pub mod workarounds;
 pub use glommio::net::TcpStream;
 pub use glommio::Task;
 
-/// Default memory glommio registers with io_uring per shard for its DMA buffers (glommio's
-/// own default); locked memory, so RLIMIT_MEMLOCK is checked against it at start.
-pub const IO_MEMORY_DEFAULT_BYTES_PER_SHARD: usize = 10 << 20;
+/// Default memory glommio registers with io_uring per shard for its DMA buffers; locked
+/// memory, so RLIMIT_MEMLOCK is checked against it at start. It holds the store's read-cache
+/// windows (16 of 1 MiB, `store::read_cache`) with room for the odd record read beside them:
+/// glommio's own 10 MiB held a few, and every other window was fresh heap memory to fault in
+/// and clear (docs/performance.md).
+pub const IO_MEMORY_DEFAULT_BYTES_PER_SHARD: usize = 24 << 20;
 /// Default io_uring ring depth per shard (each of glommio's three rings): enough for
 /// hundreds of requests in flight.
 pub const RING_DEPTH_DEFAULT_ENTRIES: usize = 512;

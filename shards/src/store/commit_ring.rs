@@ -34,8 +34,10 @@
 use std::any::Any;
 use std::io;
 use std::os::fd::RawFd;
+use std::ptr::NonNull;
 use std::rc::Rc;
 
+#[cfg(test)]
 use crate::runtime::fs::AlignedBuffer;
 use crate::runtime::wake::{self, WakeReceiver, Waker};
 use io_uring::{opcode, squeue, types, IoUring};
@@ -67,9 +69,49 @@ pub(crate) enum Slot {
     Sync = 2,
 }
 
+/// Block-aligned zeros that zero-fill writes again and again: a read-only anonymous map, whose
+/// pages are all the kernel's one zero page, so they take no memory of their own. Not glommio's
+/// DMA memory: this ring does not use glommio's registered buffers, and those are kept for the
+/// reads that do (the read cache's windows, `read_cache.rs`).
+pub(crate) struct Zeros {
+    start: NonNull<u8>,
+    len: usize,
+}
+
+impl Zeros {
+    /// `len` bytes of zeros (a positive multiple of the block size).
+    pub(crate) fn new(len: usize) -> io::Result<Rc<Zeros>> {
+        assert!(len > 0 && len.is_multiple_of(4096), "whole blocks of zeros");
+        // SAFETY: a new private anonymous map; no memory of ours is touched.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if start == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let start = NonNull::new(start.cast()).expect("mmap returns no null map");
+        Ok(Rc::new(Zeros { start, len }))
+    }
+}
+
+impl Drop for Zeros {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new` with this length; the last reference (and with it the last
+        // write from it) is gone.
+        unsafe { libc::munmap(self.start.as_ptr().cast(), self.len) };
+    }
+}
+
 /// One write of a chain: `position` of the file `fd` gets the pieces, in order. Each piece is
-/// memory kept alive by the chain until its last completion is reaped: part of a DMA buffer
-/// (zero-fill) or of a tail chunk (a flush of data, written straight from the tail).
+/// memory kept alive by the chain until its last completion is reaped: zeros (zero-fill) or a
+/// run of a tail chunk (a flush of data, written straight from the tail).
 pub(crate) struct ChainWrite {
     pub(crate) fd: RawFd,
     pub(crate) position: u64,
@@ -80,7 +122,7 @@ pub(crate) struct ChainWrite {
 }
 
 impl ChainWrite {
-    /// A write with no bytes yet (add them with `push_buffer` / `push_tail`).
+    /// A write with no bytes yet (add them with `push_zeros` / `push_tail`).
     pub(crate) fn new(fd: RawFd, position: u64) -> ChainWrite {
         ChainWrite {
             fd,
@@ -91,7 +133,14 @@ impl ChainWrite {
         }
     }
 
+    /// Adds `len` bytes of zeros.
+    pub(crate) fn push_zeros(&mut self, zeros: &Rc<Zeros>, len: usize) {
+        assert!(len <= zeros.len, "a write stays inside its zeros");
+        self.push(zeros.start.as_ptr(), len, zeros.clone());
+    }
+
     /// Adds the first `len` bytes of `buffer`.
+    #[cfg(test)]
     pub(crate) fn push_buffer(&mut self, buffer: Rc<AlignedBuffer>, len: usize) {
         assert!(len <= buffer.len(), "a write stays inside its buffer");
         self.push(buffer.as_ptr(), len, buffer);

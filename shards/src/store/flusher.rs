@@ -60,11 +60,11 @@ use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::runtime::fs::{AlignedBuffer, DirectFile};
+use crate::runtime::fs::DirectFile;
 use crate::runtime::wake::WakeReceiver;
 
 use super::checkpoint::{self, Checkpoint};
-use super::commit_ring::{ChainWrite, Slot, CHAIN_ENTRIES_MAX};
+use super::commit_ring::{ChainWrite, Slot, Zeros, CHAIN_ENTRIES_MAX};
 use super::error::{is_resource_error, is_space_error, os_error_with_context, Poison};
 use super::segments::{align_down, align_up, create_segment, BLOCK_BYTES};
 use super::space::{
@@ -223,8 +223,8 @@ pub(crate) struct FlushState {
     last_flush_at: Instant,
     /// Commitlog offset up to which segment space has been zero-filled ahead of writes.
     zero_fill_next: u64,
-    /// A zeroed `ZERO_FILL_CHUNK_BYTES` DMA buffer, written again and again by zero-fill.
-    zero_buffer: Option<Rc<AlignedBuffer>>,
+    /// `ZERO_FILL_CHUNK_BYTES` of zeros, written again and again by zero-fill.
+    zero_buffer: Option<Rc<Zeros>>,
     messages_at_last_flush: u64,
     pub(crate) fault: Option<InjectedFault>,
     /// Test hook: every flush of dirty data waits this long first, as a slow disk would.
@@ -1498,12 +1498,13 @@ async fn flush_to(inner: &Inner, durable: bool) -> bool {
     }
 }
 
-/// The zeroed chunk buffer (allocated once).
-fn zeros(flush: &mut FlushState, file: &DirectFile) -> Rc<AlignedBuffer> {
-    flush
-        .zero_buffer
-        .get_or_insert_with(|| Rc::new(file.alloc_buffer(ZERO_FILL_CHUNK_BYTES as usize)))
-        .clone()
+/// The zeros zero-fill writes (mapped once); None while they cannot be mapped (the process
+/// is out of maps: zero-fill waits, the writes go on without it).
+fn zeros(flush: &mut FlushState) -> Option<Rc<Zeros>> {
+    if flush.zero_buffer.is_none() {
+        flush.zero_buffer = Zeros::new(ZERO_FILL_CHUNK_BYTES as usize).ok();
+    }
+    flush.zero_buffer.clone()
 }
 
 /// A flush of data ended: everything below `end` is written.
@@ -1587,8 +1588,13 @@ async fn zero_fill_step(inner: &Inner) {
         .flush
         .data_in_flight
         .is_none_or(|chain| align_up(chain.end, BLOCK_BYTES) <= pos));
+    let Some(zeros) = zeros(&mut log.flush) else {
+        let retry_at = Instant::now() + Space::retry_delay(ALLOCATION_RETRY_MS);
+        log.flush.zero_fill_retry_at = Some(retry_at);
+        return;
+    };
     let mut write = ChainWrite::new(file.as_raw_fd(), pos - segment);
-    write.push_buffer(zeros(&mut log.flush, &file), (stop - pos) as usize);
+    write.push_zeros(&zeros, (stop - pos) as usize);
     let submitted = log.ring.submit(
         Slot::ZeroFill,
         vec![write],

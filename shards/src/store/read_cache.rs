@@ -11,8 +11,14 @@
 //! A window being read is read once: the pulls that need it meanwhile wait for that read.
 //! Reading a window also starts reading the next one (`READ_AHEAD_WINDOWS`, in a background
 //! task), so a consumer moving along the log finds it ready. More read ahead was slower here
-//! (4 windows: 9–16 s for a 4 GiB catch-up that 1 window reads in 3.2 s). Memory: at most
-//! `WINDOWS_MAX` windows.
+//! (4 windows: 9–16 s for a 4 GiB catch-up that 1 window reads in 3.2 s).
+//!
+//! Memory: at most `WINDOWS_MAX` windows, those cached and those being read together (a read
+//! that starts evicts the least recently used window first; a pull's read when every place
+//! is being read goes ahead, a read-ahead does not). Their buffers come from the memory each
+//! shard registers with io_uring (`runtime.io_memory_mib`, 24 MiB by default, which holds
+//! them) while it lasts, and from the heap past it: fresh pages to fault in and clear for every
+//! window read, a fifth of the broker's CPU under 16 lagging consumer groups (performance.md).
 //! Lookups of single records (by offset, by id, by time) do not use it.
 
 use std::collections::HashMap;
@@ -78,8 +84,26 @@ impl ReadCache {
             return Lookup::Reading(event.clone());
         }
         self.misses += 1;
+        self.make_room_for_a_read();
         self.reading.insert(start, Rc::default());
         Lookup::Missing
+    }
+
+    /// Evicts least recently used windows until one more read keeps the windows cached and
+    /// being read within `WINDOWS_MAX`; false when every place is being read.
+    fn make_room_for_a_read(&mut self) -> bool {
+        while self.windows.len() + self.reading.len() >= WINDOWS_MAX {
+            let oldest = self
+                .windows
+                .iter()
+                .min_by_key(|(_, (_, last_use))| *last_use)
+                .map(|(start, _)| *start);
+            match oldest {
+                Some(oldest) => self.windows.remove(&oldest),
+                None => return false,
+            };
+        }
+        true
     }
 
     /// Whether the window at `start` is cached or being read.
@@ -89,7 +113,7 @@ impl ReadCache {
 
     /// Registers a read-ahead of the window at `start` (false: already there or under way).
     pub(crate) fn start_read_ahead(&mut self, start: u64) -> bool {
-        if self.holds(start) {
+        if self.holds(start) || !self.make_room_for_a_read() {
             return false;
         }
         self.reading.insert(start, Rc::default());
@@ -173,6 +197,47 @@ mod tests {
         assert!(!cache.holds(0), "the least recently used window went");
         cache.forget_below(4 * WINDOW_BYTES);
         assert!(cache.windows.keys().all(|start| *start >= 4 * WINDOW_BYTES));
+    }
+
+    #[test]
+    fn windows_cached_and_being_read_stay_within_the_limit() {
+        let mut cache = ReadCache::default();
+        for i in 0..WINDOWS_MAX as u64 - 2 {
+            assert!(matches!(cache.lookup(i * WINDOW_BYTES), Lookup::Missing));
+            cache.finish(i * WINDOW_BYTES, Some(window(vec![0])), 0);
+        }
+        assert!(
+            matches!(cache.lookup(0), Lookup::Cached(_)),
+            "window 0 is used again"
+        );
+        let far = 100 * WINDOW_BYTES;
+        for i in 0..4 {
+            assert!(matches!(
+                cache.lookup(far + i * WINDOW_BYTES),
+                Lookup::Missing
+            ));
+            assert!(cache.windows.len() + cache.reading.len() <= WINDOWS_MAX);
+        }
+        assert!(cache.holds(0), "the window used last stays");
+        assert!(
+            !cache.holds(WINDOW_BYTES) && !cache.holds(2 * WINDOW_BYTES),
+            "reads that start evict the least recently used windows first"
+        );
+        let mut started = 4;
+        while cache.start_read_ahead(far + started * WINDOW_BYTES) {
+            started += 1;
+        }
+        assert!(cache.windows.is_empty(), "read-ahead evicts what is cached");
+        assert_eq!(
+            cache.reading.len(),
+            WINDOWS_MAX,
+            "and stops when every place is read"
+        );
+        assert!(
+            matches!(cache.lookup(2 * far), Lookup::Missing),
+            "a pull's read goes ahead even so"
+        );
+        assert_eq!(cache.reading.len(), WINDOWS_MAX + 1);
     }
 
     #[test]
