@@ -5,8 +5,12 @@
 //! route-replica waits are all woken this way, and an idle shard sleeps.
 //!
 //! Coalescing: a `Waker` sets `pending` before it writes and writes only when it was clear,
-//! so a burst of wake-ups costs one byte and one syscall; the receiver clears it before it
-//! drains the socket, so no wake-up is lost between the two.
+//! so a burst of wake-ups costs one byte and one syscall. The receiver clears it once its read
+//! returns, before its caller looks for work, and with a swap (a read-modify-write that
+//! acquires): a waker that found it still set and wrote nothing published its work before
+//! that, and the caller sees it. A plain release store there let the caller's first look run
+//! ahead of the clear (x86 holds a store in its buffer past later loads): that look could miss
+//! work whose waker still saw the flag set, and the wake-up was lost.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
@@ -119,7 +123,7 @@ impl WakeReceiver {
         match self.stream.read(&mut bytes).await {
             Ok(0) | Err(_) => Err(()),
             Ok(_) => {
-                self.pending.store(false, Ordering::Release);
+                self.clear_pending();
                 Ok(())
             }
         }
@@ -129,8 +133,13 @@ impl WakeReceiver {
     /// ring's kernel-sent bytes. Returns how many bytes were read.
     pub async fn read_some(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let read = self.stream.read(out).await?;
-        self.pending.store(false, Ordering::Release);
+        self.clear_pending();
         Ok(read)
+    }
+
+    /// After a read: wakers write again from here on (see the module's doc).
+    fn clear_pending(&self) {
+        self.pending.swap(false, Ordering::AcqRel);
     }
 }
 
