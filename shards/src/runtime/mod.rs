@@ -373,7 +373,10 @@ where
         .make()
         .expect("a glommio executor on this thread");
     let was = IN_EXECUTOR.with(|in_executor| in_executor.replace(true));
-    let output = executor.run(make());
+    let output = executor.run(async move {
+        spawn_detached(workarounds::tick());
+        make().await
+    });
     IN_EXECUTOR.with(|in_executor| in_executor.set(was));
     output
 }

@@ -8,6 +8,7 @@
 //! | the watchdog's nudge of a stalled shard | `runtime.watchdog_ms` = 0 | `nudges` |
 //! | a store open abandoned for want of progress, and tried again | `STORE_OPEN_STALL_MS` → `store_open_stall_ms` = 0 | `store_opens_abandoned` |
 //! | the DMA probe priming | — (a wrong device answer breaks every read) | — |
+//! | the heartbeat's timer in executors without a node (`run_local`) | — | — |
 //!
 //! **Watchdog.** Symptom: a shard slept through its own timers and new connections until
 //! something else woke it (a debugger attaching freed it). Seen: now and then at start-up on
@@ -20,6 +21,21 @@
 //! every `watchdog_ms` and signals only a shard whose heartbeat is overdue by more than
 //! `STALL_GRACE_MS`, counting each nudge. An idle shard sleeps; a stall is bounded by about a
 //! second instead of 5 ms, and the counter says whether stalls still happen.
+//!
+//! **A timer in executors without a node.** Symptom: a store's lib test hung now and then (one
+//! run in 100-200 with three test processes on two cores), its thread asleep in
+//! io_uring_enter on glommio's main ring, nothing else running. Seen with io_uring tracepoints
+//! (ftrace, the stress of a store's open, appends, two resets at once and close, 2-3 test
+//! processes, a hang every 1,000-2,000 rounds): a file operation that io_uring hands its worker
+//! thread (a STATX of a segment file being created) had been submitted, the worker was idle
+//! and no completion was in any ring; the thread slept until its next timer fired (30 s: the
+//! idle-maps pass), and the operation completed at once after that wake-up. A stall ended by
+//! SIGSTOP + SIGCONT as well; it happened with our commit ring set up with or without
+//! COOP_TASKRUN. Mechanism in the kernel not found; what releases it is any wake-up of the
+//! thread. A node's shards beat the heartbeat below (a timer each `HEARTBEAT_MS`), so there the
+//! stall lasts a second at most; `run_local` now runs the same timer (`tick`), so a test or a
+//! tool stalls a second at most instead of hanging until an unrelated timer. Cost: one
+//! wake-up a second of an idle executor.
 //!
 //! **Store open retry.** Symptom: opening a store at start never finished (a glommio file
 //! operation's completion was lost between its rings). A fresh attempt went through, and
@@ -150,6 +166,15 @@ impl Watchdog {
             self.beat(shard_id);
             super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
         }
+    }
+}
+
+/// The heartbeat's timer without a watchdog, for executors that run no node (`run_local`:
+/// tests and tools driving a store): the executor never sleeps longer than `HEARTBEAT_MS`, so
+/// a completion whose wake-up was lost waits that long at most (see the module doc).
+pub(crate) async fn tick() {
+    loop {
+        super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
     }
 }
 
