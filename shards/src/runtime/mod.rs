@@ -373,10 +373,16 @@ where
         .make()
         .expect("a glommio executor on this thread");
     let was = IN_EXECUTOR.with(|in_executor| in_executor.replace(true));
+    // Dropped after the executor returns or unwinds: the thread is no longer signalled.
+    let watch = workarounds::LocalWatch::start();
+    let heartbeat = watch.as_ref().map(workarounds::LocalWatch::heartbeat);
     let output = executor.run(async move {
-        spawn_detached(workarounds::tick());
+        if let Some(heartbeat) = heartbeat {
+            spawn_detached(heartbeat);
+        }
         make().await
     });
+    drop(watch);
     IN_EXECUTOR.with(|in_executor| in_executor.set(was));
     output
 }

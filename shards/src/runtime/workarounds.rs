@@ -8,7 +8,7 @@
 //! | the watchdog's nudge of a stalled shard | `runtime.watchdog_ms` = 0 | `nudges` |
 //! | a store open abandoned for want of progress, and tried again | `STORE_OPEN_STALL_MS` → `store_open_stall_ms` = 0 | `store_opens_abandoned` |
 //! | the DMA probe priming | — (a wrong device answer breaks every read) | — |
-//! | the heartbeat's timer in executors without a node (`run_local`) | — | — |
+//! | the watchdog of executors without a node (`run_local`) | — | `nudges` |
 //!
 //! **Watchdog.** Symptom: a shard slept through its own timers and new connections until
 //! something else woke it (a debugger attaching freed it). Seen: now and then at start-up on
@@ -32,10 +32,16 @@
 //! idle-maps pass), and the operation completed at once after that wake-up. A stall ended by
 //! SIGSTOP + SIGCONT as well; it happened with our commit ring set up with or without
 //! COOP_TASKRUN. Mechanism in the kernel not found; what releases it is any wake-up of the
-//! thread. A node's shards beat the heartbeat below (a timer each `HEARTBEAT_MS`), so there the
-//! stall lasts a second at most; `run_local` now runs the same timer (`tick`), so a test or a
-//! tool stalls a second at most instead of hanging until an unrelated timer. Cost: one
-//! wake-up a second of an idle executor.
+//! thread. A node's shards beat the heartbeat below (a timer each `HEARTBEAT_MS`) under the
+//! watchdog, so there the stall lasts a second or two at most. `run_local` executors (every
+//! store test, the tools) had neither. A timer alone (each second) bounded the stress's stalls
+//! (none in 7,108 rounds, where 2 of 30 s came in 2,100 without it), but the store's tests,
+//! run three at a time beside the test command, still stalled once: one test ran for over a
+//! minute while the two processes beside it ran all eleven in 18.5 s, and it ended within
+//! 3 s of SIGSTOP + SIGCONT: the watchdog's case above. So `run_local` executors now
+//! beat under a watchdog of their own (`LocalWatch`: one thread for the process, nudging an
+//! executor whose beat is overdue, as for shards). Cost: one wake-up a second of an idle
+//! executor, and the watchdog thread's four a second.
 //!
 //! **Store open retry.** Symptom: opening a store at start never finished (a glommio file
 //! operation's completion was lost between its rings). A fresh attempt went through, and
@@ -88,6 +94,21 @@ pub fn counters() -> &'static Counters {
 
 extern "C" fn on_nudge(_: libc::c_int) {}
 
+/// Installs the nudge signal's handler: one that does nothing, without SA_RESTART, so that an
+/// executor's io_uring_enter returns EINTR instead of being restarted.
+fn install_nudge_handler() -> io::Result<()> {
+    // SAFETY: installs a handler that does nothing.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_nudge as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The shards' heartbeats and thread ids, shared with the watchdog thread.
 #[derive(Clone)]
 pub(crate) struct Watchdog {
@@ -99,16 +120,7 @@ pub(crate) struct Watchdog {
 impl Watchdog {
     /// Installs the nudge signal's handler and, unless `interval_ms` is 0, starts the thread.
     pub(crate) fn start(shard_count: usize, interval_ms: u64) -> io::Result<Watchdog> {
-        // SAFETY: installs a handler that does nothing; without SA_RESTART, so that a
-        // shard's io_uring_enter returns EINTR instead of being restarted.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_nudge as *const () as libc::sighandler_t;
-            libc::sigemptyset(&mut action.sa_mask);
-            if libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        install_nudge_handler()?;
         let make = || {
             (0..shard_count)
                 .map(|_| AtomicU64::new(0))
@@ -169,12 +181,90 @@ impl Watchdog {
     }
 }
 
-/// The heartbeat's timer without a watchdog, for executors that run no node (`run_local`:
-/// tests and tools driving a store): the executor never sleeps longer than `HEARTBEAT_MS`, so
-/// a completion whose wake-up was lost waits that long at most (see the module doc).
-pub(crate) async fn tick() {
+/// The watchdog of executors that run no node (`run_local`: tests and tools driving a
+/// store): one thread for the process, started with the first, watching the threads that run
+/// such an executor now. Each beats like a shard; one whose beat is overdue is nudged.
+struct LocalWatchdog {
+    /// Per executor running now: its pthread id and its last beat. The watchdog signals under
+    /// this lock, and an executor leaves under it, so no thread is signalled after it left.
+    running: std::sync::Mutex<Vec<(u64, Arc<AtomicU64>)>>,
+}
+
+/// A `run_local` executor's place under the local watchdog; dropping it (the executor
+/// returned, or unwound) takes the thread out.
+pub(crate) struct LocalWatch {
+    beat: Arc<AtomicU64>,
+}
+
+impl LocalWatch {
+    /// The current thread, watched from now until the returned value is dropped; None when
+    /// the watchdog could not start (the executor then runs unwatched).
+    pub(crate) fn start() -> Option<LocalWatch> {
+        let watchdog = local_watchdog()?;
+        // SAFETY: pthread_self has no preconditions.
+        let id = unsafe { libc::pthread_self() } as u64;
+        let beat = Arc::new(AtomicU64::new(super::monotonic_ms().max(1)));
+        let mut running = watchdog.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.push((id, beat.clone()));
+        Some(LocalWatch { beat })
+    }
+
+    /// The executor's heartbeat task (it runs until the executor is dropped).
+    pub(crate) fn heartbeat(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let beat = self.beat.clone();
+        async move {
+            loop {
+                beat.store(super::monotonic_ms().max(1), Ordering::Relaxed);
+                super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+            }
+        }
+    }
+}
+
+impl Drop for LocalWatch {
+    fn drop(&mut self) {
+        if let Some(watchdog) = local_watchdog() {
+            let mut running = watchdog.running.lock().unwrap_or_else(|e| e.into_inner());
+            running.retain(|(_, beat)| !Arc::ptr_eq(beat, &self.beat));
+        }
+    }
+}
+
+fn local_watchdog() -> Option<&'static LocalWatchdog> {
+    static LOCAL: std::sync::OnceLock<Option<LocalWatchdog>> = std::sync::OnceLock::new();
+    LOCAL
+        .get_or_init(|| {
+            install_nudge_handler().ok()?;
+            std::thread::Builder::new()
+                .name("local-watchdog".into())
+                .spawn(|| watch_local(WATCHDOG_DEFAULT_MS))
+                .ok()?;
+            Some(LocalWatchdog {
+                running: std::sync::Mutex::new(Vec::new()),
+            })
+        })
+        .as_ref()
+}
+
+fn watch_local(interval_ms: u64) {
+    let overdue_ms = HEARTBEAT_MS + STALL_GRACE_MS;
     loop {
-        super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+        std::thread::sleep(Duration::from_millis(interval_ms));
+        let Some(watchdog) = local_watchdog() else {
+            return;
+        };
+        let now = super::monotonic_ms();
+        let running = watchdog.running.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, beat) in running.iter() {
+            if now.saturating_sub(beat.load(Ordering::Relaxed)) <= overdue_ms {
+                continue;
+            }
+            counters().nudges.fetch_add(1, Ordering::Relaxed);
+            beat.store(now, Ordering::Relaxed);
+            // SAFETY: the thread is in `running`, so it is inside `run_local` (it takes itself
+            // out under this lock before it leaves): alive.
+            unsafe { libc::pthread_kill(*id as libc::pthread_t, libc::SIGUSR1) };
+        }
     }
 }
 
