@@ -22,7 +22,7 @@
 //! `STALL_GRACE_MS`, counting each nudge. An idle shard sleeps; a stall is bounded by about a
 //! second instead of 5 ms, and the counter says whether stalls still happen.
 //!
-//! **A timer in executors without a node.** Symptom: a store's lib test hung now and then (one
+//! **Executors without a node.** Symptom: a store's lib test hung now and then (one
 //! run in 100-200 with three test processes on two cores), its thread asleep in
 //! io_uring_enter on glommio's main ring, nothing else running. Seen with io_uring tracepoints
 //! (ftrace, the stress of a store's open, appends, two resets at once and close, 2-3 test
@@ -31,9 +31,9 @@
 //! and no completion was in any ring; the thread slept until its next timer fired (30 s: the
 //! idle-maps pass), and the operation completed at once after that wake-up. A stall ended by
 //! SIGSTOP + SIGCONT as well; it happened with our commit ring set up with or without
-//! COOP_TASKRUN. Mechanism in the kernel not found; what releases it is any wake-up of the
-//! thread. A node's shards beat the heartbeat below (a timer each `HEARTBEAT_MS`) under the
-//! watchdog, so there the stall lasts a second or two at most. `run_local` executors (every
+//! COOP_TASKRUN. The mechanism (in the kernel or in glommio) is not found; what releases it
+//! is any wake-up of the thread. A node's shards beat the heartbeat below (a timer each
+//! `HEARTBEAT_MS`) under the watchdog, so there the stall lasts a second or two at most. `run_local` executors (every
 //! store test, the tools) had neither. A timer alone (each second) bounded the stress's stalls
 //! (none in 7,108 rounds, where 2 of 30 s came in 2,100 without it), but the store's tests,
 //! run three at a time beside the test command, still stalled once: one test ran for over a
@@ -140,22 +140,17 @@ impl Watchdog {
     }
 
     fn run(&self, interval_ms: u64) {
-        let overdue_ms = HEARTBEAT_MS + STALL_GRACE_MS;
         loop {
             std::thread::sleep(Duration::from_millis(interval_ms));
             let now = super::monotonic_ms();
-            for (shard, thread) in self.threads.iter().enumerate() {
+            for (thread, beat) in self.threads.iter().zip(self.beats.iter()) {
                 let id = thread.load(Ordering::Relaxed);
-                let beat = self.beats[shard].load(Ordering::Relaxed);
-                if id == 0 || beat == 0 || now.saturating_sub(beat) <= overdue_ms {
+                if id == 0 || beat.load(Ordering::Relaxed) == 0 {
                     continue;
                 }
-                counters().nudges.fetch_add(1, Ordering::Relaxed);
-                // The beat moves on so that a shard busy for long is nudged once a period.
-                self.beats[shard].store(now, Ordering::Relaxed);
                 // SAFETY: the id was registered by a live shard thread; shard threads live
                 // until the process exits.
-                unsafe { libc::pthread_kill(id as libc::pthread_t, libc::SIGUSR1) };
+                unsafe { nudge_if_overdue(id, beat, now) };
             }
         }
     }
@@ -169,7 +164,7 @@ impl Watchdog {
     }
 
     pub(crate) fn beat(&self, shard_id: ShardId) {
-        self.beats[shard_id.0].store(super::monotonic_ms().max(1), Ordering::Relaxed);
+        beat_now(&self.beats[shard_id.0]);
     }
 
     /// The shard's heartbeat task (see the module doc).
@@ -179,6 +174,27 @@ impl Watchdog {
             super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
         }
     }
+}
+
+/// A heartbeat: the monotonic ms now (never 0, which means "not beating yet").
+fn beat_now(beat: &AtomicU64) {
+    beat.store(super::monotonic_ms().max(1), Ordering::Relaxed);
+}
+
+/// Nudges the thread `id` when its `beat` is overdue at `now`, and counts it. The beat moves
+/// on, so that a thread busy for long is nudged once a period.
+///
+/// # Safety
+/// `id` is the pthread id of a thread that lives through the call.
+unsafe fn nudge_if_overdue(id: u64, beat: &AtomicU64, now: u64) {
+    let overdue_ms = HEARTBEAT_MS + STALL_GRACE_MS;
+    if now.saturating_sub(beat.load(Ordering::Relaxed)) <= overdue_ms {
+        return;
+    }
+    counters().nudges.fetch_add(1, Ordering::Relaxed);
+    beat.store(now, Ordering::Relaxed);
+    // SAFETY: the caller's promise.
+    unsafe { libc::pthread_kill(id as libc::pthread_t, libc::SIGUSR1) };
 }
 
 /// The watchdog of executors that run no node (`run_local`: tests and tools driving a
@@ -203,7 +219,8 @@ impl LocalWatch {
         let watchdog = local_watchdog()?;
         // SAFETY: pthread_self has no preconditions.
         let id = unsafe { libc::pthread_self() } as u64;
-        let beat = Arc::new(AtomicU64::new(super::monotonic_ms().max(1)));
+        let beat = Arc::new(AtomicU64::new(0));
+        beat_now(&beat);
         let mut running = watchdog.running.lock().unwrap_or_else(|e| e.into_inner());
         running.push((id, beat.clone()));
         Some(LocalWatch { beat })
@@ -214,7 +231,7 @@ impl LocalWatch {
         let beat = self.beat.clone();
         async move {
             loop {
-                beat.store(super::monotonic_ms().max(1), Ordering::Relaxed);
+                beat_now(&beat);
                 super::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
             }
         }
@@ -247,7 +264,6 @@ fn local_watchdog() -> Option<&'static LocalWatchdog> {
 }
 
 fn watch_local(interval_ms: u64) {
-    let overdue_ms = HEARTBEAT_MS + STALL_GRACE_MS;
     loop {
         std::thread::sleep(Duration::from_millis(interval_ms));
         let Some(watchdog) = local_watchdog() else {
@@ -256,14 +272,9 @@ fn watch_local(interval_ms: u64) {
         let now = super::monotonic_ms();
         let running = watchdog.running.lock().unwrap_or_else(|e| e.into_inner());
         for (id, beat) in running.iter() {
-            if now.saturating_sub(beat.load(Ordering::Relaxed)) <= overdue_ms {
-                continue;
-            }
-            counters().nudges.fetch_add(1, Ordering::Relaxed);
-            beat.store(now, Ordering::Relaxed);
             // SAFETY: the thread is in `running`, so it is inside `run_local` (it takes itself
             // out under this lock before it leaves): alive.
-            unsafe { libc::pthread_kill(*id as libc::pthread_t, libc::SIGUSR1) };
+            unsafe { nudge_if_overdue(*id, beat, now) };
         }
     }
 }
