@@ -421,7 +421,21 @@ fn follows(previous: &Unit, next: &Unit) -> bool {
 /// Copies commitlog bytes `[pos, pos + len)`: the part in the tail from memory, the part
 /// below it (durable) with DMA reads.
 pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Vec<u8>, StoreError> {
-    let mut out = vec![0u8; len];
+    let mut out = Vec::with_capacity(len);
+    read_range_into(inner, pos, len, &mut out).await?;
+    Ok(out)
+}
+
+/// Appends commitlog bytes `[pos, pos + len)` to `out` as [`read_range`] reads them: the
+/// tail's part straight from its chunks (no zeroed buffer in between, no second copy). On an
+/// error `out` is as it was.
+async fn read_range_into(
+    inner: &Inner,
+    pos: u64,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    let start = out.len();
     let end = pos + len as u64;
     let mut pieces: Vec<(u64, u64, u64, Rc<DirectFile>)> = Vec::new();
     {
@@ -433,9 +447,6 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
             });
         }
         let split = log.tail.base().clamp(pos, end);
-        if split < end {
-            log.tail.copy_out(split, &mut out[(split - pos) as usize..]);
-        }
         let mut at = pos;
         while at < split {
             let (segment, file) = segment_file(&log, at)?;
@@ -443,13 +454,21 @@ pub(crate) async fn read_range(inner: &Inner, pos: u64, len: usize) -> Result<Ve
             pieces.push((segment, at, stop, file));
             at = stop;
         }
+        // The durable part is read into zeros below; the tail's part is copied now, while
+        // the tail still holds it.
+        out.resize(start + (split - pos) as usize, 0);
+        if split < end {
+            log.tail.append_range(split, (end - split) as usize, out);
+        }
     }
     for (segment, at, stop, file) in pieces {
-        let out_range = (at - pos) as usize..(stop - pos) as usize;
-        file.read_exact_at(at - segment, &mut out[out_range])
-            .await?;
+        let out_range = start + (at - pos) as usize..start + (stop - pos) as usize;
+        if let Err(error) = file.read_exact_at(at - segment, &mut out[out_range]).await {
+            out.truncate(start);
+            return Err(error.into());
+        }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The segment holding commitlog offset `at` (its start and file), for a read below the tail;
@@ -483,8 +502,7 @@ async fn read_range_windowed(
             Some(window) => window,
             // In (or next to) the tail: read as it is.
             None => {
-                out.extend_from_slice(&read_range(inner, at, (end - at) as usize).await?);
-                return Ok(());
+                return read_range_into(inner, at, (end - at) as usize, out).await;
             }
         };
         read_ahead(inner, window.1);

@@ -195,26 +195,23 @@ impl Tail {
         )
     }
 
-    /// Copies `[offset, offset + dst.len())` into `dst`. Bytes past `end` within the last
-    /// chunk read as zeros; the range must lie within the chunks held.
-    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) {
+    /// Appends the bytes of `[offset, offset + len)` to `out`, straight from the chunks. Bytes
+    /// past `end` within the last chunk read as zeros; the range must lie within the chunks
+    /// held.
+    pub(crate) fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) {
         assert!(offset >= self.base, "tail read below its base");
         let held_end = self.base + self.chunks.len() as u64 * TAIL_CHUNK_BYTES;
-        assert!(
-            offset + dst.len() as u64 <= held_end,
-            "tail read past its chunks"
-        );
-        let held = self.end.saturating_sub(offset).min(dst.len() as u64) as usize;
-        let (written, past_end) = dst.split_at_mut(held);
-        past_end.fill(0);
+        assert!(offset + len as u64 <= held_end, "tail read past its chunks");
+        let held = self.end.saturating_sub(offset).min(len as u64) as usize;
+        out.reserve(len);
         let mut done = 0;
-        while done < written.len() {
+        while done < held {
             let (index, within) = self.locate(offset + done as u64);
-            let room = (TAIL_CHUNK_BYTES as usize - within).min(written.len() - done);
-            written[done..done + room]
-                .copy_from_slice(&self.chunks[index].bytes()[within..within + room]);
+            let room = (TAIL_CHUNK_BYTES as usize - within).min(held - done);
+            out.extend_from_slice(&self.chunks[index].bytes()[within..within + room]);
             done += room;
         }
+        out.resize(out.len() + (len - held), 0);
     }
 
     /// What a flush of `[start, align_up(end))` writes, chunk by chunk (`start` block-aligned,
@@ -267,24 +264,18 @@ mod tests {
         let big = vec![9u8; TAIL_CHUNK_BYTES as usize + 10];
         tail.push(&big);
         assert_eq!(tail.end(), 2 * TAIL_CHUNK_BYTES + 13);
-        let mut out = [0u8; 6];
-        tail.copy_out(TAIL_CHUNK_BYTES + 1, &mut out);
-        assert_eq!(out, [2, 3, 9, 9, 9, 9]);
+        assert_eq!(read(&tail, TAIL_CHUNK_BYTES + 1, 6), [2, 3, 9, 9, 9, 9]);
         tail.push_zeros(5);
-        tail.copy_out(tail.end() - 7, &mut out);
-        assert_eq!(out, [9, 9, 0, 0, 0, 0]);
+        assert_eq!(read(&tail, tail.end() - 7, 6), [9, 9, 0, 0, 0, 0]);
         tail.drop_before(2 * TAIL_CHUNK_BYTES + 1);
         assert_eq!(tail.base(), 2 * TAIL_CHUNK_BYTES);
         let mut scratch = Vec::new();
         tail.push_with(3, &mut scratch, |out| out.copy_from_slice(&[7, 8, 9]));
-        tail.copy_out(tail.end() - 4, &mut out[..4]);
-        assert_eq!(out[..4], [0, 7, 8, 9]);
+        assert_eq!(read(&tail, tail.end() - 4, 4), [0, 7, 8, 9]);
         let across = TAIL_CHUNK_BYTES as usize - (tail.end() % TAIL_CHUNK_BYTES) as usize + 2;
         tail.push_with(across, &mut scratch, |out| out.fill(5));
-        let mut two = [0u8; 4];
-        tail.copy_out(tail.end() - 3, &mut two[..3]);
         assert_eq!(
-            two[..3],
+            read(&tail, tail.end() - 3, 3),
             [5, 5, 5],
             "a record across chunks goes through the scratch"
         );
@@ -296,9 +287,13 @@ mod tests {
         let next_chunk = (tail.end() / TAIL_CHUNK_BYTES + 1) * TAIL_CHUNK_BYTES;
         tail.push_zeros(next_chunk - tail.end() + 3);
         tail.push(&[1]);
-        let mut after = [9u8; 8];
-        tail.copy_out(tail.end() - 4, &mut after);
-        assert_eq!(after, [0, 0, 0, 1, 0, 0, 0, 0], "{filled_end}");
+        let mut after = vec![9u8; 2];
+        tail.append_range(tail.end() - 4, 8, &mut after);
+        assert_eq!(
+            after,
+            [9, 9, 0, 0, 0, 1, 0, 0, 0, 0],
+            "appended after what `out` held; {filled_end}"
+        );
     }
 
     #[test]
@@ -326,8 +321,7 @@ mod tests {
                 0
             );
             assert!(piece.offset + piece.len <= TAIL_CHUNK_BYTES as usize);
-            let mut expected = vec![0u8; piece.len];
-            tail.copy_out(pos, &mut expected);
+            let expected = read(&tail, pos, piece.len);
             assert_eq!(
                 &piece.chunk.bytes()[piece.offset..piece.offset + piece.len],
                 &expected[..],
@@ -349,6 +343,12 @@ mod tests {
             "the held chunk is not reused"
         );
         assert_eq!(Rc::strong_count(&held), 1, "the tail let go of it");
+    }
+
+    fn read(tail: &Tail, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        tail.append_range(offset, len, &mut out);
+        out
     }
 
     fn align(offset: u64) -> u64 {
