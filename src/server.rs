@@ -5,8 +5,10 @@
 //! (most requests) or spawns a task that answers later (a SYNC_FLUSH send waiting for its
 //! group commit, a long-polling pull). Answers are appended to the connection's output buffer
 //! and the write task sends whatever has accumulated in one write, so pipelined requests get
-//! batched responses. A frame that cannot be decoded closes that one connection, logged; a
-//! full output buffer pauses reading (backpressure) instead of growing without bound.
+//! batched responses. A large body (a pull's records) stays in its own buffer and is written
+//! from there, gathered with the frames around it (`Output`), rather than copied in. A frame
+//! that cannot be decoded closes that one connection, logged; a full output buffer pauses
+//! reading (backpressure) instead of growing without bound.
 //!
 //! Pending output of one connection is bounded: the bytes waiting in its buffer, plus the
 //! bytes being written, plus the room promised to answers being prepared
@@ -77,7 +79,7 @@ pub struct Connection {
     pub id: u64,
     pub peer: SocketAddr,
     pub local: SocketAddr,
-    output: RefCell<Vec<u8>>,
+    output: RefCell<Output>,
     output_ready: Signal,
     output_drained: Signal,
     closed: Cell<bool>,
@@ -201,7 +203,7 @@ impl Connection {
             peer,
             local,
             // Grows with the first answer: an idle connection holds no output buffer.
-            output: RefCell::new(Vec::new()),
+            output: RefCell::new(Output::default()),
             output_ready: Signal::default(),
             output_drained: Signal::default(),
             closed: Cell::new(false),
@@ -231,7 +233,7 @@ impl Connection {
     /// Everything answered on this connection since the last call (the harness reads its
     /// frames from it; a served connection's writer task drains it instead).
     pub fn take_output(&self) -> Vec<u8> {
-        std::mem::take(&mut self.output.borrow_mut())
+        std::mem::take(&mut *self.output.borrow_mut()).into_bytes()
     }
 
     /// Stops reading this connection's requests until `until` resolves (the frames already
@@ -306,7 +308,7 @@ impl Connection {
     /// (output waiting: buffered, being written or promised; memory its buffers hold: the
     /// output buffer's room, the bytes being written, the read buffer's room).
     pub fn buffered_bytes(&self) -> (usize, usize) {
-        let memory = self.output.borrow().capacity()
+        let memory = self.output.borrow().held_bytes()
             + self.writing_bytes.get()
             + self.read_buffer_bytes.get();
         (self.pending_output_bytes(), memory)
@@ -366,9 +368,25 @@ impl Connection {
             return;
         }
         let mut output = self.output.borrow_mut();
-        let start = output.len();
-        write(&mut output);
-        self.time_answers(&output[start..], answered);
+        let start = output.bytes.len();
+        write(&mut output.bytes);
+        self.time_answers(&output.bytes[start..], answered);
+        drop(output);
+        self.output_ready.notify();
+    }
+
+    /// Writes one frame whose body is `body`: `head` writes the frame up to the body, given
+    /// the body's length (the header closed with `FrameEncoder::finish_header`). A large
+    /// body is written from its own buffer, not copied into the output (`Output`).
+    pub fn send_with_body(&self, head: impl FnOnce(&mut Vec<u8>, usize), body: Vec<u8>) {
+        if self.closed.get() {
+            return;
+        }
+        let mut output = self.output.borrow_mut();
+        let start = output.bytes.len();
+        head(&mut output.bytes, body.len());
+        self.time_answers(&output.bytes[start..], std::time::Instant::now());
+        output.push_body(body);
         drop(output);
         self.output_ready.notify();
     }
@@ -459,6 +477,77 @@ impl Connection {
 
     fn output_len(&self) -> usize {
         self.output.borrow().len()
+    }
+}
+
+/// Bodies shorter than this are copied into the output's buffer: an own buffer saves the copy
+/// but costs a piece of its own in the send.
+const OWN_BUFFER_BODY_MIN_BYTES: usize = 16 << 10;
+
+/// A connection's answers waiting to be written: frames encoded into one buffer, and large
+/// bodies in their own (each one's place in the stream marked by where the buffer stood when
+/// it came). The writer sends them in order in one gathering write. Copying each pull's
+/// records into the buffer was a second copy of every byte served (the kernel's into the
+/// socket being the other), a tenth of a shard's CPU under lagging consumer groups.
+#[derive(Default)]
+struct Output {
+    bytes: Vec<u8>,
+    /// Bodies and the length `bytes` had when each came, in order.
+    bodies: Vec<(usize, Vec<u8>)>,
+    /// Bytes of `bodies`.
+    body_bytes: usize,
+}
+
+impl Output {
+    fn len(&self) -> usize {
+        self.bytes.len() + self.body_bytes
+    }
+
+    /// Memory the output holds (the buffer's room, the bodies' buffers).
+    fn held_bytes(&self) -> usize {
+        let bodies: usize = self.bodies.iter().map(|(_, body)| body.capacity()).sum();
+        self.bytes.capacity() + bodies
+    }
+
+    fn push_body(&mut self, body: Vec<u8>) {
+        if body.len() < OWN_BUFFER_BODY_MIN_BYTES {
+            self.bytes.extend_from_slice(&body);
+            shards::buffers::give_back(body);
+            return;
+        }
+        self.body_bytes += body.len();
+        self.bodies.push((self.bytes.len(), body));
+    }
+
+    /// The output in stream order, as pieces of the buffer and the bodies between them.
+    fn pieces(&self) -> Vec<&[u8]> {
+        let mut pieces = Vec::with_capacity(2 * self.bodies.len() + 1);
+        let mut at = 0;
+        for (before, body) in &self.bodies {
+            pieces.push(&self.bytes[at..*before]);
+            pieces.push(&body[..]);
+            at = *before;
+        }
+        pieces.push(&self.bytes[at..]);
+        pieces
+    }
+
+    /// Empties the output, keeping the buffer's room; the bodies' buffers go back to the
+    /// shard's spares (`shards::buffers`).
+    fn clear(&mut self) {
+        self.bytes.clear();
+        for (_, body) in self.bodies.drain(..) {
+            shards::buffers::give_back(body);
+        }
+        self.body_bytes = 0;
+    }
+
+    /// The output as one run of bytes.
+    fn into_bytes(self) -> Vec<u8> {
+        if self.bodies.is_empty() {
+            return self.bytes;
+        }
+        self.pieces().concat()
     }
 }
 
@@ -572,12 +661,13 @@ thread_local! {
 }
 
 /// Over the connections this shard serves: (bytes of output waiting, bytes their buffers
-/// hold); see `Connection::buffered_bytes`.
+/// hold, with the shard's spare body buffers); see `Connection::buffered_bytes`.
 pub fn connection_buffers() -> (u64, u64) {
+    let spare = shards::buffers::spare_bytes() as u64;
     LIVE.with(|live| {
         let live = live.borrow();
         let each = live.values().filter_map(std::rc::Weak::upgrade);
-        each.fold((0, 0), |(waiting, memory), connection| {
+        each.fold((0, spare), |(waiting, memory), connection| {
             let (w, m) = connection.buffered_bytes();
             (waiting + w as u64, memory + m as u64)
         })
@@ -1034,7 +1124,7 @@ async fn write_loop(
     session: Option<Rc<TlsSession>>,
 ) {
     let limits = connection.limits;
-    let mut spare: Vec<u8> = Vec::new();
+    let mut spare = Output::default();
     loop {
         let tls_pending = session
             .as_ref()
@@ -1052,16 +1142,18 @@ async fn write_loop(
             use std::io::Write;
             let mut conn = session.conn.borrow_mut();
             // Neither can fail: rustls buffers without a limit here and writes into a Vec.
-            let _ = conn.writer().write_all(&spare);
+            for piece in spare.pieces() {
+                let _ = conn.writer().write_all(piece);
+            }
             spare.clear();
-            while conn.wants_write() && conn.write_tls(&mut spare).is_ok() {}
+            while conn.wants_write() && conn.write_tls(&mut spare.bytes).is_ok() {}
         }
         connection.writing_bytes.set(spare.len());
-        let result = writer.write_all(&spare).await;
+        let result = writer.write_all_vectored(&spare.pieces()).await;
         connection.writing_bytes.set(0);
         spare.clear();
-        if spare.capacity() > 4 * limits.output_pause_bytes {
-            spare.shrink_to(limits.read_chunk_bytes);
+        if spare.bytes.capacity() > 4 * limits.output_pause_bytes {
+            spare.bytes.shrink_to(limits.read_chunk_bytes);
         }
         connection.output_drained.notify();
         connection.room_freed();
@@ -1073,5 +1165,47 @@ async fn write_loop(
             connection.room_freed();
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_writes_large_bodies_from_their_own_buffers_in_stream_order() {
+        let mut output = Output::default();
+        output.bytes.extend_from_slice(b"head1|");
+        let large = vec![b'L'; OWN_BUFFER_BODY_MIN_BYTES];
+        let large_address = large.as_ptr();
+        output.push_body(large);
+        output.bytes.extend_from_slice(b"head2|");
+        output.push_body(b"small".to_vec());
+        output.bytes.extend_from_slice(b"head3|");
+        output.push_body(vec![b'M'; OWN_BUFFER_BODY_MIN_BYTES + 1]);
+        let expected = [
+            &b"head1|"[..],
+            &[b'L'; OWN_BUFFER_BODY_MIN_BYTES],
+            b"head2|small",
+            b"head3|",
+            &[b'M'; OWN_BUFFER_BODY_MIN_BYTES + 1],
+        ]
+        .concat();
+        assert_eq!(output.len(), expected.len());
+        let pieces = output.pieces();
+        assert_eq!(pieces.len(), 5, "a small body is copied into the buffer");
+        assert_eq!(pieces[1].as_ptr(), large_address, "a large one is not");
+        assert!(pieces[4].is_empty(), "nothing after the last body");
+        assert_eq!(pieces.concat(), expected);
+        output.clear();
+        assert_eq!(output.len(), 0);
+        assert!(output.pieces().concat().is_empty());
+        assert!(
+            shards::buffers::spare_bytes() >= 2 * OWN_BUFFER_BODY_MIN_BYTES,
+            "the bodies' buffers went back to the spares"
+        );
+        output.bytes.extend_from_slice(b"next");
+        output.push_body(shards::buffers::take(OWN_BUFFER_BODY_MIN_BYTES));
+        assert_eq!(output.into_bytes(), b"next");
     }
 }

@@ -4,6 +4,7 @@
 //! (commitlog, consume queues) and the per-shard long-poll wheel (pure bookkeeping, driven by
 //! the shard's ticking task).
 
+pub mod buffers;
 pub mod histogram;
 pub mod limits;
 pub mod long_poll;

@@ -226,7 +226,7 @@ impl RefusedSends {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShardMemory {
     pub store: shards::store::StoreMemory,
-    /// Connections' read and output buffers.
+    /// Connections' read and output buffers, and the shard's spare pull-body buffers.
     pub connection_buffers: u64,
 }
 

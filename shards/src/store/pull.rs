@@ -203,7 +203,9 @@ fn plan(
         max_offset: QueueOffset(max),
         message_count: units.len() as u32,
         // With every candidate taken, the properties stage decides what the body holds.
-        body: Vec::with_capacity(if take_all { 0 } else { bytes as usize }),
+        // From the shard's spares: the body is written to the client from this buffer, which
+        // comes back once it has been (`buffers`).
+        body: crate::buffers::take(if take_all { 0 } else { bytes as usize }),
     };
     Ok(Plan {
         result,

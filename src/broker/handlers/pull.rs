@@ -368,22 +368,25 @@ impl Broker {
             );
         }
         let suggest = self.suggest_broker_id(&found);
-        connection.send_with(|out| {
-            let mut frame = FrameEncoder::response(out, code, pull.opaque);
-            frame
-                .remark(status_name(found.status))
-                .ext_i64("suggestWhichBrokerId", suggest)
-                .ext_i64("nextBeginOffset", found.next_begin_offset.0 as i64)
-                .ext_i64("minOffset", found.min_offset.0 as i64)
-                .ext_i64("maxOffset", found.max_offset.0 as i64)
-                .ext_i64("topicSysFlag", 0)
-                .ext_i64("groupSysFlag", 0);
-            let body: &[u8] = if code == response_code::SUCCESS {
-                &found.body
-            } else {
-                &[]
-            };
-            frame.finish(body);
-        });
+        let body = if code == response_code::SUCCESS {
+            found.body
+        } else {
+            Vec::new()
+        };
+        connection.send_with_body(
+            |out, body_bytes| {
+                let mut frame = FrameEncoder::response(out, code, pull.opaque);
+                frame
+                    .remark(status_name(found.status))
+                    .ext_i64("suggestWhichBrokerId", suggest)
+                    .ext_i64("nextBeginOffset", found.next_begin_offset.0 as i64)
+                    .ext_i64("minOffset", found.min_offset.0 as i64)
+                    .ext_i64("maxOffset", found.max_offset.0 as i64)
+                    .ext_i64("topicSysFlag", 0)
+                    .ext_i64("groupSysFlag", 0);
+                frame.finish_header(body_bytes);
+            },
+            body,
+        );
     }
 }
