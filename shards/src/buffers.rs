@@ -8,13 +8,19 @@
 //! groups, more than the copy the own buffers saved. Kept here, the last buffer given back is
 //! the next one taken, its pages still mapped and likely still in cache.
 //!
-//! Bounded: at most `SPARE_BYTES_MAX` of buffers a shard, none larger than
-//! `SPARE_BUFFER_MAX_BYTES` (a rare large body goes back to the allocator).
+//! Bounded: at most `SPARE_BUFFERS_MAX` buffers and `SPARE_BYTES_MAX` bytes of them a shard,
+//! none larger than `SPARE_BUFFER_MAX_BYTES` (a rare large body goes back to the allocator).
+//! A buffer given back to a full list makes room by dropping the longest unused ones, so the
+//! list follows the load: small bodies kept through a quiet day do not stand in the way of
+//! the large ones of a catch-up.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 
 /// Bytes of spare buffers a shard keeps at most.
 pub const SPARE_BYTES_MAX: usize = 8 << 20;
+/// Spare buffers a shard keeps at most.
+pub const SPARE_BUFFERS_MAX: usize = 64;
 /// Largest buffer kept: a pull of 32 messages of 32 KiB.
 pub const SPARE_BUFFER_MAX_BYTES: usize = 1 << 20;
 /// Spare buffers looked at for one that is large enough.
@@ -22,7 +28,8 @@ const SEARCH_MAX: usize = 8;
 
 #[derive(Default)]
 struct Spares {
-    buffers: Vec<Vec<u8>>,
+    /// Oldest given back first.
+    buffers: VecDeque<Vec<u8>>,
     /// Capacity of `buffers`.
     bytes: usize,
 }
@@ -43,15 +50,15 @@ pub fn take(capacity: usize) -> Vec<u8> {
         let found = (count.saturating_sub(SEARCH_MAX)..count)
             .rev()
             .find(|&i| spares.buffers[i].capacity() >= capacity)?;
-        let buffer = spares.buffers.swap_remove(found);
+        let buffer = spares.buffers.remove(found)?;
         spares.bytes -= buffer.capacity();
         Some(buffer)
     });
     spare.unwrap_or_else(|| Vec::with_capacity(capacity))
 }
 
-/// Gives a buffer back for a later `take` (emptied); dropped when it is too large or the
-/// shard already keeps `SPARE_BYTES_MAX`.
+/// Gives a buffer back for a later `take` (emptied): dropped when it is too large; else kept,
+/// the longest unused spares dropped as the bounds require.
 pub fn give_back(mut buffer: Vec<u8>) {
     let capacity = buffer.capacity();
     if capacity == 0 || capacity > SPARE_BUFFER_MAX_BYTES {
@@ -60,10 +67,15 @@ pub fn give_back(mut buffer: Vec<u8>) {
     buffer.clear();
     SPARES.with(|spares| {
         let mut spares = spares.borrow_mut();
-        if spares.bytes + capacity <= SPARE_BYTES_MAX {
-            spares.bytes += capacity;
-            spares.buffers.push(buffer);
+        while spares.buffers.len() >= SPARE_BUFFERS_MAX || spares.bytes + capacity > SPARE_BYTES_MAX
+        {
+            let Some(oldest) = spares.buffers.pop_front() else {
+                break;
+            };
+            spares.bytes -= oldest.capacity();
         }
+        spares.bytes += capacity;
+        spares.buffers.push_back(buffer);
     });
 }
 
@@ -92,10 +104,27 @@ mod tests {
         assert_eq!(spare_bytes(), 4096, "and stays");
         give_back(vec![0u8; SPARE_BUFFER_MAX_BYTES + 1]);
         assert_eq!(spare_bytes(), 4096, "too large to keep");
+        drop(larger);
+    }
+
+    #[test]
+    fn a_full_list_makes_room_by_dropping_the_longest_unused_spares() {
+        // A quiet time's small bodies fill the list...
+        for _ in 0..2 * SPARE_BUFFERS_MAX {
+            give_back(Vec::with_capacity(4096));
+        }
+        assert_eq!(spare_bytes(), SPARE_BUFFERS_MAX * 4096);
+        // ...and a catch-up's large ones still find room, and are found again.
         for _ in 0..2 * SPARE_BYTES_MAX / SPARE_BUFFER_MAX_BYTES {
             give_back(Vec::with_capacity(SPARE_BUFFER_MAX_BYTES));
         }
         assert!(spare_bytes() <= SPARE_BYTES_MAX);
-        drop(larger);
+        let large = take(SPARE_BUFFER_MAX_BYTES);
+        assert_eq!(
+            spare_bytes(),
+            SPARE_BYTES_MAX - SPARE_BUFFER_MAX_BYTES,
+            "the small spares made way; a large one was taken"
+        );
+        drop(large);
     }
 }
