@@ -1149,7 +1149,11 @@ async fn write_loop(
             while conn.wants_write() && conn.write_tls(&mut spare.bytes).is_ok() {}
         }
         connection.writing_bytes.set(spare.len());
-        let result = writer.write_all_vectored(&spare.pieces()).await;
+        let result = if spare.bodies.is_empty() {
+            writer.write_all(&spare.bytes).await
+        } else {
+            writer.write_all_vectored(&spare.pieces()).await
+        };
         connection.writing_bytes.set(0);
         spare.clear();
         if spare.bytes.capacity() > 4 * limits.output_pause_bytes {

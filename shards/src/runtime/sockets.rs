@@ -130,7 +130,10 @@ impl Socket {
         // The piece being written and how much of it is gone.
         let (mut index, mut within) = (0usize, 0usize);
         let mut written = 0usize;
-        let mut iovecs: Vec<libc::iovec> = Vec::new();
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
         while written < total {
             if self.write_full.get() {
                 ready(self.token, Direction::Write).await?;
@@ -141,31 +144,38 @@ impl Socket {
                 index += 1;
                 within = 0;
             }
-            iovecs.clear();
+            // On the stack, not held across the wait above: every connection's writer task
+            // would carry it.
+            let mut iovecs = [empty; IOVECS_PER_SEND];
+            let mut gathered = 0;
             let mut skip = within;
             for piece in pieces[index..].iter().filter(|piece| !piece.is_empty()) {
                 let rest = &piece[skip..];
                 skip = 0;
-                iovecs.push(libc::iovec {
+                iovecs[gathered] = libc::iovec {
                     iov_base: rest.as_ptr() as *mut libc::c_void,
                     iov_len: rest.len(),
-                });
-                if iovecs.len() == IOVECS_PER_SEND {
+                };
+                gathered += 1;
+                if gathered == IOVECS_PER_SEND {
                     break;
                 }
             }
-            // SAFETY: an all-zero msghdr is valid; it points at `iovecs`, which describe live
-            // buffers the kernel only reads during the call.
-            let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-            message.msg_iov = iovecs.as_mut_ptr();
-            message.msg_iovlen = iovecs.len() as _;
+            let iovecs = &mut iovecs[..gathered];
             // MSG_NOSIGNAL: a peer that went away is an EPIPE here, not a signal.
-            let sent = unsafe {
-                libc::sendmsg(
-                    self.raw_fd(),
-                    &message,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            let sent = if let [only] = iovecs {
+                // One piece (most writes: no body of its own): send(2), which takes no
+                // vector to copy in.
+                // SAFETY: send(2) from a live buffer of `only.iov_len` bytes.
+                unsafe { libc::send(self.raw_fd(), only.iov_base, only.iov_len, flags) }
+            } else {
+                // SAFETY: an all-zero msghdr is valid; it points at `iovecs`, which describe
+                // live buffers the kernel only reads during the call.
+                let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+                message.msg_iov = iovecs.as_mut_ptr();
+                message.msg_iovlen = iovecs.len() as _;
+                unsafe { libc::sendmsg(self.raw_fd(), &message, flags) }
             };
             if sent >= 0 {
                 let mut sent = sent as usize;
@@ -173,8 +183,8 @@ impl Socket {
                 // Short of what this send gathered: the socket's buffer is full, and an edge
                 // comes when it has room. All of it (fewer pieces than remain): no edge
                 // would come, so the next send goes at once.
-                let gathered: usize = iovecs.iter().map(|iovec| iovec.iov_len).sum();
-                self.write_full.set(sent < gathered);
+                let gathered_bytes: usize = iovecs.iter().map(|iovec| iovec.iov_len).sum();
+                self.write_full.set(sent < gathered_bytes);
                 while sent > 0 {
                     let left = pieces[index].len() - within;
                     if sent < left {
