@@ -364,29 +364,30 @@ impl Connection {
     /// [`Connection::send_with`], for answers counted as given at `answered` (one clock read
     /// for all the answers of a group commit).
     pub fn send_with_at(&self, answered: std::time::Instant, write: impl FnOnce(&mut Vec<u8>)) {
-        if self.closed.get() {
-            return;
-        }
-        let mut output = self.output.borrow_mut();
-        let start = output.bytes.len();
-        write(&mut output.bytes);
-        self.time_answers(&output.bytes[start..], answered);
-        drop(output);
-        self.output_ready.notify();
+        self.send_into(answered, |output| write(&mut output.bytes));
     }
 
     /// Writes one frame whose body is `body`: `head` writes the frame up to the body, given
     /// the body's length (the header closed with `FrameEncoder::finish_header`). A large
     /// body is written from its own buffer, not copied into the output (`Output`).
     pub fn send_with_body(&self, head: impl FnOnce(&mut Vec<u8>, usize), body: Vec<u8>) {
+        self.send_into(std::time::Instant::now(), |output| {
+            head(&mut output.bytes, body.len());
+            output.push_body(body);
+        });
+    }
+
+    /// Puts one frame into the output with `write`, times the answers whose heads it wrote
+    /// and wakes the writer; a closed connection discards it.
+    fn send_into(&self, answered: std::time::Instant, write: impl FnOnce(&mut Output)) {
         if self.closed.get() {
             return;
         }
         let mut output = self.output.borrow_mut();
         let start = output.bytes.len();
-        head(&mut output.bytes, body.len());
-        self.time_answers(&output.bytes[start..], std::time::Instant::now());
-        output.push_body(body);
+        write(&mut output);
+        // A body in a buffer of its own is not in `bytes`: the head there is what is timed.
+        self.time_answers(&output.bytes[start..], answered);
         drop(output);
         self.output_ready.notify();
     }
@@ -1149,11 +1150,7 @@ async fn write_loop(
             while conn.wants_write() && conn.write_tls(&mut spare.bytes).is_ok() {}
         }
         connection.writing_bytes.set(spare.len());
-        let result = if spare.bodies.is_empty() {
-            writer.write_all(&spare.bytes).await
-        } else {
-            writer.write_all_vectored(&spare.pieces()).await
-        };
+        let result = writer.write_all_vectored(&spare.pieces()).await;
         connection.writing_bytes.set(0);
         spare.clear();
         if spare.bytes.capacity() > 4 * limits.output_pause_bytes {

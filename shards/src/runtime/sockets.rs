@@ -738,16 +738,11 @@ mod tests {
                 .collect();
             let expected = pieces.concat();
             let reader = std::thread::spawn(move || {
+                // Let the writer fill the socket buffers first.
                 std::thread::sleep(Duration::from_millis(50));
                 let mut got = Vec::new();
-                let mut chunk = vec![0u8; 24 << 10];
-                loop {
-                    let read = peer.read(&mut chunk).unwrap();
-                    if read == 0 {
-                        return got;
-                    }
-                    got.extend_from_slice(&chunk[..read]);
-                }
+                peer.read_to_end(&mut got).unwrap();
+                got
             });
             let slices: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
             // A send that took all it gathered but not all there is must not wait for an
