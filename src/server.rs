@@ -103,7 +103,7 @@ pub struct Connection {
     dispatching: Cell<Option<Timing>>,
     /// Requests answered later (by the tasks holding their `in_flight` guards), by opaque:
     /// timed when their answer is written (`rocketmq_rpc_latency`).
-    answers_due: RefCell<std::collections::HashMap<i32, Timing, OpaqueHash>>,
+    answers_due: RefCell<std::collections::HashMap<i32, Timing, shards::hash::IntHash>>,
     /// Capacity of the read loop's buffer (memory by holder).
     read_buffer_bytes: Cell<usize>,
     /// Requests this side sent the client and waits to hear back on (`call`), by opaque.
@@ -143,30 +143,6 @@ impl Drop for OutputReservation {
         connection.room_freed();
     }
 }
-
-/// Hashes opaques (one i32 each) with one multiplication: a SYNC_FLUSH send adds and removes
-/// one entry of `answers_due`, and SipHash cost more than the rest of its timing.
-#[derive(Default, Clone, Copy)]
-struct OpaqueHasher(u64);
-
-impl std::hash::Hasher for OpaqueHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_i32(&mut self, value: i32) {
-        // Fibonacci hashing: spreads consecutive opaques over the high bits the table uses.
-        self.0 = u64::from(value as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type OpaqueHash = std::hash::BuildHasherDefault<OpaqueHasher>;
 
 /// A request being timed for `rocketmq_rpc_latency`, from its dispatch to its answer.
 #[derive(Debug, Clone, Copy)]

@@ -378,6 +378,17 @@ fn whole_record(buf: &[u8], size: usize) -> Result<&[u8], RecordError> {
 /// Decodes the record at the start of `buf`, checking TOTALSIZE, magic, field bounds and
 /// BODYCRC. Accepts magic V1 and V2 and IPv6 hosts.
 pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
+    decode_checking(buf, true)
+}
+
+/// [`decode`] without the BODYCRC check, for bytes whose body was checked before and has not
+/// changed since, or never left memory.
+pub fn decode_body_unchecked(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
+    decode_checking(buf, false)
+}
+
+#[inline(always)]
+fn decode_checking(buf: &[u8], check_body_crc: bool) -> Result<StoredMessage<'_>, RecordError> {
     let (total, magic) = checked_header(buf)?;
     if total < RECORD_FIXED_BYTES {
         // Lossless: the size was read as a non-negative i32.
@@ -413,12 +424,14 @@ pub fn decode(buf: &[u8]) -> Result<StoredMessage<'_>, RecordError> {
             total_size_bytes: total,
         });
     }
-    let computed = self::body_crc(body);
-    if computed != body_crc {
-        return Err(RecordError::CrcMismatch {
-            stored: body_crc,
-            computed,
-        });
+    if check_body_crc {
+        let computed = self::body_crc(body);
+        if computed != body_crc {
+            return Err(RecordError::CrcMismatch {
+                stored: body_crc,
+                computed,
+            });
+        }
     }
     Ok(StoredMessage {
         total_size: total as u32,

@@ -5,6 +5,7 @@
 //! the shard's ticking task).
 
 pub mod buffers;
+pub mod hash;
 pub mod histogram;
 pub mod limits;
 pub mod long_poll;

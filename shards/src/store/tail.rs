@@ -86,6 +86,9 @@ pub(crate) struct TailPiece {
 pub(crate) struct Tail {
     base: u64,
     end: u64,
+    /// Where the bytes appended by this process start: those below (the prefix `new` was
+    /// given, read back from disk) did not stay in memory since they were written.
+    appended_from: u64,
     chunks: VecDeque<Rc<TailChunk>>,
     /// Dropped chunks kept for the next ones (at most `SPARE_CHUNKS_MAX`), not cleared.
     spare: Vec<Rc<TailChunk>>,
@@ -115,6 +118,7 @@ impl Tail {
         Tail {
             base,
             end,
+            appended_from: end,
             chunks: VecDeque::from([chunk]),
             spare: Vec::new(),
         }
@@ -126,6 +130,12 @@ impl Tail {
 
     pub(crate) fn end(&self) -> u64 {
         self.end
+    }
+
+    /// The offset from which the tail's bytes (what it holds of them) were appended in this
+    /// process and never left memory: its base, or the end it was made with if higher.
+    pub(crate) fn in_memory_from(&self) -> u64 {
+        self.base.max(self.appended_from)
     }
 
     /// Appends `bytes` at `end`.

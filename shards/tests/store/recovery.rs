@@ -686,6 +686,112 @@ fn a_gap_in_a_new_queues_units_gets_its_file_made_at_once() {
     });
 }
 
+/// Flips one byte of the commitlog on disk, at `offset` (segments of `segment` bytes).
+fn flip_commitlog_byte(dir: &Path, segment: u64, offset: u64) {
+    let (start, offset) = (offset / segment * segment, offset % segment);
+    let segment = dir.join("commitlog").join(format!("{start:020}"));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(segment)
+        .unwrap();
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, offset).unwrap();
+    file.write_all_at(&[byte[0] ^ 0xff], offset).unwrap();
+}
+
+/// The bodies a pull of up to `count` messages from `offset` of `topic` 0 serves.
+async fn pulled_bodies(store: &Store, topic: &str, offset: u64, count: u32) -> Vec<Vec<u8>> {
+    let found = store
+        .get_messages(
+            topic,
+            shards::QueueId(0),
+            shards::QueueOffset(offset),
+            count,
+            1 << 20,
+            &|_| true,
+        )
+        .await
+        .unwrap();
+    record::decode_all(&found.body)
+        .unwrap()
+        .iter()
+        .map(|message| message.body.to_vec())
+        .collect()
+}
+
+/// A record's BODYCRC is checked once per window read (pull.rs, `vet_records`): a record
+/// damaged on disk is refused by every pull of its window, the first and those that find the
+/// window cached, and the records around it are served.
+#[test]
+fn a_record_damaged_on_disk_is_refused_by_every_pull_of_its_window() {
+    const BODY: usize = 4000;
+    const SEGMENT: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        // 6 MiB in batches the flusher keeps up with: the first records leave the tail's
+        // memory (it keeps 4 MiB) and pulls read them through windows.
+        let mut written = Vec::new();
+        for batch in 0..96u64 {
+            for i in batch * 16..(batch + 1) * 16 {
+                written.push(append(&store, "W", 0, i, BODY, "t"));
+            }
+            let last = written.last().unwrap().end_offset;
+            store.wait_durable(last).await.unwrap();
+        }
+        flip_commitlog_byte(dir.path(), SEGMENT, written[3].physical_offset.0 + 300);
+        let expected: Vec<Vec<u8>> = [0, 1, 2, 4, 5, 6, 7]
+            .iter()
+            .map(|i| body_of(*i, BODY))
+            .collect();
+        for pull in 1..=3 {
+            assert_eq!(
+                pulled_bodies(&store, "W", 0, 8).await,
+                expected,
+                "pull {pull}"
+            );
+            assert_eq!(
+                store.stats().corrupt_records,
+                pull,
+                "refused again by pull {pull}"
+            );
+        }
+        store.close().await.unwrap();
+    });
+}
+
+/// The bodies of records in the tail's memory are not checked again when pulled, but only
+/// those appended by this process: the part of the tail a restart read back from disk is
+/// checked like any read from disk, and a record damaged there is refused.
+#[test]
+fn a_record_damaged_in_the_tail_read_back_at_a_restart_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let written: Vec<_> = (0..5)
+            .map(|i| append(&store, "T", 0, i, 300, "t"))
+            .collect();
+        store.wait_durable(written[4].end_offset).await.unwrap();
+        store.close().await.unwrap();
+        written
+    });
+    flip_commitlog_byte(dir.path(), SEGMENT, written[1].physical_offset.0 + 200);
+    run(|| async {
+        let (store, _) = open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
+        let later = append(&store, "T", 0, 5, 300, "t");
+        store.wait_durable(later.end_offset).await.unwrap();
+        let expected: Vec<Vec<u8>> = [0, 2, 3, 4, 5].iter().map(|i| body_of(*i, 300)).collect();
+        assert_eq!(pulled_bodies(&store, "T", 0, 6).await, expected);
+        assert_eq!(store.stats().corrupt_records, 1);
+        store.close().await.unwrap();
+    });
+}
+
 /// Every queue's offsets, units and bodies, in topic order: what a start found.
 type Found = Vec<(String, u32, u64, u64, Vec<Vec<u8>>)>;
 
