@@ -634,29 +634,10 @@ fn new_queues_a_crash_left_without_files_open_at_once_and_get_their_files_later(
 #[test]
 fn a_gap_in_a_new_queues_units_gets_its_file_made_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let written = run(|| async {
-        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
-            .await
-            .unwrap();
-        let written: Vec<_> = (0..3)
-            .map(|i| append(&store, "G", 0, i, 300, "t"))
-            .collect();
-        store.wait_durable(written[2].end_offset).await.unwrap();
-        store.close().await.unwrap();
-        written
-    });
+    let written = written_and_closed(dir.path(), "G", 3);
     // Unit 1's record is damaged (a body byte flipped), below what the checkpoint knew
     // durable; the queue's files are gone.
-    let damaged = written[1].physical_offset.0 + 200;
-    let segment = dir.path().join("commitlog").join(format!("{:020}", 0));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(segment)
-        .unwrap();
-    let mut byte = [0u8; 1];
-    file.read_exact_at(&mut byte, damaged).unwrap();
-    file.write_all_at(&[byte[0] ^ 0xff], damaged).unwrap();
+    flip_commitlog_byte(dir.path(), SEGMENT, written[1].physical_offset.0 + 200);
     std::fs::remove_dir_all(dir.path().join("consumequeue")).unwrap();
     run(|| async {
         let (store, summary) = open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
@@ -664,26 +645,28 @@ fn a_gap_in_a_new_queues_units_gets_its_file_made_at_once() {
         // Made during recovery, with unit 0 and unit 2 in it.
         assert_eq!(queue_dirs(dir.path()), vec!["G".to_string()]);
         for (offset, i) in [(0, 0), (2, 2)] {
-            let found = store
-                .get_messages(
-                    "G",
-                    shards::QueueId(0),
-                    shards::QueueOffset(offset),
-                    1,
-                    1 << 20,
-                    &|_| true,
-                )
-                .await
-                .unwrap();
-            let bodies: Vec<Vec<u8>> = record::decode_all(&found.body)
-                .unwrap()
-                .iter()
-                .map(|message| message.body.to_vec())
-                .collect();
+            let bodies = pulled_bodies(&store, "G", offset, 1).await;
             assert_eq!(bodies, vec![body_of(i, 300)], "offset {offset}");
         }
         store.close().await.unwrap();
     });
+}
+
+/// Appends `count` messages of 300 bytes (`body_of(i, 300)`) to `topic` 0 of a new store in
+/// `dir`, makes them durable and closes the store.
+fn written_and_closed(dir: &Path, topic: &str, count: u64) -> Vec<shards::store::AppendResult> {
+    run(|| async {
+        let store = Store::open(config(dir, FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let written: Vec<_> = (0..count)
+            .map(|i| append(&store, topic, 0, i, 300, "t"))
+            .collect();
+        let last = written.last().expect("something written").end_offset;
+        store.wait_durable(last).await.unwrap();
+        store.close().await.unwrap();
+        written
+    })
 }
 
 /// Flips one byte of the commitlog on disk, at `offset` (segments of `segment` bytes).
@@ -769,17 +752,7 @@ fn a_record_damaged_on_disk_is_refused_by_every_pull_of_its_window() {
 #[test]
 fn a_record_damaged_in_the_tail_read_back_at_a_restart_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = run(|| async {
-        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
-            .await
-            .unwrap();
-        let written: Vec<_> = (0..5)
-            .map(|i| append(&store, "T", 0, i, 300, "t"))
-            .collect();
-        store.wait_durable(written[4].end_offset).await.unwrap();
-        store.close().await.unwrap();
-        written
-    });
+    let written = written_and_closed(dir.path(), "T", 5);
     flip_commitlog_byte(dir.path(), SEGMENT, written[1].physical_offset.0 + 200);
     run(|| async {
         let (store, _) = open_recovered(config(dir.path(), FlushMode::Sync, SEGMENT)).await;
