@@ -382,6 +382,10 @@ impl Broker {
             store.flushed_messages.to_string(),
         );
         put("storeCorruptRecords", store.corrupt_records.to_string());
+        // Pulls of durable records through the read cache's windows (read_cache.rs): found
+        // there, and read from disk.
+        put("storeReadCacheHits", store.read_cache_hits.to_string());
+        put("storeReadCacheMisses", store.read_cache_misses.to_string());
         put("parkedPulls", self.pull_waiters.len().to_string());
         put("sendRefusedBusy", self.load.refused_sends.get().to_string());
         for (key, value) in self.ha.runtime_info(self.store.max_physical_offset().0) {
