@@ -346,6 +346,9 @@ pub struct StoreStats {
     /// one from disk themselves (read_cache.rs; read-ahead reads count in neither).
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
+    /// Of those misses, the ones of a window evicted lately: the windows the pulls read did
+    /// not all fit, and read ahead was paused for a while (read_cache.rs).
+    pub read_cache_refetches: u64,
 }
 
 impl StoreStats {
@@ -1146,6 +1149,7 @@ impl Store {
             write_offset: log.tail.end(),
             read_cache_hits: cache.hits,
             read_cache_misses: cache.misses,
+            read_cache_refetches: cache.misses_evicted_lately,
             ring: log.ring.counts,
             ..log.stats
         }

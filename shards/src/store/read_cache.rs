@@ -11,7 +11,12 @@
 //! A window being read is read once: the pulls that need it meanwhile wait for that read.
 //! Reading a window also starts reading the next one (`READ_AHEAD_WINDOWS`, in a background
 //! task), so a consumer moving along the log finds it ready. More read ahead was slower here
-//! (4 windows: 9–16 s for a 4 GiB catch-up that 1 window reads in 3.2 s).
+//! (4 windows: 9–16 s for a 4 GiB catch-up that 1 window reads in 3.2 s). Read ahead pauses
+//! when a pull misses a window evicted lately (`EVICTED_REMEMBERED`): then the windows the
+//! pulls are reading do not all fit, and each read ahead would evict one in use, to be read
+//! again (16 groups at 16 places in a 440 MB backlog read 152 GB from disk in 54 s; paused,
+//! 7.4 GB in 5 s). Past 16 places the windows in use cannot fit at all and are read again
+//! and again: a limit of this cache (performance.md).
 //!
 //! Memory: at most `WINDOWS_MAX` windows, those cached and those being read together (a read
 //! that starts evicts the least recently used window first; a pull's read when every place
@@ -27,7 +32,7 @@
 //! compute it again (4-5% of a shard serving 16 lagging groups).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
 use crate::hash::IntHash;
@@ -43,6 +48,13 @@ pub const WINDOWS_MAX: usize = 16;
 pub const READ_AHEAD_WINDOWS: usize = 1;
 
 const _: () = assert!(READ_AHEAD_WINDOWS < WINDOWS_MAX / 2);
+
+/// Windows evicted last that the cache remembers (not their bytes): a pull's miss on one of
+/// them says the windows in use do not all fit.
+const EVICTED_REMEMBERED: usize = 2 * WINDOWS_MAX;
+
+/// Misses during which read ahead stays off after a pull missed a window evicted lately.
+const READ_AHEAD_PAUSE_MISSES: u64 = 4 * WINDOWS_MAX as u64;
 
 /// A window's bytes: those its DMA read brought in, in their buffer (any byte slice in tests).
 pub(crate) type WindowBytes = Rc<Window>;
@@ -108,6 +120,13 @@ pub(crate) struct ReadCache {
     generation: u64,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
+    /// Starts of the windows evicted last, oldest first (at most `EVICTED_REMEMBERED`).
+    evicted: VecDeque<u64>,
+    /// Read ahead is off until `misses` reaches this.
+    read_ahead_paused_until: u64,
+    /// Pulls' misses on windows evicted lately, and read aheads not made for them.
+    pub(crate) misses_evicted_lately: u64,
+    pub(crate) read_aheads_paused: u64,
 }
 
 impl ReadCache {
@@ -132,6 +151,13 @@ impl ReadCache {
             return Lookup::Reading(event.clone());
         }
         self.misses += 1;
+        // A window evicted lately is needed again: the windows the pulls are reading do not
+        // all fit, and reading others ahead would evict those in use (16 groups at 16 places
+        // in a backlog read it 400 times over). Read ahead waits until that has passed.
+        if self.evicted.contains(&start) {
+            self.misses_evicted_lately += 1;
+            self.read_ahead_paused_until = self.misses + READ_AHEAD_PAUSE_MISSES;
+        }
         self.make_room_for_a_read();
         self.reading.insert(start, Rc::default());
         Lookup::Missing
@@ -155,7 +181,15 @@ impl ReadCache {
             .iter()
             .min_by_key(|(_, (_, last_use))| *last_use)
             .map(|(start, _)| *start);
-        oldest.is_some_and(|oldest| self.windows.remove(&oldest).is_some())
+        let Some(oldest) = oldest else {
+            return false;
+        };
+        self.windows.remove(&oldest);
+        if self.evicted.len() == EVICTED_REMEMBERED {
+            self.evicted.pop_front();
+        }
+        self.evicted.push_back(oldest);
+        true
     }
 
     /// Whether the window at `start` is cached or being read.
@@ -163,9 +197,17 @@ impl ReadCache {
         self.windows.contains_key(&start) || self.reading.contains_key(&start)
     }
 
-    /// Registers a read-ahead of the window at `start` (false: already there or under way).
+    /// Registers a read-ahead of the window at `start` (false: already there or under way, or
+    /// read ahead is paused).
     pub(crate) fn start_read_ahead(&mut self, start: u64) -> bool {
-        if self.holds(start) || !self.make_room_for_a_read() {
+        if self.holds(start) {
+            return false;
+        }
+        if self.misses < self.read_ahead_paused_until {
+            self.read_aheads_paused += 1;
+            return false;
+        }
+        if !self.make_room_for_a_read() {
             return false;
         }
         self.reading.insert(start, Rc::default());
@@ -205,6 +247,7 @@ impl ReadCache {
     /// the window themselves): the store was emptied, its log starts anew. Counts stay.
     pub(crate) fn forget_all(&mut self) {
         self.windows.clear();
+        self.evicted.clear();
         for (_, event) in self.reading.drain() {
             event.notify();
         }
@@ -283,6 +326,36 @@ mod tests {
             "a pull's read goes ahead even so"
         );
         assert_eq!(cache.reading.len(), WINDOWS_MAX + 1);
+    }
+
+    #[test]
+    fn a_miss_on_a_window_evicted_lately_pauses_read_ahead() {
+        let mut cache = ReadCache::default();
+        let read = |cache: &mut ReadCache, i: u64| {
+            assert!(matches!(cache.lookup(i * WINDOW_BYTES), Lookup::Missing));
+            cache.finish(i * WINDOW_BYTES, Some(window(vec![0])), 0);
+        };
+        // One reader moving along the log: windows go, none is needed again, read ahead on.
+        for i in 0..3 * WINDOWS_MAX as u64 {
+            read(&mut cache, i);
+        }
+        assert_eq!(cache.misses_evicted_lately, 0);
+        assert!(cache.start_read_ahead(1000 * WINDOW_BYTES));
+        cache.finish(1000 * WINDOW_BYTES, None, 0);
+        // A window evicted lately is needed again: the windows in use do not fit.
+        let evicted = 2 * WINDOWS_MAX as u64;
+        assert!(!cache.holds(evicted * WINDOW_BYTES));
+        read(&mut cache, evicted);
+        assert_eq!(cache.misses_evicted_lately, 1);
+        assert!(!cache.start_read_ahead(1001 * WINDOW_BYTES), "paused");
+        assert_eq!(cache.read_aheads_paused, 1);
+        // Until that many more misses have passed without another such one.
+        for i in 0..READ_AHEAD_PAUSE_MISSES - 1 {
+            read(&mut cache, 2000 + i);
+            assert!(!cache.start_read_ahead(1001 * WINDOW_BYTES), "still paused");
+        }
+        read(&mut cache, 3000);
+        assert!(cache.start_read_ahead(1001 * WINDOW_BYTES), "on again");
     }
 
     #[test]

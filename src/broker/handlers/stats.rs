@@ -386,6 +386,10 @@ impl Broker {
         // there, and read from disk.
         put("storeReadCacheHits", store.read_cache_hits.to_string());
         put("storeReadCacheMisses", store.read_cache_misses.to_string());
+        put(
+            "storeReadCacheRefetches",
+            store.read_cache_refetches.to_string(),
+        );
         put("parkedPulls", self.pull_waiters.len().to_string());
         put("sendRefusedBusy", self.load.refused_sends.get().to_string());
         for (key, value) in self.ha.runtime_info(self.store.max_physical_offset().0) {
