@@ -147,7 +147,7 @@ impl Socket {
             // On the stack, not held across the wait above: every connection's writer task
             // would carry it.
             let mut iovecs = [empty; IOVECS_PER_SEND];
-            let mut gathered = 0;
+            let (mut gathered, mut gathered_bytes) = (0, 0);
             let mut skip = within;
             for piece in pieces[index..].iter().filter(|piece| !piece.is_empty()) {
                 let rest = &piece[skip..];
@@ -157,6 +157,7 @@ impl Socket {
                     iov_len: rest.len(),
                 };
                 gathered += 1;
+                gathered_bytes += rest.len();
                 if gathered == IOVECS_PER_SEND {
                     break;
                 }
@@ -183,7 +184,6 @@ impl Socket {
                 // Short of what this send gathered: the socket's buffer is full, and an edge
                 // comes when it has room. All of it (fewer pieces than remain): no edge
                 // would come, so the next send goes at once.
-                let gathered_bytes: usize = iovecs.iter().map(|iovec| iovec.iov_len).sum();
                 self.write_full.set(sent < gathered_bytes);
                 while sent > 0 {
                     let left = pieces[index].len() - within;
