@@ -349,6 +349,9 @@ pub struct StoreStats {
     /// Of those misses, the ones of a window evicted lately: the windows the pulls read did
     /// not all fit, and read ahead was paused for a while (read_cache.rs).
     pub read_cache_refetches: u64,
+    /// Of those misses, the ones with no room for their window (every window held was in
+    /// use, or being read): the pull read its own records' span past the cache.
+    pub read_cache_bypasses: u64,
 }
 
 impl StoreStats {
@@ -1150,6 +1153,7 @@ impl Store {
             read_cache_hits: cache.hits,
             read_cache_misses: cache.misses,
             read_cache_refetches: cache.misses_evicted_lately,
+            read_cache_bypasses: cache.bypasses,
             ring: log.ring.counts,
             ..log.stats
         }

@@ -231,11 +231,13 @@ pub(crate) async fn get_messages(
         ..
     } = plan(inner, request, filter.tags_code, false)?;
     let mut run_start = 0;
-    // The windows the records were read from (what their checks may skip), not kept alive
-    // by this: a pull waiting for a read would keep windows the cache let go of, and their
-    // registered memory (the reads then fell back to fresh heap pages: a sixth of the
-    // msgs/s of 16 groups catching up, in one run).
-    let mut windows = Vec::new();
+    let mut reads = PullReads {
+        windows: Vec::new(),
+        own: None,
+        end: units
+            .last()
+            .map_or(0, |unit| unit.physical_offset + u64::from(unit.size_bytes)),
+    };
     while run_start < units.len() {
         // Records that follow each other in the commitlog are read in one go.
         let mut run_end = run_start + 1;
@@ -245,10 +247,17 @@ pub(crate) async fn get_messages(
         let first = units[run_start].physical_offset;
         let last = &units[run_end - 1];
         let len = (last.physical_offset + u64::from(last.size_bytes) - first) as usize;
-        read_range_windowed(inner, first, len, &mut result.body, &mut windows).await?;
+        read_range_windowed(inner, first, len, &mut result.body, &mut reads).await?;
         run_start = run_end;
     }
-    let faults = vet_records(inner, request, &units, &indexes, &result.body, &windows);
+    let faults = vet_records(
+        inner,
+        request,
+        &units,
+        &indexes,
+        &result.body,
+        &reads.windows,
+    );
     if !faults.is_empty() {
         let mut body = Vec::with_capacity(result.body.len());
         let mut at = 0usize;
@@ -543,19 +552,44 @@ fn segment_file(log: &LogState, at: u64) -> Result<(u64, Rc<DirectFile>), StoreE
     })
 }
 
+/// What one pull read below the tail, for the records it reads next and their checks.
+struct PullReads {
+    /// The cache's windows read from (once each, with their start), not kept alive by this:
+    /// a pull waiting for a read would keep windows the cache let go of, and their registered
+    /// memory (the reads then fell back to fresh heap pages: a sixth of the msgs/s of 16
+    /// groups catching up, in one run).
+    windows: Vec<(u64, Weak<Window>)>,
+    /// The bytes it read past the cache, when the cache had no room (`Lookup::Bypass`), and
+    /// where they start: the rest of the pull's records in that window, in one read.
+    own: Option<(u64, WindowBytes)>,
+    /// Where the pull's last record ends.
+    end: u64,
+}
+
 /// Appends commitlog bytes `[pos, pos + len)` to `out` as [`read_range`] reads them, but the
 /// durable part through the store's window cache (read_cache.rs): for pull bodies, which
-/// walk the log. The windows read from are added to `windows` (once each, with their start).
+/// walk the log. When the cache has no room for a window, the pull reads only the span of its
+/// own records in it, from `pos` on (blocks, not a window), and keeps it in `reads`.
 async fn read_range_windowed(
     inner: &Rc<Inner>,
     pos: u64,
     len: usize,
     out: &mut Vec<u8>,
-    windows: &mut Vec<(u64, Weak<Window>)>,
+    reads: &mut PullReads,
 ) -> Result<(), StoreError> {
+    use super::segments::BLOCK_BYTES;
     let end = pos + len as u64;
     let mut at = pos;
     while at < end {
+        if let Some((own_start, own)) = &reads.own {
+            let own_end = own_start + own.len() as u64;
+            if *own_start <= at && at < own_end {
+                let to = end.min(own_end);
+                out.extend_from_slice(&own[(at - own_start) as usize..(to - own_start) as usize]);
+                at = to;
+                continue;
+            }
+        }
         let window = match cacheable_window(inner, at) {
             Some(window) => window,
             // In (or next to) the tail: read as it is.
@@ -564,15 +598,27 @@ async fn read_range_windowed(
             }
         };
         read_ahead(inner, window.1);
-        let bytes = window_bytes(inner, window).await?;
+        let Some(bytes) = window_bytes(inner, window).await? else {
+            // Blocks from `at` to the pull's last record, within the window (whose ends lie
+            // on blocks).
+            let from = at / BLOCK_BYTES * BLOCK_BYTES;
+            let to = reads
+                .end
+                .min(window.1)
+                .next_multiple_of(BLOCK_BYTES)
+                .min(window.1);
+            reads.own = Some((from, read_window_file(inner, (from, to)).await?));
+            continue;
+        };
         let from = (at - window.0) as usize;
         let to = (end.min(window.1) - window.0) as usize;
         out.extend_from_slice(&bytes[from..to]);
-        if !windows
+        if !reads
+            .windows
             .iter()
             .any(|(_, seen)| std::ptr::eq(seen.as_ptr(), Rc::as_ptr(&bytes)))
         {
-            windows.push((window.0, Rc::downgrade(&bytes)));
+            reads.windows.push((window.0, Rc::downgrade(&bytes)));
         }
         at = window.1.min(end);
     }
@@ -591,15 +637,20 @@ fn cacheable_window(inner: &Inner, at: u64) -> Option<(u64, u64)> {
     (start >= log.min_physical_offset && end <= log.tail.base()).then_some((start, end))
 }
 
-/// The bytes of a window: from the cache, after the read under way, or read now.
-async fn window_bytes(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
+/// The bytes of a window: from the cache, after the read under way, or read now; None when
+/// the cache has no room for it (the caller reads what it needs past the cache).
+async fn window_bytes(
+    inner: &Inner,
+    window: (u64, u64),
+) -> Result<Option<WindowBytes>, StoreError> {
     use super::read_cache::Lookup;
     loop {
         let lookup = inner.read_cache.borrow_mut().lookup(window.0);
         match lookup {
-            Lookup::Cached(bytes) => return Ok(bytes),
+            Lookup::Cached(bytes) => return Ok(Some(bytes)),
             Lookup::Reading(event) => event.wait().await,
-            Lookup::Missing => return read_window(inner, window).await,
+            Lookup::Missing => return read_window(inner, window).await.map(Some),
+            Lookup::Bypass => return Ok(None),
         }
     }
 }

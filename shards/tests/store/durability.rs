@@ -375,6 +375,89 @@ fn cold_pulls_read_records_that_straddle_windows_whole() {
     });
 }
 
+/// Consumers catching up at more places in the log than the read cache has windows: those
+/// whose windows are held keep them, the others read their own records' spans past the cache
+/// (read_cache.rs, `Lookup::Bypass`), and every consumer gets every record whole and in order.
+#[test]
+fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
+    const SEGMENT: u64 = 16 << 20;
+    const PLACES: u64 = 24;
+    const PER_QUEUE: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let size = |i: u64| 900 + (i % 11) as usize * 37;
+    let count = PLACES * PER_QUEUE + 4 * 600;
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        let mut last = None;
+        for i in 0..count {
+            let appended = append(&store, "Places", (i % 4) as u32, i, size(i), "t");
+            if i % 4096 == 4095 {
+                store.wait_durable(appended.end_offset).await.unwrap();
+            }
+            last = Some(appended);
+        }
+        store.wait_durable(last.unwrap().end_offset).await.unwrap();
+        store.close().await.unwrap();
+    });
+    run(|| async {
+        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
+            .await
+            .unwrap();
+        // Each consumer starts a window or more past the one before and reads 600 records
+        // of each of the 4 queues, one pull of each in turn.
+        let consumers: Vec<_> = (0..PLACES)
+            .map(|place| {
+                let store = store.clone();
+                shards::runtime::spawn(async move {
+                    let mut next = [place * PER_QUEUE / 4; 4];
+                    let end = place * PER_QUEUE / 4 + 600;
+                    while next.iter().any(|offset| *offset < end) {
+                        for q in 0..4u32 {
+                            let at = next[q as usize];
+                            if at >= end {
+                                continue;
+                            }
+                            let found = store
+                                .get_messages(
+                                    "Places",
+                                    shards::QueueId(q),
+                                    shards::QueueOffset(at),
+                                    32,
+                                    1 << 20,
+                                    &|_| true,
+                                )
+                                .await
+                                .unwrap();
+                            assert!(found.message_count > 0, "place {place} queue {q} at {at}");
+                            for message in record::decode_all(&found.body).unwrap() {
+                                let i = u64::from(q) + 4 * message.queue_offset;
+                                assert_eq!(message.queue_offset, next[q as usize]);
+                                assert_eq!(message.body, &body_of(i, size(i))[..], "record {i}");
+                                next[q as usize] += 1;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for consumer in consumers {
+            consumer.await;
+        }
+        let stats = store.stats();
+        assert!(
+            stats.read_cache_bypasses > 0 && stats.read_cache_hits > 0,
+            "{} hits, {} misses, {} of them past the cache",
+            stats.read_cache_hits,
+            stats.read_cache_misses,
+            stats.read_cache_bypasses
+        );
+        assert_eq!(stats.corrupt_records, 0);
+        store.close().await.unwrap();
+    });
+}
+
 /// Segment files are created well ahead of the appends (creating one syncs the directory,
 /// which can wait seconds for the journal under load), hold no blocks until allocation
 /// reaches them, and the ones past the next are removed by the recovery of the next open.
