@@ -415,6 +415,7 @@ fn base_config(shard: &ShardArgs, broker: Option<&BrokerOptions>) -> anyhow::Res
         flush_dirty_max_bytes: tuning.flush_dirty_max_bytes,
         segment_size_bytes: tuning.segment_size_bytes,
         allocation_window_bytes: tuning.allocation_window_bytes,
+        read_cache_windows: tuning.read_cache_windows,
         store_open_stall_ms: tuning.store_open_stall_ms,
         connection_limits: tuning.connection_limits,
         delay_levels: Default::default(),

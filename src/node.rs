@@ -59,6 +59,8 @@ pub struct NodeConfig {
     pub segment_size_bytes: u64,
     /// Segment space kept allocated ahead of the writes (store.allocation_window_mib).
     pub allocation_window_bytes: u64,
+    /// Windows of 1 MiB each shard's read cache keeps (store.read_cache_mib).
+    pub read_cache_windows: usize,
     /// runtime.store_open_stall_ms (0: never abandon a store open).
     pub store_open_stall_ms: u64,
     /// Per-connection buffer sizes and limits of every listener.
@@ -558,6 +560,7 @@ async fn open_broker(
     store_config.flush_dirty_max_bytes = config.flush_dirty_max_bytes;
     store_config.segment_size_bytes = config.segment_size_bytes;
     store_config.allocation_window_bytes = config.allocation_window_bytes;
+    store_config.read_cache_windows = config.read_cache_windows;
     store_config.progress = progress;
     // A slave's log takes its master's records unsealed: it keeps no recycled file. A live
     // update saved by an earlier run wins over the flags, as it does once the shard runs.

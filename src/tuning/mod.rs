@@ -8,7 +8,7 @@
 //! | section | knobs |
 //! |---|---|
 //! | `[shards]` | `cpus`, `reserved_cpus`, `pin` |
-//! | `[store]` | `flush`, `flush_interval_ms`, `flush_batch_kib`, `segment_size_mib`, `allocation_window_mib` |
+//! | `[store]` | `flush`, `flush_interval_ms`, `flush_batch_kib`, `segment_size_mib`, `allocation_window_mib`, `read_cache_mib` |
 //! | `[runtime]` | `ring_depth_entries`, `io_memory_mib`, `preempt_timer_us`, `spin_before_park_us` |
 //! | `[runtime]` (workarounds) | `watchdog_ms`, `store_open_stall_ms` (0 turns each off; see `shards::runtime::workarounds`) |
 //! | `[network]` | `read_buffer_kib`, `output_pause_kib`, `in_flight_requests_max`, `connections_per_shard_max` |
@@ -121,6 +121,14 @@ pub const ALLOCATION_WINDOW_MIB: NumericKnob = NumericKnob {
     power_of_two: false,
     default: (shards::store::ALLOCATION_WINDOW_DEFAULT_BYTES >> 20) as i64,
 };
+pub const READ_CACHE_MIB: NumericKnob = NumericKnob {
+    key: "store.read_cache_mib",
+    unit: "MiB",
+    min: shards::store::READ_CACHE_WINDOWS_MIN as i64,
+    max: 4096,
+    power_of_two: false,
+    default: shards::store::READ_CACHE_WINDOWS_DEFAULT as i64,
+};
 pub const RING_DEPTH_ENTRIES: NumericKnob = NumericKnob {
     key: "runtime.ring_depth_entries",
     unit: "entries",
@@ -227,6 +235,7 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     FLUSH_BATCH_KIB,
     SEGMENT_SIZE_MIB,
     ALLOCATION_WINDOW_MIB,
+    READ_CACHE_MIB,
     RING_DEPTH_ENTRIES,
     IO_MEMORY_MIB,
     PREEMPT_TIMER_US,
@@ -317,6 +326,7 @@ struct RawStore {
     flush_batch_kib: Option<i64>,
     segment_size_mib: Option<i64>,
     allocation_window_mib: Option<i64>,
+    read_cache_mib: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -387,6 +397,8 @@ pub struct Tuning {
     pub flush_dirty_max_bytes: u64,
     pub segment_size_bytes: u64,
     pub allocation_window_bytes: u64,
+    /// store.read_cache_mib: windows of 1 MiB each shard's read cache keeps.
+    pub read_cache_windows: usize,
     /// runtime.store_open_stall_ms: a store open without progress this long is tried again.
     pub store_open_stall_ms: u64,
     pub connection_limits: ConnectionLimits,
@@ -572,6 +584,7 @@ impl Profile {
                 ALLOCATION_WINDOW_MIB,
                 raw.store.allocation_window_mib,
             )? << 20,
+            read_cache_windows: number(READ_CACHE_MIB, raw.store.read_cache_mib)? as usize,
             store_open_stall_ms: number(STORE_OPEN_STALL_MS, raw.runtime.store_open_stall_ms)?,
             connection_limits,
         })

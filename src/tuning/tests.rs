@@ -77,6 +77,9 @@ fn default_profile_is_the_built_in_default() {
     assert_eq!(from_file.flush_mode, FlushMode::Async);
     assert_eq!(from_file.flush_interval_ms, 200);
     assert_eq!(from_file.segment_size_bytes, 1 << 30);
+    assert_eq!(from_file.read_cache_windows, 16);
+    let larger = resolve("[store]\nread_cache_mib = 64\n", SIXTEEN_CPUS).unwrap();
+    assert_eq!(larger.read_cache_windows, 64);
     assert_eq!(from_file.connection_limits, ConnectionLimits::default());
     assert_eq!(
         from_file.placement,

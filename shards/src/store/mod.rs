@@ -86,6 +86,9 @@ pub use index_query::{MessageQuery, QueryMessageResult, QUERY_MESSAGES_MAX};
 pub use pull::{
     GetMessageResult, GetStatus, PropertiesFilter, PullFilter, PROPERTY_FILTER_READ_MAX_BYTES,
 };
+pub use read_cache::{
+    WINDOWS_DEFAULT as READ_CACHE_WINDOWS_DEFAULT, WINDOWS_MIN as READ_CACHE_WINDOWS_MIN,
+};
 pub use replica::{REPLICA_READ_MAX_BYTES, REPLICA_UNIT_MAX_BYTES};
 pub use retention::{
     parse_delete_when, recycled_ahead_max, DeletedSegment, DiskVerdict, RetentionConfig,
@@ -158,6 +161,10 @@ pub struct StoreConfig {
     /// write position (`space.rs`); the rest of a segment stays a hole until writes near it.
     /// A multiple of 4096, at least `ALLOCATION_WINDOW_MIN_BYTES`.
     pub allocation_window_bytes: u64,
+    /// Windows of `read_cache::WINDOW_BYTES` (1 MiB) the read cache keeps for pulls of
+    /// durable records (`read_cache.rs`): consumer groups catching up at more places in the
+    /// log than this read more of it than they consume. At least `READ_CACHE_WINDOWS_MIN`.
+    pub read_cache_windows: usize,
     /// What `open` has done so far (recovery's progress), for whoever watches it.
     pub progress: Rc<OpenProgress>,
     /// Whether `open` keeps the recycled segment files it finds (`retention.rs`): true for a
@@ -220,6 +227,7 @@ impl StoreConfig {
             tags_code_of: record::tags_code_from_properties,
             index: IndexConfig::default(),
             allocation_window_bytes: ALLOCATION_WINDOW_DEFAULT_BYTES,
+            read_cache_windows: READ_CACHE_WINDOWS_DEFAULT,
             progress: Rc::default(),
             keep_recycled_segments: true,
         }
@@ -246,6 +254,12 @@ impl StoreConfig {
             return Err(StoreError::Config(format!(
                 "allocation_window_bytes {window} must be a multiple of 4096 and at least \
                  {ALLOCATION_WINDOW_MIN_BYTES}"
+            )));
+        }
+        if self.read_cache_windows < READ_CACHE_WINDOWS_MIN {
+            return Err(StoreError::Config(format!(
+                "read_cache_windows {} must be at least {READ_CACHE_WINDOWS_MIN}",
+                self.read_cache_windows
             )));
         }
         if self.consume_queue_units_per_file == 0 || self.flush_interval_ms == 0 {
@@ -569,6 +583,7 @@ impl Store {
             resets: 0,
             deleting_segment: false,
         };
+        let read_cache = read_cache::ReadCache::new(config.read_cache_windows);
         let inner = Rc::new_cyclic(|weak: &std::rc::Weak<Inner>| {
             let weak = weak.clone();
             Inner {
@@ -587,7 +602,7 @@ impl Store {
                 arrival_listener: RefCell::new(None),
                 segment_listener: RefCell::new(None),
                 reaper: Rc::default(),
-                read_cache: RefCell::default(),
+                read_cache: RefCell::new(read_cache),
                 alive: std::sync::Arc::new(()),
             }
         });

@@ -12,25 +12,26 @@
 //! Reading a window also starts reading the next one (`READ_AHEAD_WINDOWS`, in a background
 //! task), so a consumer moving along the log finds it ready. More read ahead was slower here
 //! (4 windows: 9–16 s for a 4 GiB catch-up that 1 window reads in 3.2 s). Read ahead pauses
-//! when a pull misses a window evicted lately (`EVICTED_REMEMBERED`): then the windows the
-//! pulls are reading do not all fit, and each read ahead would evict one in use, to be read
-//! again (16 groups at 16 places in a 440 MB backlog read 152 GB from disk in 54 s; paused,
-//! 7.4 GB in 5 s). Past 16 places the windows in use cannot all fit: evicting the least
-//! recently used one then evicts a window some group still reads, and each such read evicts
-//! another (24 groups at 24 places read a 440 MB backlog 150-350 times over). So while they
-//! do not fit, a pull's miss evicts only a window nobody looked up for `IN_USE_LOOKUPS`; with
-//! none, it reads only its own records' span, past the cache (`Lookup::Bypass`): the groups
-//! whose windows are held keep them, the others read what they need (24 groups: 8 s and
-//! 15 GB where it was 15-30 s and 34-70 GB).
+//! when a pull misses a window evicted lately (the cache remembers twice as many as it
+//! keeps): then the windows the pulls are reading do not all fit, and each read ahead would
+//! evict one in use, to be read again (16 groups at 16 places in a 440 MB backlog read 152 GB
+//! from disk in 54 s; paused, 7.4 GB in 5 s). Past as many places as it keeps windows, those
+//! in use cannot all fit: evicting the least recently used one then evicts a window some
+//! group still reads, and each such read evicts another (24 groups at 24 places read a 440 MB
+//! backlog 150-350 times over). So while they do not fit, a pull's miss evicts only a window
+//! nobody looked up for 128 lookups a window kept; with none, it reads only its own records'
+//! span, past the cache (`Lookup::Bypass`): the groups whose windows are held keep them, the
+//! others read what they need (24 groups: 8 s and 15 GB where it was 15-30 s and 34-70 GB).
 //!
-//! Memory: at most `WINDOWS_MAX` windows, those cached and those being read together (a read
+//! Memory: at most `windows_max` windows (`StoreConfig::read_cache_windows`: 16 by default,
+//! the tuning knob `store.read_cache_mib`), those cached and those being read together (a read
 //! that starts evicts the least recently used window first; when every place is being read,
 //! a pull reads past the cache and a read-ahead waits). A read past the cache holds at
 //! most a window's bytes, for one pull, while it runs. Their buffers come from the memory each
 //! shard registers with io_uring (`runtime.io_memory_mib`, 24 MiB by default, which holds
-//! them) while it lasts, and from the heap past it: fresh pages to fault in and clear for every
-//! window read, up to a quarter of the broker's CPU a message under 16 lagging consumer groups
-//! (performance.md).
+//! the default 16 with room beside them) while it lasts, and from the heap past it: fresh
+//! pages to fault in and clear for every window read, up to a quarter of the broker's CPU a
+//! message under 16 lagging consumer groups (performance.md).
 //! Lookups of single records (by offset, by id, by time) do not use it.
 //!
 //! A window also keeps where the records whose BODYCRC a pull found right start (pull.rs,
@@ -47,28 +48,32 @@ use crate::sync::Event;
 /// Size of one window of the commitlog (a multiple of the block size).
 pub const WINDOW_BYTES: u64 = 1 << 20;
 
-/// Windows one store keeps.
-pub const WINDOWS_MAX: usize = 16;
+/// Windows one store keeps by default (`StoreConfig::read_cache_windows`; the tuning knob
+/// `store.read_cache_mib`), and the fewest it may keep.
+pub const WINDOWS_DEFAULT: usize = 16;
+pub const WINDOWS_MIN: usize = 4;
 
 /// Windows read ahead of the one a pull reads (reads the disk works on at once).
 pub const READ_AHEAD_WINDOWS: usize = 1;
 
-const _: () = assert!(READ_AHEAD_WINDOWS < WINDOWS_MAX / 2);
+const _: () = assert!(READ_AHEAD_WINDOWS < WINDOWS_MIN / 2);
 
-/// Windows evicted last that the cache remembers (not their bytes): a pull's miss on one of
-/// them says the windows in use do not all fit.
-const EVICTED_REMEMBERED: usize = 2 * WINDOWS_MAX;
+/// Windows evicted last that the cache remembers (not their bytes), per window it keeps: a
+/// pull's miss on one of them says the windows in use do not all fit.
+const EVICTED_REMEMBERED_PER_WINDOW: usize = 2;
 
-/// Misses during which read ahead stays off after a pull missed a window evicted lately.
-const READ_AHEAD_PAUSE_MISSES: u64 = 4 * WINDOWS_MAX as u64;
+/// Misses during which read ahead stays off after a pull missed a window evicted lately,
+/// per window kept.
+const READ_AHEAD_PAUSE_MISSES_PER_WINDOW: u64 = 4;
 
-/// Lookups after which a window nobody looked up is no longer in use: while the windows in
-/// use do not fit, a pull's miss evicts only such a window (or reads past the cache).
+/// Lookups after which a window nobody looked up is no longer in use, per window kept: while
+/// the windows in use do not fit, a pull's miss evicts only such a window (or reads past the
+/// cache).
 ///
 /// Large enough for the groups a window is held for to come back to it while the others'
-/// pulls read past the cache (512 let 1.4-1.9x as many windows held be evicted and read
-/// again, 32 groups at 32 places).
-const IN_USE_LOOKUPS: u64 = 128 * WINDOWS_MAX as u64;
+/// pulls read past the cache (32 a window let 1.4-1.9x as many windows held be evicted and
+/// read again, 32 groups at 32 places).
+const IN_USE_LOOKUPS_PER_WINDOW: u64 = 128;
 
 /// A window's bytes: those its DMA read brought in, in their buffer (any byte slice in tests).
 pub(crate) type WindowBytes = Rc<Window>;
@@ -126,8 +131,9 @@ pub(crate) enum Lookup {
     Bypass,
 }
 
-#[derive(Default)]
 pub(crate) struct ReadCache {
+    /// Windows kept at most, cached and being read together.
+    windows_max: usize,
     /// Window start (commitlog offset) → its bytes and when they were last used.
     windows: HashMap<u64, (WindowBytes, u64), IntHash>,
     reading: HashMap<u64, Rc<Event>, IntHash>,
@@ -137,7 +143,7 @@ pub(crate) struct ReadCache {
     generation: u64,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
-    /// Starts of the windows evicted last, oldest first (at most `EVICTED_REMEMBERED`).
+    /// Starts of the windows evicted last, oldest first (at most `evicted_remembered()`).
     evicted: VecDeque<u64>,
     /// Read ahead is off until `misses` reaches this.
     read_ahead_paused_until: u64,
@@ -148,7 +154,39 @@ pub(crate) struct ReadCache {
     pub(crate) bypasses: u64,
 }
 
+impl Default for ReadCache {
+    fn default() -> ReadCache {
+        ReadCache::new(WINDOWS_DEFAULT)
+    }
+}
+
 impl ReadCache {
+    /// A cache of at most `windows_max` windows (at least `WINDOWS_MIN`).
+    pub(crate) fn new(windows_max: usize) -> ReadCache {
+        ReadCache {
+            windows_max: windows_max.max(WINDOWS_MIN),
+            windows: HashMap::default(),
+            reading: HashMap::default(),
+            uses: 0,
+            generation: 0,
+            hits: 0,
+            misses: 0,
+            evicted: VecDeque::new(),
+            read_ahead_paused_until: 0,
+            misses_evicted_lately: 0,
+            read_aheads_paused: 0,
+            bypasses: 0,
+        }
+    }
+
+    fn evicted_remembered(&self) -> usize {
+        EVICTED_REMEMBERED_PER_WINDOW * self.windows_max
+    }
+
+    fn in_use_lookups(&self) -> u64 {
+        IN_USE_LOOKUPS_PER_WINDOW * self.windows_max as u64
+    }
+
     /// Bytes of the windows held.
     pub(crate) fn held_bytes(&self) -> u64 {
         self.windows
@@ -175,7 +213,8 @@ impl ReadCache {
         // in a backlog read it 400 times over). Read ahead waits until that has passed.
         if self.evicted.contains(&start) {
             self.misses_evicted_lately += 1;
-            self.read_ahead_paused_until = self.misses + READ_AHEAD_PAUSE_MISSES;
+            self.read_ahead_paused_until =
+                self.misses + READ_AHEAD_PAUSE_MISSES_PER_WINDOW * self.windows_max as u64;
         }
         if !self.make_room_for_a_pull_read() {
             self.bypasses += 1;
@@ -192,15 +231,15 @@ impl ReadCache {
 
     /// Makes room for a pull's read of a window, as [`ReadCache::make_room_for_a_read`] does,
     /// but while the windows in use do not fit it evicts only a window not looked up for
-    /// `IN_USE_LOOKUPS`: evicting the least recently used one then evicts a window some
+    /// `in_use_lookups()`: evicting the least recently used one then evicts a window some
     /// group still reads, which reads it again and evicts another's (24 groups at 24 places
     /// read a 440 MB backlog hundreds of times over). False: the pull reads past the cache.
     fn make_room_for_a_pull_read(&mut self) -> bool {
-        while self.windows.len() + self.reading.len() >= WINDOWS_MAX {
+        while self.windows.len() + self.reading.len() >= self.windows_max {
             let Some((oldest, last_use)) = self.least_recently_used() else {
                 return false;
             };
-            if self.overfull() && last_use + IN_USE_LOOKUPS > self.uses {
+            if self.overfull() && last_use + self.in_use_lookups() > self.uses {
                 return false;
             }
             self.evict(oldest);
@@ -209,9 +248,9 @@ impl ReadCache {
     }
 
     /// Evicts least recently used windows until one more read keeps the windows cached and
-    /// being read within `WINDOWS_MAX`; false when every place is being read.
+    /// being read within `windows_max`; false when every place is being read.
     fn make_room_for_a_read(&mut self) -> bool {
-        while self.windows.len() + self.reading.len() >= WINDOWS_MAX {
+        while self.windows.len() + self.reading.len() >= self.windows_max {
             if !self.evict_least_recently_used() {
                 return false;
             }
@@ -238,7 +277,7 @@ impl ReadCache {
 
     fn evict(&mut self, start: u64) {
         self.windows.remove(&start);
-        if self.evicted.len() == EVICTED_REMEMBERED {
+        if self.evicted.len() >= self.evicted_remembered() {
             self.evicted.pop_front();
         }
         self.evicted.push_back(start);
@@ -279,7 +318,7 @@ impl ReadCache {
             return;
         }
         if let Some(bytes) = bytes {
-            if self.windows.len() >= WINDOWS_MAX {
+            if self.windows.len() >= self.windows_max {
                 self.evict_least_recently_used();
             }
             self.uses += 1;
@@ -329,11 +368,11 @@ mod tests {
         assert!(!cache.start_read_ahead(WINDOW_BYTES));
         cache.finish(WINDOW_BYTES, None, 0);
         assert!(!cache.holds(WINDOW_BYTES), "a failed read keeps nothing");
-        for i in 1..=WINDOWS_MAX as u64 {
+        for i in 1..=WINDOWS_DEFAULT as u64 {
             assert!(matches!(cache.lookup(i * WINDOW_BYTES), Lookup::Missing));
             cache.finish(i * WINDOW_BYTES, Some(window(vec![0])), 0);
         }
-        assert_eq!(cache.windows.len(), WINDOWS_MAX);
+        assert_eq!(cache.windows.len(), WINDOWS_DEFAULT);
         assert!(!cache.holds(0), "the least recently used window went");
         cache.forget_below(4 * WINDOW_BYTES);
         assert!(cache.windows.keys().all(|start| *start >= 4 * WINDOW_BYTES));
@@ -342,7 +381,7 @@ mod tests {
     #[test]
     fn windows_cached_and_being_read_stay_within_the_limit() {
         let mut cache = ReadCache::default();
-        for i in 0..WINDOWS_MAX as u64 - 2 {
+        for i in 0..WINDOWS_DEFAULT as u64 - 2 {
             assert!(matches!(cache.lookup(i * WINDOW_BYTES), Lookup::Missing));
             cache.finish(i * WINDOW_BYTES, Some(window(vec![0])), 0);
         }
@@ -356,7 +395,7 @@ mod tests {
                 cache.lookup(far + i * WINDOW_BYTES),
                 Lookup::Missing
             ));
-            assert!(cache.windows.len() + cache.reading.len() <= WINDOWS_MAX);
+            assert!(cache.windows.len() + cache.reading.len() <= WINDOWS_DEFAULT);
         }
         assert!(cache.holds(0), "the window used last stays");
         assert!(
@@ -370,14 +409,14 @@ mod tests {
         assert!(cache.windows.is_empty(), "read-ahead evicts what is cached");
         assert_eq!(
             cache.reading.len(),
-            WINDOWS_MAX,
+            WINDOWS_DEFAULT,
             "and stops when every place is read"
         );
         assert!(
             matches!(cache.lookup(2 * far), Lookup::Bypass),
             "a pull then reads past the cache"
         );
-        assert_eq!(cache.reading.len(), WINDOWS_MAX);
+        assert_eq!(cache.reading.len(), WINDOWS_DEFAULT);
         assert_eq!(cache.bypasses, 1);
     }
 
@@ -390,21 +429,21 @@ mod tests {
             lookup => assert!(matches!(lookup, Lookup::Bypass) && cache.overfull()),
         };
         // One reader moving along the log: windows go, none is needed again, read ahead on.
-        for i in 0..3 * WINDOWS_MAX as u64 {
+        for i in 0..3 * WINDOWS_DEFAULT as u64 {
             read(&mut cache, i);
         }
         assert_eq!(cache.misses_evicted_lately, 0);
         assert!(cache.start_read_ahead(1000 * WINDOW_BYTES));
         cache.finish(1000 * WINDOW_BYTES, None, 0);
         // A window evicted lately is needed again: the windows in use do not fit.
-        let evicted = 2 * WINDOWS_MAX as u64;
+        let evicted = 2 * WINDOWS_DEFAULT as u64;
         assert!(!cache.holds(evicted * WINDOW_BYTES));
         read(&mut cache, evicted);
         assert_eq!(cache.misses_evicted_lately, 1);
         assert!(!cache.start_read_ahead(1001 * WINDOW_BYTES), "paused");
         assert_eq!(cache.read_aheads_paused, 1);
         // Until that many more misses have passed without another such one.
-        for i in 0..READ_AHEAD_PAUSE_MISSES - 1 {
+        for i in 0..READ_AHEAD_PAUSE_MISSES_PER_WINDOW * WINDOWS_DEFAULT as u64 - 1 {
             read(&mut cache, 2000 + i);
             assert!(!cache.start_read_ahead(1001 * WINDOW_BYTES), "still paused");
         }
@@ -423,7 +462,7 @@ mod tests {
             lookup
         };
         // Groups at more places than there are windows, each reading its own over and over.
-        let places = WINDOWS_MAX as u64 + 8;
+        let places = WINDOWS_DEFAULT as u64 + 8;
         for _ in 0..3 {
             for place in 0..places {
                 read(&mut cache, place);
@@ -445,7 +484,7 @@ mod tests {
             "the places without a window read past the cache"
         );
         assert!(
-            cache.hits >= (WINDOWS_MAX as u64 - 1) * 20,
+            cache.hits >= (WINDOWS_DEFAULT as u64 - 1) * 20,
             "the others keep theirs: {} hits",
             cache.hits
         );
@@ -462,7 +501,8 @@ mod tests {
             far += 1;
         }
         assert!(
-            far - 1000 <= 2 * IN_USE_LOOKUPS / WINDOWS_MAX as u64,
+            far - 1000
+                <= 2 * IN_USE_LOOKUPS_PER_WINDOW * WINDOWS_DEFAULT as u64 / WINDOWS_DEFAULT as u64,
             "after {} lookups",
             far - 1000
         );

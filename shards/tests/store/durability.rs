@@ -378,8 +378,33 @@ fn cold_pulls_read_records_that_straddle_windows_whole() {
 /// Consumers catching up at more places in the log than the read cache has windows: those
 /// whose windows are held keep them, the others read their own records' spans past the cache
 /// (read_cache.rs, `Lookup::Bypass`), and every consumer gets every record whole and in order.
+/// A cache of more windows (`read_cache_windows`, the knob `store.read_cache_mib`) holds them
+/// all.
 #[test]
 fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
+    let default = pulls_at_places(shards::store::READ_CACHE_WINDOWS_DEFAULT);
+    assert!(
+        default.read_cache_bypasses > 0 && default.read_cache_hits > 0,
+        "{} hits, {} misses, {} of them past the cache",
+        default.read_cache_hits,
+        default.read_cache_misses,
+        default.read_cache_bypasses
+    );
+    let larger = pulls_at_places(64);
+    assert!(
+        larger.read_cache_misses < default.read_cache_misses
+            && larger.read_cache_bypasses * 10 < default.read_cache_bypasses,
+        "with 64 windows {} misses, {} past the cache; with 16 {} and {}",
+        larger.read_cache_misses,
+        larger.read_cache_bypasses,
+        default.read_cache_misses,
+        default.read_cache_bypasses
+    );
+}
+
+/// 24 consumers at 24 places over a reopened store with `windows` in its read cache, each
+/// checking every record it gets; the store's counters after them.
+fn pulls_at_places(windows: usize) -> shards::store::StoreStats {
     const SEGMENT: u64 = 16 << 20;
     const PLACES: u64 = 24;
     const PER_QUEUE: u64 = 2_000;
@@ -402,9 +427,9 @@ fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
         store.close().await.unwrap();
     });
     run(|| async {
-        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
-            .await
-            .unwrap();
+        let mut config = config(dir.path(), FlushMode::Sync, SEGMENT);
+        config.read_cache_windows = windows;
+        let store = Store::open(config).await.unwrap();
         // Each consumer starts a window or more past the one before and reads 600 records
         // of each of the 4 queues, one pull of each in turn.
         let consumers: Vec<_> = (0..PLACES)
@@ -446,16 +471,10 @@ fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
             consumer.await;
         }
         let stats = store.stats();
-        assert!(
-            stats.read_cache_bypasses > 0 && stats.read_cache_hits > 0,
-            "{} hits, {} misses, {} of them past the cache",
-            stats.read_cache_hits,
-            stats.read_cache_misses,
-            stats.read_cache_bypasses
-        );
         assert_eq!(stats.corrupt_records, 0);
         store.close().await.unwrap();
-    });
+        stats
+    })
 }
 
 /// Segment files are created well ahead of the appends (creating one syncs the directory,
