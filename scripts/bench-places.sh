@@ -9,7 +9,8 @@
 # cannot share the read cache's windows (shards/src/store/read_cache.rs).
 #   scripts/bench-places.sh [GROUPS] [MESSAGES] [DELAY] [DATA_PARENT_DIR]
 # Environment: BINARIES (shardmq builds to compare, alternated; default
-# target/release/shardmq); ROUNDS (1); SKIP_BUILD=1. The broker runs on CPU 0 and the
+# target/release/shardmq); BROKER_ARGS (more `serve` arguments, e.g. `--profile FILE` with a
+# larger store.read_cache_mib); ROUNDS (1); SKIP_BUILD=1. The broker runs on CPU 0 and the
 # consumers on CPU 1 where there are two.
 set -euo pipefail
 . "$(dirname "$0")/bench-lib.sh"
@@ -35,7 +36,8 @@ sectors_read() {
 for round in $(seq 1 "$rounds"); do
     for binary in $binaries; do
         rm -rf "$scratch/data"
-        "$binary" serve --cpus 0 --data-dir "$scratch/data" --namesrv-port 12276 \
+        # shellcheck disable=SC2086 # BROKER_ARGS is a list of words
+        "$binary" serve ${BROKER_ARGS:-} --cpus 0 --data-dir "$scratch/data" --namesrv-port 12276 \
             --broker-port 12311 > "$scratch/broker.log" 2>&1 &
         broker=$!
         wait_ready "$scratch/broker.log" "$broker"
