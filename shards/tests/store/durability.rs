@@ -331,6 +331,36 @@ fn segments_roll_and_read_back_after_reopen() {
     });
 }
 
+/// Writes `count` records of `size(i)` bytes (`body_of(i, …)`) to `topic`'s queues 0 to 3 in
+/// turn in a SYNC_FLUSH store of `segment`-byte segments, and closes it once they are
+/// durable; returns where the log ends.
+fn written_over_four_queues(
+    dir: &Path,
+    segment: u64,
+    topic: &str,
+    count: u64,
+    size: impl Fn(u64) -> usize,
+) -> u64 {
+    run(|| async {
+        let store = Store::open(config(dir, FlushMode::Sync, segment))
+            .await
+            .unwrap();
+        let mut last = None;
+        for i in 0..count {
+            let appended = append(&store, topic, (i % 4) as u32, i, size(i), "t");
+            // (The store refuses appends past 32 MiB that are not yet durable.)
+            if i % 4096 == 4095 {
+                store.wait_durable(appended.end_offset).await.unwrap();
+            }
+            last = Some(appended);
+        }
+        store.wait_durable(last.unwrap().end_offset).await.unwrap();
+        let end = store.max_physical_offset().0;
+        store.close().await.unwrap();
+        end
+    })
+}
+
 /// Pulls of cold records read the log through 1 MiB windows held as their DMA reads brought
 /// them in (read_cache.rs): records that straddle a window's end, interleaved across queues,
 /// come back whole and in order after a reopen, when nothing is in the in-memory tail.
@@ -340,18 +370,8 @@ fn cold_pulls_read_records_that_straddle_windows_whole() {
     let dir = tempfile::tempdir().unwrap();
     let count = 4_000u64;
     let size = |i: u64| 700 + (i % 13) as usize * 61;
-    run(|| async {
-        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
-            .await
-            .unwrap();
-        let mut last = None;
-        for i in 0..count {
-            last = Some(append(&store, "Cold", (i % 4) as u32, i, size(i), "t"));
-        }
-        store.wait_durable(last.unwrap().end_offset).await.unwrap();
-        assert!(store.max_physical_offset() > shards::CommitLogOffset(3 << 20));
-        store.close().await.unwrap();
-    });
+    let end = written_over_four_queues(dir.path(), SEGMENT, "Cold", count, size);
+    assert!(end > 3 << 20);
     run(|| async {
         let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
             .await
@@ -411,21 +431,7 @@ fn pulls_at_places(windows: usize) -> shards::store::StoreStats {
     let dir = tempfile::tempdir().unwrap();
     let size = |i: u64| 900 + (i % 11) as usize * 37;
     let count = PLACES * PER_QUEUE + 4 * 600;
-    run(|| async {
-        let store = Store::open(config(dir.path(), FlushMode::Sync, SEGMENT))
-            .await
-            .unwrap();
-        let mut last = None;
-        for i in 0..count {
-            let appended = append(&store, "Places", (i % 4) as u32, i, size(i), "t");
-            if i % 4096 == 4095 {
-                store.wait_durable(appended.end_offset).await.unwrap();
-            }
-            last = Some(appended);
-        }
-        store.wait_durable(last.unwrap().end_offset).await.unwrap();
-        store.close().await.unwrap();
-    });
+    written_over_four_queues(dir.path(), SEGMENT, "Places", count, size);
     run(|| async {
         let mut config = config(dir.path(), FlushMode::Sync, SEGMENT);
         config.read_cache_windows = windows;
