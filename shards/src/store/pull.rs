@@ -561,7 +561,7 @@ struct PullReads {
     windows: Vec<(u64, Weak<Window>)>,
     /// The bytes it read past the cache, when the cache had no room (`Lookup::Bypass`), and
     /// where they start: the rest of the pull's records in that window, in one read.
-    own: Option<(u64, WindowBytes)>,
+    own: Option<(u64, WindowBytes, SpanRoom)>,
     /// Where the pull's last record ends.
     end: u64,
 }
@@ -581,7 +581,7 @@ async fn read_range_windowed(
     let end = pos + len as u64;
     let mut at = pos;
     while at < end {
-        if let Some((own_start, own)) = &reads.own {
+        if let Some((own_start, own, _)) = &reads.own {
             let own_end = own_start + own.len() as u64;
             if *own_start <= at && at < own_end {
                 let to = end.min(own_end);
@@ -600,14 +600,16 @@ async fn read_range_windowed(
         read_ahead(inner, window.1);
         let Some(bytes) = window_bytes(inner, window).await? else {
             // Blocks from `at` to the pull's last record, within the window (whose ends lie
-            // on blocks).
+            // on blocks). The bytes read before go first: a pull waits for room holding none.
             let from = at / BLOCK_BYTES * BLOCK_BYTES;
             let to = reads
                 .end
                 .min(window.1)
                 .next_multiple_of(BLOCK_BYTES)
                 .min(window.1);
-            reads.own = Some((from, read_window_file(inner, (from, to)).await?));
+            reads.own = None;
+            let room = SpanRoom::take(inner, to - from).await;
+            reads.own = Some((from, read_window_file(inner, (from, to)).await?, room));
             continue;
         };
         let from = (at - window.0) as usize;
@@ -623,6 +625,37 @@ async fn read_range_windowed(
         at = window.1.min(end);
     }
     Ok(())
+}
+
+/// Room taken for a pull's read past the cache (`ReadCache::take_span`), given back when
+/// the pull lets go of the bytes.
+struct SpanRoom {
+    inner: Rc<Inner>,
+    bytes: u64,
+}
+
+impl SpanRoom {
+    async fn take(inner: &Rc<Inner>, bytes: u64) -> SpanRoom {
+        loop {
+            let freed = {
+                let mut cache = inner.read_cache.borrow_mut();
+                if cache.take_span(bytes) {
+                    return SpanRoom {
+                        inner: inner.clone(),
+                        bytes,
+                    };
+                }
+                cache.spans_freed()
+            };
+            freed.wait().await;
+        }
+    }
+}
+
+impl Drop for SpanRoom {
+    fn drop(&mut self) {
+        self.inner.read_cache.borrow_mut().release_span(self.bytes);
+    }
 }
 
 /// The window `[start, end)` holding `at`, when it lies wholly in one segment and below the

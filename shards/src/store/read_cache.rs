@@ -27,11 +27,14 @@
 //! the tuning knob `store.read_cache_mib`), those cached and those being read together (a read
 //! that starts evicts the least recently used window first; when every place is being read,
 //! a pull reads past the cache and a read-ahead waits). A read past the cache holds at
-//! most a window's bytes, for one pull, while it runs. Their buffers come from the memory each
-//! shard registers with io_uring (`runtime.io_memory_mib`, 24 MiB by default, which holds
-//! the default 16 with room beside them) while it lasts, and from the heap past it: fresh
-//! pages to fault in and clear for every window read, up to a quarter of the broker's CPU a
-//! message under 16 lagging consumer groups (performance.md).
+//! most a window's bytes, for one pull, and the pulls' reads past it hold at most 8 times
+//! the bytes of the windows together (`take_span`; a pull waits for room holding none, so
+//! they cannot wait for each other; bounded by the windows' bytes alone, pulls waited for
+//! room: 48 groups at 48 places took 28-32 s where they took 18-22 s). Their buffers come
+//! from the memory each shard registers with io_uring (`runtime.io_memory_mib`, 24 MiB by
+//! default, which holds the default 16 windows with room beside them) while it lasts, and
+//! from the heap past it: fresh pages to fault in and clear for every window read, up to a
+//! quarter of the broker's CPU a message under 16 lagging consumer groups (performance.md).
 //! Lookups of single records (by offset, by id, by time) do not use it.
 //!
 //! A window also keeps where the records whose BODYCRC a pull found right start (pull.rs,
@@ -74,6 +77,10 @@ const READ_AHEAD_PAUSE_MISSES_PER_WINDOW: u64 = 4;
 /// pulls read past the cache (32 a window let 1.4-1.9x as many windows held be evicted and
 /// read again, 32 groups at 32 places).
 const IN_USE_LOOKUPS_PER_WINDOW: u64 = 128;
+
+/// Bytes the pulls' reads past the cache may hold together, per window the cache keeps: a
+/// bound on what many pulls at many places hold at once, which normal loads do not reach.
+const SPAN_BYTES_PER_WINDOW: u64 = 8 * WINDOW_BYTES;
 
 /// A window's bytes: those its DMA read brought in, in their buffer (any byte slice in tests).
 pub(crate) type WindowBytes = Rc<Window>;
@@ -152,6 +159,10 @@ pub(crate) struct ReadCache {
     pub(crate) read_aheads_paused: u64,
     /// Pulls' misses told to read past the cache ([`Lookup::Bypass`]).
     pub(crate) bypasses: u64,
+    /// Bytes of the reads past the cache that pulls hold ([`ReadCache::take_span`]), and
+    /// what wakes the pulls waiting for room among them.
+    span_bytes: u64,
+    spans_freed: Rc<Event>,
 }
 
 impl Default for ReadCache {
@@ -176,7 +187,32 @@ impl ReadCache {
             misses_evicted_lately: 0,
             read_aheads_paused: 0,
             bypasses: 0,
+            span_bytes: 0,
+            spans_freed: Rc::default(),
         }
+    }
+
+    /// Takes room for a read of `bytes` past the cache: the pulls' reads past it hold at
+    /// most `SPAN_BYTES_PER_WINDOW` a window kept (one larger read alone goes ahead). False:
+    /// wait for `spans_freed` and try again.
+    pub(crate) fn take_span(&mut self, bytes: u64) -> bool {
+        let max = SPAN_BYTES_PER_WINDOW * self.windows_max as u64;
+        if self.span_bytes > 0 && self.span_bytes + bytes > max {
+            return false;
+        }
+        self.span_bytes += bytes;
+        true
+    }
+
+    /// Gives back what [`ReadCache::take_span`] took and wakes the pulls waiting for room.
+    pub(crate) fn release_span(&mut self, bytes: u64) {
+        self.span_bytes -= bytes;
+        self.spans_freed.notify();
+    }
+
+    /// What wakes a pull waiting for room for a read past the cache.
+    pub(crate) fn spans_freed(&self) -> Rc<Event> {
+        self.spans_freed.clone()
     }
 
     fn evicted_remembered(&self) -> usize {
@@ -510,6 +546,26 @@ mod tests {
             cache.holds((far - 1) * WINDOW_BYTES),
             "for the window missed then"
         );
+    }
+
+    #[test]
+    fn reads_past_the_cache_hold_at_most_the_bytes_of_its_windows() {
+        let mut cache = ReadCache::new(WINDOWS_MIN);
+        let max = WINDOWS_MIN as u64 * SPAN_BYTES_PER_WINDOW;
+        assert!(cache.take_span(max - WINDOW_BYTES));
+        assert!(cache.take_span(WINDOW_BYTES));
+        assert!(!cache.take_span(4096), "full");
+        let freed = cache.spans_freed();
+        let woken = freed.wait();
+        cache.release_span(WINDOW_BYTES);
+        assert!(
+            futures_lite::future::block_on(futures_lite::future::poll_once(woken)).is_some(),
+            "a pull waiting for room is woken"
+        );
+        assert!(!cache.take_span(WINDOW_BYTES + 1));
+        assert!(cache.take_span(WINDOW_BYTES));
+        cache.release_span(max);
+        assert!(cache.take_span(2 * max), "one larger read alone goes ahead");
     }
 
     #[test]
