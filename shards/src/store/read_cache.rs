@@ -549,7 +549,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_past_the_cache_hold_at_most_the_bytes_of_its_windows() {
+    fn reads_past_the_cache_hold_a_bounded_number_of_bytes() {
         let mut cache = ReadCache::new(WINDOWS_MIN);
         let max = WINDOWS_MIN as u64 * SPAN_BYTES_PER_WINDOW;
         assert!(cache.take_span(max - WINDOW_BYTES));
