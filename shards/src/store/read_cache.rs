@@ -172,10 +172,11 @@ impl Default for ReadCache {
 }
 
 impl ReadCache {
-    /// A cache of at most `windows_max` windows (at least `WINDOWS_MIN`).
+    /// A cache of at most `windows_max` windows (at least `WINDOWS_MIN`, which
+    /// `StoreConfig::validate` checks before a store opens).
     pub(crate) fn new(windows_max: usize) -> ReadCache {
         ReadCache {
-            windows_max: windows_max.max(WINDOWS_MIN),
+            windows_max,
             windows: HashMap::default(),
             reading: HashMap::default(),
             uses: 0,
@@ -252,7 +253,7 @@ impl ReadCache {
             self.read_ahead_paused_until =
                 self.misses + READ_AHEAD_PAUSE_MISSES_PER_WINDOW * self.windows_max as u64;
         }
-        if !self.make_room_for_a_pull_read() {
+        if !self.make_room_for_a_read() {
             self.bypasses += 1;
             return Lookup::Bypass;
         }
@@ -265,12 +266,14 @@ impl ReadCache {
         self.misses < self.read_ahead_paused_until
     }
 
-    /// Makes room for a pull's read of a window, as [`ReadCache::make_room_for_a_read`] does,
-    /// but while the windows in use do not fit it evicts only a window not looked up for
-    /// `in_use_lookups()`: evicting the least recently used one then evicts a window some
+    /// Evicts least recently used windows until one more read keeps the windows cached and
+    /// being read within `windows_max`; false when every place is being read. While the
+    /// windows in use do not fit, it evicts only a window not looked up for
+    /// `in_use_lookups()` (false otherwise: a pull then reads past the cache, and read ahead
+    /// is paused anyway): evicting the least recently used one then evicts a window some
     /// group still reads, which reads it again and evicts another's (24 groups at 24 places
-    /// read a 440 MB backlog hundreds of times over). False: the pull reads past the cache.
-    fn make_room_for_a_pull_read(&mut self) -> bool {
+    /// read a 440 MB backlog hundreds of times over).
+    fn make_room_for_a_read(&mut self) -> bool {
         while self.windows.len() + self.reading.len() >= self.windows_max {
             let Some((oldest, last_use)) = self.least_recently_used() else {
                 return false;
@@ -279,17 +282,6 @@ impl ReadCache {
                 return false;
             }
             self.evict(oldest);
-        }
-        true
-    }
-
-    /// Evicts least recently used windows until one more read keeps the windows cached and
-    /// being read within `windows_max`; false when every place is being read.
-    fn make_room_for_a_read(&mut self) -> bool {
-        while self.windows.len() + self.reading.len() >= self.windows_max {
-            if !self.evict_least_recently_used() {
-                return false;
-            }
         }
         true
     }
