@@ -1,5 +1,6 @@
-//! The consumer load: one thread pulls every queue of the topic on every master broker, one
-//! connection per broker, with one ppoll(2) loop over non-blocking sockets.
+//! The consumer load: a thread pulls the queues of its connections (one per broker and group;
+//! `--consumer-threads` spreads them over several threads), each thread with one ppoll(2) loop
+//! over non-blocking sockets.
 //!
 //! Each queue has at most one PULL_MESSAGE (11, REMOTING.md §3.3) outstanding, as RocketMQ's
 //! consumers do (the next offset comes from the answer), and the pulls of all queues of a
@@ -22,6 +23,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -90,7 +92,35 @@ pub struct StopWhen {
     pub follow: Option<(Arc<ProducersDone>, Duration)>,
 }
 
-/// What the consumer thread runs.
+/// What the consumer threads count together: the stop rules (`--messages`, e2e's "every
+/// message arrived") and the per-group figures are over all of them.
+#[derive(Debug)]
+pub struct Received {
+    /// Messages received, all threads.
+    pub total: AtomicU64,
+    /// Messages received per group, all threads.
+    pub per_group: Vec<AtomicU64>,
+}
+
+impl Received {
+    pub fn new(groups: usize) -> Arc<Received> {
+        Arc::new(Received {
+            total: AtomicU64::new(0),
+            per_group: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Least and most any group received, when there are several groups.
+    pub fn group_spread(&self) -> Option<(u64, u64)> {
+        if self.per_group.len() < 2 {
+            return None;
+        }
+        let counts = self.per_group.iter().map(|c| c.load(Ordering::Relaxed));
+        Some((counts.clone().min()?, counts.max()?))
+    }
+}
+
+/// What one consumer thread runs.
 #[derive(Debug)]
 pub struct ConsumerPlan {
     pub source: usize,
@@ -109,6 +139,8 @@ pub struct ConsumerPlan {
     /// A pull unanswered after suspend_ms plus this counts as failed.
     pub request_timeout: Duration,
     pub reports: Sender<Report>,
+    /// Shared with the other consumer threads of the run.
+    pub received: Arc<Received>,
 }
 
 struct QueueState {
@@ -126,8 +158,8 @@ struct PullContext<'a> {
     clock: &'a RunClock,
     catch_up: bool,
     tally: &'a mut ConsumeTally,
-    /// Messages received per group, over the whole run.
-    per_group: &'a mut [u64],
+    /// Messages received per group, over the whole run (all threads).
+    per_group: &'a [AtomicU64],
 }
 
 struct PullConnection {
@@ -331,7 +363,8 @@ fn handle_answer(
             context
                 .tally
                 .record_pull_latency(now.saturating_duration_since(sent_at));
-            context.per_group[queue.group] += count_records(command.body, now, context);
+            let count = count_records(command.body, now, context);
+            context.per_group[queue.group].fetch_add(count, Ordering::Relaxed);
             if let Some(next) = next_offset {
                 queue.offset = next;
             }
@@ -384,8 +417,9 @@ fn count_records(body: &[u8], now: Instant, context: &mut PullContext<'_>) -> u6
     tally.messages - before
 }
 
-fn should_stop(plan: &ConsumerPlan, now: Instant, consumed: u64, drained: bool) -> bool {
+fn should_stop(plan: &ConsumerPlan, now: Instant, drained: bool) -> bool {
     let stop = &plan.stop;
+    let consumed = plan.received.total.load(Ordering::Relaxed);
     if stop.deadline.is_some_and(|deadline| now >= deadline) {
         return true;
     }
@@ -412,8 +446,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
         .map(PullConnection::new)
         .collect();
     let mut tally = ConsumeTally::new();
-    let mut per_group = vec![0u64; plan.groups.len()];
-    let mut consumed = 0;
+    let received = plan.received.clone();
     let mut tick = 0;
     let start = plan.clock.start;
     let mut next_tick_at = start + TICK;
@@ -423,7 +456,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
     loop {
         let now = Instant::now();
         let drained = connections.iter().all(PullConnection::all_drained);
-        if should_stop(&plan, now, consumed, drained) || connections.iter().all(|c| !c.open) {
+        if should_stop(&plan, now, drained) || connections.iter().all(|c| !c.open) {
             break;
         }
         for connection in connections.iter_mut().filter(|c| c.open) {
@@ -473,7 +506,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
             clock: &plan.clock,
             catch_up: plan.suspend_ms == 0,
             tally: &mut tally,
-            per_group: &mut per_group,
+            per_group: &received.per_group,
         };
         let open = connections.iter_mut().filter(|c| c.open);
         for (poll_fd, connection) in poll_fds.iter().zip(open) {
@@ -484,18 +517,11 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
                 connection.close(&error, context.tally);
             }
         }
-        consumed += tally.messages - before;
+        received
+            .total
+            .fetch_add(tally.messages - before, Ordering::Relaxed);
     }
     let connections_lost = connections.iter().filter(|c| !c.open).count();
-    if per_group.len() > 1 {
-        let (min, max) = (per_group.iter().min(), per_group.iter().max());
-        println!(
-            "Consumer groups: {}, messages received per group: min {} max {}",
-            per_group.len(),
-            min.unwrap_or(&0),
-            max.unwrap_or(&0)
-        );
-    }
     let _ = plan.reports.send(Report::Done {
         source: plan.source,
         figures: Figures::Consume(tally),
@@ -521,7 +547,14 @@ mod tests {
             stop,
             request_timeout: Duration::from_secs(1),
             reports: std::sync::mpsc::channel().0,
+            received: Received::new(1),
         }
+    }
+
+    /// `should_stop` once the run's threads have received `consumed` messages in all.
+    fn stops(plan: &ConsumerPlan, now: Instant, consumed: u64, drained: bool) -> bool {
+        plan.received.total.store(consumed, Ordering::Relaxed);
+        should_stop(plan, now, drained)
     }
 
     #[test]
@@ -533,31 +566,28 @@ mod tests {
             drained: false,
             follow: None,
         };
-        assert!(!should_stop(&plan_with(none.clone()), now, 10, true));
+        assert!(!stops(&plan_with(none.clone()), now, 10, true));
         let count = StopWhen {
             messages: Some(10),
             ..none.clone()
         };
-        assert!(should_stop(&plan_with(count.clone()), now, 10, false));
-        assert!(!should_stop(&plan_with(count), now, 9, false));
+        assert!(stops(&plan_with(count.clone()), now, 10, false));
+        assert!(!stops(&plan_with(count), now, 9, false));
         let drained = StopWhen {
             drained: true,
             ..none.clone()
         };
-        assert!(should_stop(&plan_with(drained), now, 0, true));
+        assert!(stops(&plan_with(drained), now, 0, true));
         let producers = Arc::new(ProducersDone::default());
         let follow = StopWhen {
             follow: Some((producers.clone(), Duration::from_secs(5))),
             ..none
         };
         let plan = plan_with(follow);
-        assert!(
-            !should_stop(&plan, now, 100, false),
-            "producers still running"
-        );
+        assert!(!stops(&plan, now, 100, false), "producers still running");
         producers.outcome.set((100, now)).unwrap();
-        assert!(should_stop(&plan, now, 100, false));
-        assert!(!should_stop(&plan, now, 99, false));
-        assert!(should_stop(&plan, now + Duration::from_secs(5), 99, false));
+        assert!(stops(&plan, now, 100, false));
+        assert!(!stops(&plan, now, 99, false));
+        assert!(stops(&plan, now + Duration::from_secs(5), 99, false));
     }
 }

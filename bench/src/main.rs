@@ -263,6 +263,10 @@ struct ConsumerArgs {
     /// End-to-end: seconds to wait for the last messages after the producers stop.
     #[arg(long, default_value_t = 5)]
     drain_secs: u64,
+    /// Pull with this many threads: the connections (one per group and broker) are dealt
+    /// out over them, as the instances of a consumer group share its queues.
+    #[arg(long, default_value_t = 1)]
+    consumer_threads: usize,
 }
 
 impl CommonArgs {
@@ -335,6 +339,7 @@ impl ConsumerArgs {
             },
             catch_up: self.catch_up,
             drain: Duration::from_secs(self.drain_secs),
+            threads: self.consumer_threads,
         }
     }
 }

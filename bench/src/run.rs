@@ -114,6 +114,8 @@ pub struct ConsumerOptions {
     pub catch_up: bool,
     /// End-to-end: how long to wait for stragglers after the producers stop.
     pub drain: Duration,
+    /// Consumer threads the connections are spread over (at most one a connection).
+    pub threads: usize,
 }
 
 /// Most topics one `--topics` run spreads its sends over.
@@ -286,6 +288,10 @@ impl ConsumerOptions {
             "--drain-secs must be 0..={}",
             DRAIN_MAX.as_secs()
         );
+        ensure!(
+            (1..=THREADS_MAX).contains(&self.threads),
+            "--consumer-threads must be 1..={THREADS_MAX}"
+        );
         Ok(())
     }
 
@@ -309,6 +315,7 @@ impl ConsumerOptions {
             "start_at": match self.start_at { StartAt::First => "first", StartAt::Last => "last" },
             "catch_up": self.catch_up,
             "drain_secs": self.drain.as_secs(),
+            "threads": self.threads,
             "brokers": brokers,
         })
     }
@@ -451,11 +458,11 @@ pub fn run_consumer(common: &CommonOptions, consumer: &ConsumerOptions) -> anyho
         clock,
         stop,
     };
-    let handle = start_consumer(common, consumer, plan, 0, &sender)?;
+    let (handles, received) = start_consumers(common, consumer, plan, 0, &sender)?;
     drop(sender);
     let collected = Collector {
         producers: 0,
-        consumers: 1,
+        consumers: handles.len(),
         headline: Headline::Pull,
         clock,
         planned: planned_length(common),
@@ -463,7 +470,8 @@ pub fn run_consumer(common: &CommonOptions, consumer: &ConsumerOptions) -> anyho
         on_producers_done: None,
     }
     .collect(&receiver);
-    join(vec![handle]);
+    join(handles);
+    print_group_spread(&received);
     let consumer_json = print_consumer_summary(&collected, clock);
     let config = merged(common.config_json(), consumer.config_json(&targets));
     finish(
@@ -533,17 +541,14 @@ pub fn run_end_to_end(
         clock,
         stop,
     };
-    handles.push(start_consumer(
-        common,
-        consumer,
-        plan,
-        producer_count,
-        &sender,
-    )?);
+    let (consumer_handles, received) =
+        start_consumers(common, consumer, plan, producer_count, &sender)?;
+    let consumer_count = consumer_handles.len();
+    handles.extend(consumer_handles);
     drop(sender);
     let collected = Collector {
         producers: producer_count,
-        consumers: 1,
+        consumers: consumer_count,
         headline: Headline::EndToEnd,
         clock,
         planned: planned_length(common),
@@ -554,6 +559,7 @@ pub fn run_end_to_end(
     }
     .collect(&receiver);
     join(handles);
+    print_group_spread(&received);
     let producer_json = print_producer_summary(&collected, clock, producer);
     let consumer_json = print_consumer_summary(&collected, clock);
     let expected = collected.send.succeeded * u64::from(consumer.groups.max(1));
@@ -926,34 +932,59 @@ struct PullPlan {
     stop: StopWhen,
 }
 
-fn start_consumer(
+/// Starts the consumer threads (`--consumer-threads`, at most one a connection), the
+/// connections dealt out in turn; their report sources are `first_source` and on.
+fn start_consumers(
     common: &CommonOptions,
     consumer: &ConsumerOptions,
     pull: PullPlan,
-    source: usize,
+    first_source: usize,
     reports: &mpsc::Sender<crate::collect::Report>,
-) -> anyhow::Result<thread::JoinHandle<()>> {
-    let plan = ConsumerPlan {
-        source,
-        connections: pull.connections,
-        topics: pull.topics,
-        groups: consumer.group_names(),
-        subscription: consumer.subscription.clone(),
-        pull_batch: consumer.pull_batch,
-        suspend_ms: if consumer.catch_up {
-            0
-        } else {
-            consumer.suspend_ms
-        },
-        clock: pull.clock,
-        stop: pull.stop,
-        request_timeout: common.request_timeout,
-        reports: reports.clone(),
-    };
-    thread::Builder::new()
-        .name("bench-consumer".into())
-        .spawn(move || consumer::run_consumer(plan))
-        .context("starting the consumer thread")
+) -> anyhow::Result<(Vec<thread::JoinHandle<()>>, Arc<consumer::Received>)> {
+    let groups = consumer.group_names();
+    let received = consumer::Received::new(groups.len());
+    let threads = consumer.threads.clamp(1, pull.connections.len().max(1));
+    let mut shares: Vec<Vec<PullConnectionPlan>> = (0..threads).map(|_| Vec::new()).collect();
+    for (index, connection) in pull.connections.into_iter().enumerate() {
+        shares[index % threads].push(connection);
+    }
+    let mut handles = Vec::with_capacity(threads);
+    for (index, connections) in shares.into_iter().enumerate() {
+        let plan = ConsumerPlan {
+            source: first_source + index,
+            connections,
+            topics: pull.topics.clone(),
+            groups: groups.clone(),
+            subscription: consumer.subscription.clone(),
+            pull_batch: consumer.pull_batch,
+            suspend_ms: if consumer.catch_up {
+                0
+            } else {
+                consumer.suspend_ms
+            },
+            clock: pull.clock,
+            stop: pull.stop.clone(),
+            request_timeout: common.request_timeout,
+            reports: reports.clone(),
+            received: received.clone(),
+        };
+        let handle = thread::Builder::new()
+            .name(format!("bench-consumer-{index}"))
+            .spawn(move || consumer::run_consumer(plan))
+            .context("starting a consumer thread")?;
+        handles.push(handle);
+    }
+    Ok((handles, received))
+}
+
+/// The least and most messages any group received, when the run had several groups.
+fn print_group_spread(received: &consumer::Received) {
+    if let Some((min, max)) = received.group_spread() {
+        println!(
+            "Consumer groups: {}, messages received per group: min {min} max {max}",
+            received.per_group.len()
+        );
+    }
 }
 
 /// Printable, deterministic body bytes (`a`..`z`, `0`..`9` repeated).

@@ -262,6 +262,21 @@ fn every_mode_reports_real_counts() {
         produced * MESSAGE_SIZE_BYTES
     );
     assert_eq!(count(&report, &["consumer", "malformed_bodies"]), 0);
+    // The same over two threads (a connection to each shard each): the same count, once.
+    let report = bench(
+        &node,
+        "consumer-threads",
+        &[
+            "consumer",
+            "--topic",
+            "SmokeC",
+            "--catch-up",
+            "--consumer-threads",
+            "2",
+        ],
+    );
+    assert_eq!(count(&report, &["consumer", "consumed"]), produced);
+    assert_eq!(report["config"]["threads"], 2);
 
     // End to end, open loop, for two seconds.
     let report = bench(
@@ -305,6 +320,8 @@ fn groups_and_topics_each_get_every_message() {
             "2",
             "--groups",
             "3",
+            "--consumer-threads",
+            "4",
             "--rate",
             "1000",
             "--duration-secs",
@@ -316,7 +333,7 @@ fn groups_and_topics_each_get_every_message() {
     assert_eq!(
         count(&report, &["consumer", "consumed"]),
         3 * sent,
-        "each of 3 groups receives every message of both topics"
+        "each of 3 groups receives every message of both topics, over 4 threads"
     );
 }
 
@@ -359,6 +376,19 @@ fn out_of_bounds_options_are_refused_before_connecting() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr.contains("--rate must be"), "{stderr}");
+    let output = command(Path::new(env!("CARGO_BIN_EXE_shardmq-bench")))
+        .args([
+            "consumer",
+            "--consumer-threads",
+            "0",
+            "--namesrv",
+            "127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("--consumer-threads must be"), "{stderr}");
 }
 
 #[test]
