@@ -9,14 +9,27 @@
 # what it read).
 #   scripts/bench-catchup.sh [GIB] [MESSAGE_SIZE] [DATA_PARENT_DIR]
 # Environment: SHARDS (1); BINARIES (shardmq builds to compare, alternated; default
-# target/release/shardmq, which also fills the backlog); ROUNDS (1); SKIP_BUILD=1.
-# Needs root (drop_caches), fio (`apt-get install fio`), python3.
+# $BIN_DIR/shardmq, which also fills the backlog); BIN_DIR (target/release: shardmq-bench);
+# ROUNDS (1); SKIP_BUILD=1; BROKER_ARGS (more `serve` arguments, e.g. `--cpus 2,3`);
+# BENCH_CPUS (taskset for the producer and the consumer); CONSUMER_THREADS (the consumer's
+# threads, default one a shard: each shard is an endpoint of its own).
+# Needs root (drop_caches) and python3; fio (`apt-get install fio`), or, where it is missing
+# (a machine nothing can be installed on), scripts/disk-read.py reads the same way, said so.
 set -euo pipefail
 . "$(dirname "$0")/bench-lib.sh"
 cd "$(dirname "$0")/.."
 gib=${1:-6}; size=${2:-4096}; parent=${3:-${TMPDIR:-/var/tmp}}; shards=${SHARDS:-1}
-binaries=${BINARIES:-target/release/shardmq}; rounds=${ROUNDS:-1}
-command -v fio >/dev/null || { echo "bench-catchup: fio is not installed (apt-get install fio)" >&2; exit 1; }
+bin_dir=${BIN_DIR:-target/release}
+binaries=${BINARIES:-$bin_dir/shardmq}; rounds=${ROUNDS:-1}
+consumer_threads=${CONSUMER_THREADS:-$shards}
+pin=()
+[ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
+bench=("${pin[@]}" "$bin_dir/shardmq-bench")
+reader=fio
+if ! command -v fio >/dev/null; then
+    reader=disk-read.py
+    echo "bench-catchup: fio is not installed here; the disk is read by scripts/disk-read.py instead (1 MiB O_DIRECT reads, 4 in flight)"
+fi
 [ -w /proc/sys/vm/drop_caches ] || { echo "bench-catchup: needs root to drop the page cache" >&2; exit 1; }
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p shardmq -p shardmq-bench
 scratch=$(mktemp -d "$parent/bench-catchup.XXXXXX")
@@ -24,6 +37,13 @@ broker=""
 trap '[ -n "$broker" ] && kill "$broker" 2>/dev/null && wait "$broker" 2>/dev/null; rm -rf "$scratch"' EXIT
 
 fio_read() { # MB/s of 1 MiB O_DIRECT sequential reads of a 4 GiB file, the cache dropped
+    if [ "$reader" != fio ]; then
+        dd if=/dev/zero of="$scratch/fio.dat" bs=4M count=1024 oflag=direct 2> /dev/null
+        sync; echo 3 > /proc/sys/vm/drop_caches
+        python3 scripts/disk-read.py "$scratch/fio.dat" 4
+        rm -f "$scratch/fio.dat"
+        return
+    fi
     fio --name=prep --filename="$scratch/fio.dat" --size=4G --bs=1M --rw=write --direct=1 \
         --ioengine=io_uring --iodepth=4 > /dev/null 2>&1
     sync; echo 3 > /proc/sys/vm/drop_caches
@@ -33,7 +53,8 @@ fio_read() { # MB/s of 1 MiB O_DIRECT sequential reads of a 4 GiB file, the cach
     rm -f "$scratch/fio.dat"
 }
 start_broker() { # BINARY
-    "$1" serve --shards "$shards" --segment-size-mib 1024 \
+    # shellcheck disable=SC2086 # BROKER_ARGS is a list of arguments
+    "$1" serve --shards "$shards" --segment-size-mib 1024 ${BROKER_ARGS:-} \
         --data-dir "$scratch/data" --namesrv-port 12276 --broker-port 12311 \
         > "$scratch/broker.log" 2>&1 &
     broker=$!
@@ -46,19 +67,19 @@ stop_broker() {
 messages=$((gib * 1024 * 1024 * 1024 / size))
 start_broker "${binaries%% *}"
 echo "filling: $messages messages of $size B ($gib GiB) by batches of 16"
-target/release/shardmq-bench producer --namesrv 127.0.0.1:12276 --topic Backlog --queues 8 \
+"${bench[@]}" producer --namesrv 127.0.0.1:12276 --topic Backlog --queues 8 \
     --messages "$messages" --message-size "$size" --batch 16 --in-flight 16 --no-progress \
     | grep -E "^(Throughput|Sent)" || true
 stop_broker
 for round in $(seq 1 "$rounds"); do
     fio_mbs=$(fio_read)
-    echo "round $round: fio O_DIRECT sequential read (1 MiB, depth 4): $fio_mbs MB/s"
+    echo "round $round: $reader O_DIRECT sequential read (1 MiB, depth 4): $fio_mbs MB/s"
     for binary in $binaries; do
         sync; echo 3 > /proc/sys/vm/drop_caches
         start_broker "$binary"
         ticks=$(awk '{print $14 + $15}' "/proc/$broker/stat")
-        target/release/shardmq-bench consumer --namesrv 127.0.0.1:12276 --topic Backlog \
-            --catch-up --no-progress --report "$scratch/catchup.json" > /dev/null 2>&1
+        "${bench[@]}" consumer --namesrv 127.0.0.1:12276 --topic Backlog \
+            --consumer-threads "$consumer_threads" --catch-up --no-progress --report "$scratch/catchup.json" > /dev/null 2>&1
         ticks=$(( $(awk '{print $14 + $15}' "/proc/$broker/stat") - ticks ))
         rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$broker/status")
         stop_broker
@@ -71,7 +92,7 @@ fio, messages, ticks, hz, rss, binary = (float(sys.argv[2]), int(sys.argv[3]), i
 mbs = report["payload_mb_per_sec"]
 print(f"  {binary}: {report['consumed']} of {messages} messages, "
       f"{report['messages_per_sec']:,.0f} msgs/s, {mbs:,.0f} MB/s of payload = "
-      f"{100 * mbs / fio:.0f}% of fio's; broker CPU {ticks / hz:.2f} s; RSS {rss} MB")
+      f"{100 * mbs / fio:.0f}% of the disk's; broker CPU {ticks / hz:.2f} s; RSS {rss} MB")
 PY
     done
 done
