@@ -366,6 +366,9 @@ pub struct StoreStats {
     /// Of those misses, the ones with no room for their window (every window held was in
     /// use, or being read): the pull read its own records' span past the cache.
     pub read_cache_bypasses: u64,
+    /// Of those, the ones that took a span another pull had read or was reading (the pulls
+    /// of one group's queues read the same stretch of the log at once).
+    pub read_cache_span_shares: u64,
 }
 
 impl StoreStats {
@@ -1169,6 +1172,7 @@ impl Store {
             read_cache_misses: cache.misses,
             read_cache_refetches: cache.misses_evicted_lately,
             read_cache_bypasses: cache.bypasses,
+            read_cache_span_shares: cache.span_shares,
             ring: log.ring.counts,
             ..log.stats
         }

@@ -41,6 +41,8 @@ pub use crate::limits::STORE_READ_MAX_BYTES as PULL_BATCH_MAX_BYTES;
 pub use crate::limits::STORE_READ_MESSAGES_MAX as PULL_BATCH_MAX_MESSAGES;
 /// Contiguous records read in one go by the properties stage, at most (one record at least).
 const PROPERTY_FILTER_RUN_MAX_BYTES: u64 = 256 << 10;
+/// A read past the cache goes this fraction past the pull's own records (see `span_bytes`).
+const SPAN_MARGIN_DIVISOR: u64 = 4;
 /// Bytes read to find a record's STORETIMESTAMP (it ends at 76 with an IPv6 born host).
 const RECORD_HEADER_READ_BYTES: usize = 76;
 
@@ -554,22 +556,38 @@ fn segment_file(log: &LogState, at: u64) -> Result<(u64, Rc<DirectFile>), StoreE
 
 /// What one pull read below the tail, for the records it reads next and their checks.
 struct PullReads {
-    /// The cache's windows read from (once each, with their start), not kept alive by this:
-    /// a pull waiting for a read would keep windows the cache let go of, and their registered
-    /// memory (the reads then fell back to fresh heap pages: a sixth of the msgs/s of 16
-    /// groups catching up, in one run).
+    /// The cache's windows and the spans past it read from (once each, with their start),
+    /// not kept alive by this: a pull waiting for a read would keep windows the cache let go
+    /// of, and their registered memory (the reads then fell back to fresh heap pages: a
+    /// sixth of the msgs/s of 16 groups catching up, in one run).
     windows: Vec<(u64, Weak<Window>)>,
-    /// The bytes it read past the cache, when the cache had no room (`Lookup::Bypass`), and
-    /// where they start: the rest of the pull's records in that window, in one read.
-    own: Option<(u64, WindowBytes, SpanRoom)>,
+    /// The span past the cache it reads from now, when the cache had no room
+    /// (`Lookup::Bypass`), and where it starts: read by this pull (the rest of its records in
+    /// that window, in one read) or by another that still holds it.
+    own: Option<(u64, WindowBytes)>,
     /// Where the pull's last record ends.
     end: u64,
 }
 
+impl PullReads {
+    /// Notes a window or span read from, for the checks of its records.
+    fn note(&mut self, start: u64, bytes: &WindowBytes) {
+        let seen = self
+            .windows
+            .iter()
+            .any(|(_, seen)| std::ptr::eq(seen.as_ptr(), Rc::as_ptr(bytes)));
+        if !seen {
+            self.windows.push((start, Rc::downgrade(bytes)));
+        }
+    }
+}
+
 /// Appends commitlog bytes `[pos, pos + len)` to `out` as [`read_range`] reads them, but the
 /// durable part through the store's window cache (read_cache.rs): for pull bodies, which
-/// walk the log. When the cache has no room for a window, the pull reads only the span of its
-/// own records in it, from `pos` on (blocks, not a window), and keeps it in `reads`.
+/// walk the log. When the cache has no room for a window, the pull takes the span past the
+/// cache that another pull of the same stretch read or is reading, or reads the span of its
+/// own records in it (blocks from `pos` on, not a window: `span_bytes`), and keeps it in
+/// `reads`.
 async fn read_range_windowed(
     inner: &Rc<Inner>,
     pos: u64,
@@ -577,11 +595,10 @@ async fn read_range_windowed(
     out: &mut Vec<u8>,
     reads: &mut PullReads,
 ) -> Result<(), StoreError> {
-    use super::segments::BLOCK_BYTES;
     let end = pos + len as u64;
     let mut at = pos;
     while at < end {
-        if let Some((own_start, own, _)) = &reads.own {
+        if let Some((own_start, own)) = &reads.own {
             let own_end = own_start + own.len() as u64;
             if *own_start <= at && at < own_end {
                 let to = end.min(own_end);
@@ -599,49 +616,107 @@ async fn read_range_windowed(
         };
         read_ahead(inner, window.1);
         let Some(bytes) = window_bytes(inner, window).await? else {
-            // Blocks from `at` to the pull's last record, within the window (whose ends lie
-            // on blocks). The bytes read before go first: a pull waits for room holding none.
-            let from = at / BLOCK_BYTES * BLOCK_BYTES;
-            let to = reads
-                .end
-                .min(window.1)
-                .next_multiple_of(BLOCK_BYTES)
-                .min(window.1);
+            // The span it was reading lies behind: let go of it before waiting for another.
             reads.own = None;
-            let room = SpanRoom::take(inner, to - from).await;
-            reads.own = Some((from, read_window_file(inner, (from, to)).await?, room));
+            let span = span_bytes(inner, at, window.1, reads.end).await?;
+            reads.note(span.0, &span.1);
+            reads.own = Some(span);
             continue;
         };
         let from = (at - window.0) as usize;
         let to = (end.min(window.1) - window.0) as usize;
         out.extend_from_slice(&bytes[from..to]);
-        if !reads
-            .windows
-            .iter()
-            .any(|(_, seen)| std::ptr::eq(seen.as_ptr(), Rc::as_ptr(&bytes)))
-        {
-            reads.windows.push((window.0, Rc::downgrade(&bytes)));
-        }
+        reads.note(window.0, &bytes);
         at = window.1.min(end);
     }
     Ok(())
 }
 
-/// Room taken for a pull's read past the cache (`ReadCache::take_span`), given back when
-/// the pull lets go of the bytes.
+/// The bytes past the cache holding `at` (the cache had no room for its window, which ends at
+/// `window_end`): a span another pull holds or is reading, or, with none, the blocks from `at`
+/// to a quarter past `pull_end` (the pull's last record) within the window, read now. The
+/// caller holds no span: a pull waits for room holding none, so pulls cannot wait for each
+/// other.
+async fn span_bytes(
+    inner: &Rc<Inner>,
+    at: u64,
+    window_end: u64,
+    pull_end: u64,
+) -> Result<(u64, WindowBytes), StoreError> {
+    use super::read_cache::SpanLookup;
+    use super::segments::BLOCK_BYTES;
+    let from = at / BLOCK_BYTES * BLOCK_BYTES;
+    // A quarter more than its own records: the pulls of the group's other queues end a few
+    // records past this one's, and find those in it rather than reading them again.
+    let to = (pull_end + (pull_end - from) / SPAN_MARGIN_DIVISOR)
+        .min(window_end)
+        .next_multiple_of(BLOCK_BYTES)
+        .min(window_end);
+    let mut room = None;
+    loop {
+        let lookup = inner.read_cache.borrow_mut().lookup_span(at);
+        match lookup {
+            SpanLookup::Held(start, bytes) => return Ok((start, bytes)),
+            SpanLookup::Reading(start, read) => {
+                room = None;
+                match read.wait().await {
+                    Some(bytes) => return Ok((start, bytes)),
+                    None => continue,
+                }
+            }
+            // Nobody holds one: room first, then look again (another pull may have begun
+            // reading one while this waited for room).
+            SpanLookup::None if room.is_none() => {
+                room = Some(SpanRoom::take(inner, from, to - from).await);
+                continue;
+            }
+            SpanLookup::None => {}
+        }
+        let room = room.expect("room taken above");
+        let generation = inner.read_cache.borrow_mut().start_span(from, to);
+        let read = read_file_aligned(inner, (from, to)).await;
+        let bytes = read.map(|bytes| Window::new(SpanBytes { bytes, _room: room }));
+        inner
+            .read_cache
+            .borrow_mut()
+            .finish_span(from, bytes.as_ref().ok(), generation);
+        return Ok((from, bytes?));
+    }
+}
+
+/// A span read past the cache, with the room it takes among such reads (given back when the
+/// last pull holding it lets go).
+struct SpanBytes {
+    bytes: crate::runtime::fs::DmaBytes,
+    _room: SpanRoom,
+}
+
+impl std::ops::Deref for SpanBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Room taken for a read past the cache at `start` (`ReadCache::take_span`), given back when
+/// the pulls let go of its bytes (never while the cache is borrowed: pulls drop their spans
+/// outside it).
 struct SpanRoom {
     inner: Rc<Inner>,
+    start: u64,
     bytes: u64,
 }
 
 impl SpanRoom {
-    async fn take(inner: &Rc<Inner>, bytes: u64) -> SpanRoom {
+    async fn take(inner: &Rc<Inner>, start: u64, bytes: u64) -> SpanRoom {
         loop {
             let freed = {
                 let mut cache = inner.read_cache.borrow_mut();
                 if cache.take_span(bytes) {
                     return SpanRoom {
                         inner: inner.clone(),
+                        start,
                         bytes,
                     };
                 }
@@ -654,7 +729,10 @@ impl SpanRoom {
 
 impl Drop for SpanRoom {
     fn drop(&mut self) {
-        self.inner.read_cache.borrow_mut().release_span(self.bytes);
+        self.inner
+            .read_cache
+            .borrow_mut()
+            .release_span(self.start, self.bytes);
     }
 }
 
@@ -704,7 +782,17 @@ async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, S
 /// One DMA read of the window's bytes from its segment file, kept in the buffer they were
 /// read into (a window is block-aligned and wholly inside one segment, below the tail).
 async fn read_window_file(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
-    let (start, end) = window;
+    Ok(super::read_cache::Window::new(
+        read_file_aligned(inner, window).await?,
+    ))
+}
+
+/// One DMA read of the block-aligned commitlog bytes `[start, end)`, inside one segment and
+/// below the tail, kept in the buffer they were read into.
+async fn read_file_aligned(
+    inner: &Inner,
+    (start, end): (u64, u64),
+) -> Result<crate::runtime::fs::DmaBytes, StoreError> {
     let (segment, file) = {
         let log = inner.log.borrow();
         if start < log.min_physical_offset || end > log.tail.base() {
@@ -716,10 +804,9 @@ async fn read_window_file(inner: &Inner, window: (u64, u64)) -> Result<WindowByt
         segment_file(&log, start)?
     };
     debug_assert!(end <= segment + inner.config.segment_size_bytes);
-    let bytes = file
+    Ok(file
         .read_exact_aligned(start - segment, (end - start) as usize)
-        .await?;
-    Ok(super::read_cache::Window::new(bytes))
+        .await?)
 }
 
 /// Starts reading the `READ_AHEAD_WINDOWS` windows from `start` in the background, those that

@@ -397,9 +397,9 @@ fn cold_pulls_read_records_that_straddle_windows_whole() {
 
 /// Consumers catching up at more places in the log than the read cache has windows: those
 /// whose windows are held keep them, the others read their own records' spans past the cache
-/// (read_cache.rs, `Lookup::Bypass`), and every consumer gets every record whole and in order.
-/// A cache of more windows (`read_cache_windows`, the knob `store.read_cache_mib`) holds them
-/// all.
+/// (read_cache.rs, `Lookup::Bypass`), the pulls of one consumer's queues sharing them, and
+/// every consumer gets every record whole and in order. A cache of more windows
+/// (`read_cache_windows`, the knob `store.read_cache_mib`) holds them all.
 #[test]
 fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
     let default = pulls_at_places(shards::store::READ_CACHE_WINDOWS_DEFAULT);
@@ -408,6 +408,12 @@ fn pulls_at_more_places_than_the_cache_holds_read_past_it() {
         "{} hits, {} misses, {} of them past the cache",
         default.read_cache_hits,
         default.read_cache_misses,
+        default.read_cache_bypasses
+    );
+    assert!(
+        default.read_cache_span_shares * 2 > default.read_cache_bypasses,
+        "most pulls past the cache take a span another of the same consumer read: {} of {}",
+        default.read_cache_span_shares,
         default.read_cache_bypasses
     );
     let larger = pulls_at_places(64);
@@ -437,37 +443,32 @@ fn pulls_at_places(windows: usize) -> shards::store::StoreStats {
         config.read_cache_windows = windows;
         let store = Store::open(config).await.unwrap();
         // Each consumer starts a window or more past the one before and reads 600 records
-        // of each of the 4 queues, one pull of each in turn.
+        // of each of the 4 queues, its 4 queues pulled at once (as clients pipeline them).
         let consumers: Vec<_> = (0..PLACES)
-            .map(|place| {
+            .flat_map(|place| (0..4u32).map(move |q| (place, q)))
+            .map(|(place, q)| {
                 let store = store.clone();
                 shards::runtime::spawn(async move {
-                    let mut next = [place * PER_QUEUE / 4; 4];
-                    let end = place * PER_QUEUE / 4 + 600;
-                    while next.iter().any(|offset| *offset < end) {
-                        for q in 0..4u32 {
-                            let at = next[q as usize];
-                            if at >= end {
-                                continue;
-                            }
-                            let found = store
-                                .get_messages(
-                                    "Places",
-                                    shards::QueueId(q),
-                                    shards::QueueOffset(at),
-                                    32,
-                                    1 << 20,
-                                    &|_| true,
-                                )
-                                .await
-                                .unwrap();
-                            assert!(found.message_count > 0, "place {place} queue {q} at {at}");
-                            for message in record::decode_all(&found.body).unwrap() {
-                                let i = u64::from(q) + 4 * message.queue_offset;
-                                assert_eq!(message.queue_offset, next[q as usize]);
-                                assert_eq!(message.body, &body_of(i, size(i))[..], "record {i}");
-                                next[q as usize] += 1;
-                            }
+                    let mut next = place * PER_QUEUE / 4;
+                    let end = next + 600;
+                    while next < end {
+                        let found = store
+                            .get_messages(
+                                "Places",
+                                shards::QueueId(q),
+                                shards::QueueOffset(next),
+                                32,
+                                1 << 20,
+                                &|_| true,
+                            )
+                            .await
+                            .unwrap();
+                        assert!(found.message_count > 0, "place {place} queue {q} at {next}");
+                        for message in record::decode_all(&found.body).unwrap() {
+                            let i = u64::from(q) + 4 * message.queue_offset;
+                            assert_eq!(message.queue_offset, next);
+                            assert_eq!(message.body, &body_of(i, size(i))[..], "record {i}");
+                            next += 1;
                         }
                     }
                 })

@@ -394,6 +394,10 @@ impl Broker {
             "storeReadCacheBypasses",
             store.read_cache_bypasses.to_string(),
         );
+        put(
+            "storeReadCacheSpanShares",
+            store.read_cache_span_shares.to_string(),
+        );
         put("parkedPulls", self.pull_waiters.len().to_string());
         put("sendRefusedBusy", self.load.refused_sends.get().to_string());
         for (key, value) in self.ha.runtime_info(self.store.max_physical_offset().0) {
