@@ -272,7 +272,7 @@ impl ReadCache {
                 Span::Reading(_, read) => Some(SpanLookup::Reading(*start, read.clone())),
                 Span::Read(_, bytes) => Some(SpanLookup::Held(*start, bytes.upgrade()?)),
             });
-        if matches!(found, Some(SpanLookup::Held(..) | SpanLookup::Reading(..))) {
+        if found.is_some() {
             self.span_shares += 1;
         }
         found.unwrap_or(SpanLookup::None)
