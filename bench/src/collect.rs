@@ -173,11 +173,13 @@ impl Collector<'_> {
                     let new = merge_figures(&mut collected.send, &mut collected.consume, &figures);
                     print_first_remarks(&new, &collected, &mut progress);
                     let producers_left = (0..self.producers).any(|p| live.contains(&p));
+                    // The seconds not every worker has reported yet are not in `collected`.
+                    let pending_succeeded = pending.values().map(|p| p.send.succeeded).sum();
                     self.note_done(
                         source,
                         finished_at,
                         connections_lost,
-                        producers_left,
+                        (producers_left, pending_succeeded),
                         &mut collected,
                     );
                 }
@@ -199,13 +201,17 @@ impl Collector<'_> {
     }
 
     /// Records that worker `source` stopped; the last producer to stop triggers
-    /// `on_producers_done`.
+    /// `on_producers_done`, with every message stored: those of the seconds summed into
+    /// `collected` and `pending_succeeded`, those of seconds some worker has not reported yet
+    /// (counting only the first, the consumers stopped as soon as they had that many: a
+    /// second the consumer had not reported when the producers ended went missing, and
+    /// "N not received" was printed for messages that were never waited for).
     fn note_done(
         &mut self,
         source: usize,
         finished_at: Instant,
         connections_lost: usize,
-        producers_left: bool,
+        (producers_left, pending_succeeded): (bool, u64),
         collected: &mut Collected,
     ) {
         if !self.is_producer(source) {
@@ -218,7 +224,7 @@ impl Collector<'_> {
         collected.producers_finished_at = collected.producers_finished_at.max(Some(finished_at));
         if !producers_left {
             if let Some(done) = self.on_producers_done.take() {
-                done(collected.send.succeeded, finished_at);
+                done(collected.send.succeeded + pending_succeeded, finished_at);
             }
         }
     }
@@ -401,5 +407,71 @@ impl Progress {
             let _ = std::io::stderr().flush();
             self.shown = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::mpsc;
+
+    fn sent(succeeded: u64) -> Figures {
+        let mut tally = Tally::new();
+        tally.succeeded = succeeded;
+        tally.requests = succeeded;
+        Figures::Send(tally)
+    }
+
+    /// The producers' last seconds count toward what they stored even while the consumer has
+    /// not reported those seconds yet (the consumers stop once they have that many).
+    #[test]
+    fn producers_done_counts_seconds_the_consumer_has_not_reported() {
+        let (sender, receiver) = mpsc::channel();
+        let now = Instant::now();
+        sender
+            .send(Report::Interval {
+                source: 0,
+                tick: 0,
+                figures: sent(10),
+            })
+            .unwrap();
+        sender
+            .send(Report::Done {
+                source: 0,
+                figures: sent(2),
+                finished_at: now,
+                connections_lost: 0,
+            })
+            .unwrap();
+        sender
+            .send(Report::Interval {
+                source: 1,
+                tick: 0,
+                figures: Figures::Consume(ConsumeTally::new()),
+            })
+            .unwrap();
+        sender
+            .send(Report::Done {
+                source: 1,
+                figures: Figures::Consume(ConsumeTally::new()),
+                finished_at: now,
+                connections_lost: 0,
+            })
+            .unwrap();
+        drop(sender);
+        let produced = Cell::new(None);
+        let collected = Collector {
+            producers: 1,
+            consumers: 1,
+            headline: Headline::EndToEnd,
+            clock: RunClock::start_now(),
+            planned: None,
+            progress: false,
+            on_producers_done: Some(Box::new(|count, _| produced.set(Some(count)))),
+        }
+        .collect(&receiver);
+        assert_eq!(produced.get(), Some(12), "tick 0 was still pending");
+        assert_eq!(collected.send.succeeded, 12);
     }
 }
