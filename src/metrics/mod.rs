@@ -212,6 +212,18 @@ impl RefusalReason {
     }
 }
 
+/// What pulls of records no longer in memory met in the store's read cache (read_cache.rs in
+/// shards): windows found there and read from disk; of the misses, windows evicted lately,
+/// pulls that read past the cache, and those of them that took another pull's span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadCacheCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub refetches: u64,
+    pub bypasses: u64,
+    pub span_shares: u64,
+}
+
 /// Sends refused, by reason (indexed as `RefusalReason::ALL`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RefusedSends(pub [u64; RefusalReason::ALL.len()]);
@@ -266,6 +278,8 @@ pub struct ShardSnapshot {
     /// Commitlog segments retention deleted, and those of them whose file was recycled.
     pub segments_deleted: u64,
     pub segments_recycled: u64,
+    /// The read cache's counters (`shards::store::StoreStats::read_cache_*`).
+    pub read_cache: ReadCacheCounts,
     pub durable_write_micros: u64,
     pub parked_pulls: u64,
     pub refused_sends: RefusedSends,

@@ -63,6 +63,9 @@ fn node_labels(shard: &ShardSnapshot) -> [(&'static str, &str); 3] {
     ]
 }
 
+/// A counter of each shard: name, help, and which figure of the shard it shows.
+type ShardCounter = (&'static str, &'static str, fn(&ShardSnapshot) -> u64);
+
 /// A counter family over flows: name, help, and which figure of a flow it shows.
 type FlowFamily = (&'static str, &'static str, fn(&super::Flow) -> u64);
 
@@ -455,6 +458,38 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         "Of those, the ones whose file became a later segment (written over, not unlinked).",
         |s| s.segments_recycled,
     );
+    let read_cache: [ShardCounter; 5] = [
+        (
+            "shardmq_read_cache_hits_total",
+            "Pulls' lookups of commitlog windows no longer in memory found in the read cache.",
+            |s| s.read_cache.hits,
+        ),
+        (
+            "shardmq_read_cache_misses_total",
+            "Those that were not there: the pull read the window from disk, or read past the \
+             cache.",
+            |s| s.read_cache.misses,
+        ),
+        (
+            "shardmq_read_cache_refetches_total",
+            "Of the misses, windows evicted lately: the windows the groups read do not all fit.",
+            |s| s.read_cache.refetches,
+        ),
+        (
+            "shardmq_read_cache_bypasses_total",
+            "Of the misses, pulls that found every window in use and read their own records' \
+             span past the cache (raise store.read_cache_mib).",
+            |s| s.read_cache.bypasses,
+        ),
+        (
+            "shardmq_read_cache_span_shares_total",
+            "Of those, pulls that took a span another pull had read or was reading.",
+            |s| s.read_cache.span_shares,
+        ),
+    ];
+    for (name, help, value) in read_cache {
+        per_node(&mut out, shards, name, "counter", help, value);
+    }
     per_node(
         &mut out,
         shards,
@@ -598,6 +633,8 @@ mod tests {
         shard
             .consumer_lag
             .push(("Orders".into(), "billing".into(), 0));
+        shard.read_cache.hits = 5;
+        shard.read_cache.span_shares = 2;
         let mut sends = super::super::rpc_latency::LatencyHistogram::default();
         sends.record(2);
         for (request_code, response_code) in [(Some(310), 0), (None, 2)] {
@@ -625,6 +662,10 @@ mod tests {
                 "rocketmq_consumer_lag_messages{{{node},topic=\"Orders\",consumer_group=\"billing\"}} 0"
             ),
             "# TYPE rocketmq_messages_in_total counter".to_string(),
+            format!("shardmq_read_cache_hits_total{{{node}}} 5"),
+            format!("shardmq_read_cache_misses_total{{{node}}} 0"),
+            format!("shardmq_read_cache_span_shares_total{{{node}}} 2"),
+            "# TYPE shardmq_read_cache_bypasses_total counter".to_string(),
             format!(
                 "rocketmq_rpc_latency_bucket{{{node},protocol_type=\"remoting\",\
                  request_code=\"send_message_v2\",response_code=\"success\",\

@@ -97,6 +97,13 @@ impl Broker {
             group_committed_messages: store.flushed_messages,
             segments_deleted: store.segments_deleted,
             segments_recycled: store.segments_recycled,
+            read_cache: super::ReadCacheCounts {
+                hits: store.read_cache_hits,
+                misses: store.read_cache_misses,
+                refetches: store.read_cache_refetches,
+                bypasses: store.read_cache_bypasses,
+                span_shares: store.read_cache_span_shares,
+            },
             durable_write_micros: store.flush_micros,
             parked_pulls: self.pull_waiters.len() as u64,
             timing_messages: self.timing_messages(),

@@ -257,6 +257,53 @@ def test_inflight_refusals_latency_labels_and_shard_figures(shardmq_factory):
         assert sample_value(text, "shardmq_process_resident_bytes") > 1 << 20
 
 
+COLD_MESSAGES = 2500
+COLD_BODY = b"c" * 1024
+
+
+def test_read_cache_counters_of_pulls_from_disk(shardmq_factory):
+    """shardmq_read_cache_*_total: after a restart, what was stored before is on disk only;
+    pulls walking it read windows of the log into the read cache (a miss) and find the next
+    records there (hits), which the shard's counters show."""
+    import remoting
+    metrics_port = free_port()
+    node = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    topic = create_topic(node, "Tcold")
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        for _ in range(COLD_MESSAGES):
+            sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                               remoting.send_message_ext(topic), body=COLD_BODY)
+            assert sent.code == remoting.SUCCESS, sent
+    node.restart(allow_port_change=False)
+    group = unique("cg_cold")
+    offset = 0
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        while offset < COLD_MESSAGES // 2:
+            pulled = client.call(remoting.PULL_MESSAGE, remoting.pull_message_ext(
+                group, topic, 0, queue_offset=offset, max_msg_nums=32))
+            assert pulled.code == remoting.SUCCESS, pulled
+            records = list(remoting.stored_records(pulled.body))
+            assert [q for q, _ in records] == list(range(offset, offset + len(records)))
+            assert all(body == COLD_BODY for _, body in records)
+            offset += len(records)
+    node0 = 'node_id="broker-0"'
+
+    def figures():
+        text = scrape(metrics_port)
+        hits = sample_value(text, "shardmq_read_cache_hits_total", node0)
+        return text if hits else None
+    wait_until(figures, SCRAPE_TIMEOUT_S, interval_s=0.5,
+               message="the shard's snapshot to show the pulls from disk")
+    text = figures()
+    print("\n".join(line for line in text.splitlines() if "read_cache" in line))
+    misses = sample_value(text, "shardmq_read_cache_misses_total", node0)
+    assert misses >= 1
+    # ~1.3 MB pulled 32 KiB at a time: most pulls find their window read already.
+    assert sample_value(text, "shardmq_read_cache_hits_total", node0) > 2 * misses
+    for name in ("refetches", "bypasses", "span_shares"):
+        assert sample_value(text, "shardmq_read_cache_{}_total".format(name), node0) == 0
+
+
 def test_a_second_node_cannot_share_the_metrics_port(shardmq_factory):
     """Two nodes on one host given the same --metrics-port: the second serves its brokers
     without an endpoint and says why; the port stays the first's alone (it was bound with
