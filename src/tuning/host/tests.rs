@@ -273,3 +273,42 @@ fn selectors_and_cpu_lists_parse() {
     assert_eq!(parse_cpu_list("0-3,6,8-9\n"), vec![0, 1, 2, 3, 6, 8, 9]);
     assert_eq!(parse_cpu_list("x,2"), vec![2]);
 }
+
+#[test]
+fn a_read_cache_larger_than_the_io_memory_is_pointed_out() {
+    let fits = check_read_cache(&dedicated_tuning());
+    assert_eq!(
+        fits.verdict,
+        Verdict::Ok,
+        "16 windows in 24 MiB: {}",
+        fits.summary
+    );
+    let larger = Profile::parse(
+        "test",
+        "[shards]\ncpus = [2, 3]\n[store]\nread_cache_mib = 64\n",
+    )
+    .unwrap()
+    .resolve(&[0, 1, 2, 3])
+    .unwrap();
+    let finding = check_read_cache(&larger);
+    assert_eq!(finding.verdict, Verdict::Info);
+    assert!(
+        finding.summary.contains("64 windows"),
+        "{}",
+        finding.summary
+    );
+    assert!(
+        finding.how.as_ref().unwrap().contains("io_memory_mib = 72"),
+        "{:?}",
+        finding.how
+    );
+    assert!(
+        finding
+            .why
+            .as_ref()
+            .unwrap()
+            .contains("48 of the 64 windows"),
+        "{:?}",
+        finding.why
+    );
+}
