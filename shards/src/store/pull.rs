@@ -770,7 +770,7 @@ async fn window_bytes(
 /// `start_read_ahead`) and hands it to the cache, which wakes whoever waits for it.
 async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
     let generation = inner.read_cache.borrow().generation();
-    let bytes = read_window_file(inner, window).await;
+    let bytes = read_file_aligned(inner, window).await.map(Window::new);
     let kept = bytes.as_ref().ok().cloned();
     inner
         .read_cache
@@ -779,16 +779,8 @@ async fn read_window(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, S
     bytes
 }
 
-/// One DMA read of the window's bytes from its segment file, kept in the buffer they were
-/// read into (a window is block-aligned and wholly inside one segment, below the tail).
-async fn read_window_file(inner: &Inner, window: (u64, u64)) -> Result<WindowBytes, StoreError> {
-    Ok(super::read_cache::Window::new(
-        read_file_aligned(inner, window).await?,
-    ))
-}
-
-/// One DMA read of the block-aligned commitlog bytes `[start, end)`, inside one segment and
-/// below the tail, kept in the buffer they were read into.
+/// One DMA read of the block-aligned commitlog bytes `[start, end)` (a window, or a span past
+/// the cache), inside one segment and below the tail, kept in the buffer they were read into.
 async fn read_file_aligned(
     inner: &Inner,
     (start, end): (u64, u64),
