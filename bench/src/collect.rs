@@ -179,7 +179,8 @@ impl Collector<'_> {
                         source,
                         finished_at,
                         connections_lost,
-                        (producers_left, pending_succeeded),
+                        producers_left,
+                        pending_succeeded,
                         &mut collected,
                     );
                 }
@@ -211,7 +212,8 @@ impl Collector<'_> {
         source: usize,
         finished_at: Instant,
         connections_lost: usize,
-        (producers_left, pending_succeeded): (bool, u64),
+        producers_left: bool,
+        pending_succeeded: u64,
         collected: &mut Collected,
     ) {
         if !self.is_producer(source) {
