@@ -48,6 +48,7 @@ ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 cpus=$(nproc)
 say "# bench-device $(date -u +%FT%TZ): $cpus CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), kernel $(uname -r),"
 say "# $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), memlock $(ulimit -l), fio: $(command -v fio || echo 'none (scripts/disk-read.py reads instead)'),"
+say "# tcp congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown) (bbr paces loopback too: a catch-up's MB/s is lower under it, docs/performance.md),"
 say "# binaries $bin_dir (commit $(cat "$bin_dir/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)), budget $budget s, steps: $steps"
 if ((cpus >= 16)); then
     small=0

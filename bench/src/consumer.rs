@@ -265,7 +265,10 @@ impl PullConnection {
         Ok(())
     }
 
-    fn receive(&mut self, context: &mut PullContext<'_>) -> io::Result<()> {
+    /// Reads what came, and pulls again for the queues answered after each read, as a
+    /// client's pull callback does at each answer (before, after up to `READS_PER_WAKEUP_MAX`
+    /// reads: the answers to the 8 queues of a catch-up came and went back together).
+    fn receive(&mut self, plan: &ConsumerPlan, context: &mut PullContext<'_>) -> io::Result<()> {
         for _ in 0..READS_PER_WAKEUP_MAX {
             if !self
                 .wire
@@ -273,12 +276,18 @@ impl PullConnection {
             {
                 break;
             }
-            self.complete(Instant::now(), context)?;
+            let now = Instant::now();
+            if self.complete(now, context)? > 0 {
+                self.fill(now, plan);
+                self.flush()?;
+            }
         }
         Ok(())
     }
 
-    fn complete(&mut self, now: Instant, context: &mut PullContext<'_>) -> io::Result<()> {
+    /// Handles the whole frames read; the answers among them.
+    fn complete(&mut self, now: Instant, context: &mut PullContext<'_>) -> io::Result<usize> {
+        let mut answers = 0;
         let mut consumed_total = 0;
         loop {
             let unread = &self.input[consumed_total..self.input_filled];
@@ -289,6 +298,7 @@ impl PullConnection {
                             let queue = &mut self.queues[index];
                             queue.pending = false;
                             handle_answer(queue, &command, sent_at, now, context);
+                            answers += 1;
                         }
                     }
                     consumed_total += consumed;
@@ -302,7 +312,7 @@ impl PullConnection {
         if self.input.len() > READ_CHUNK_BYTES && self.input_filled <= READ_CHUNK_BYTES {
             self.input.truncate(READ_CHUNK_BYTES);
         }
-        Ok(())
+        Ok(answers)
     }
 
     /// Gives up on pulls older than `timeout`; their queues are pulled again.
@@ -513,7 +523,7 @@ pub fn run_consumer(mut plan: ConsumerPlan) {
             if poll_fd.revents == 0 {
                 continue;
             }
-            if let Err(error) = connection.receive(&mut context) {
+            if let Err(error) = connection.receive(&plan, &mut context) {
                 connection.close(&error, context.tally);
             }
         }
