@@ -174,6 +174,7 @@ pub fn inspect(host: &Host, facts: ProcessFacts, tuning: &Tuning, data_dir: &Pat
     findings.push(check_transparent_huge_pages(host));
     findings.extend(check_disk(host, data_dir));
     findings.push(check_listen_backlog(host));
+    findings.push(check_congestion_control(host));
     findings.push(check_map_count(host));
     findings
 }
@@ -709,6 +710,34 @@ fn check_listen_backlog(host: &Host) -> Finding {
             )
         },
     )
+}
+
+/// The TCP congestion control new connections get. BBR paces every connection's sends,
+/// loopback ones too, with a timer: a consumer on the same host catching up from disk read
+/// 0.91-0.93x the MB/s for 1.26-1.29x the broker's CPU against cubic (docs/performance.md;
+/// small sends were the same). Only reported: BBR is often chosen on purpose, for clients
+/// that come over long or lossy links.
+fn check_congestion_control(host: &Host) -> Finding {
+    let area = "tcp congestion control";
+    let Some(text) = host.read("proc/sys/net/ipv4/tcp_congestion_control") else {
+        return Finding::new(Verdict::Info, area, "unreadable".into());
+    };
+    let name = text.trim();
+    let summary = format!("net.ipv4.tcp_congestion_control {name}");
+    if name != "bbr" {
+        return Finding::new(Verdict::Ok, area, summary);
+    }
+    Finding::new(Verdict::Info, area, summary)
+        .why(
+            "bbr paces the sends of every connection, loopback ones too: pulls of large answers \
+             to a consumer on the same host catching up measured 0.91-0.93x the MB/s for \
+             1.26-1.29x the broker's CPU against cubic; small sends were the same",
+        )
+        .how(
+            "where consumers run on this host: sysctl -w net.ipv4.tcp_congestion_control=cubic \
+             (connections made after it), and in /etc/sysctl.d to keep it; keep bbr where \
+             clients come over long or lossy links",
+        )
 }
 
 /// vm.max_map_count wanted: RocketMQ's os.sh value.

@@ -207,6 +207,7 @@ fn tune_inspects_the_host_and_applies_nothing() {
         "interrupts:",
         "transparent huge pages:",
         "listen backlog:",
+        "tcp congestion control:",
     ] {
         assert!(stdout.contains(area), "no {area} in {stdout}");
     }

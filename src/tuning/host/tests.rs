@@ -89,6 +89,7 @@ fn lay_out_busy_host(host: &FakeHost) {
         "[always] madvise never\n",
     );
     host.put("proc/sys/net/core/somaxconn", "128\n");
+    host.put("proc/sys/net/ipv4/tcp_congestion_control", "bbr\n");
     host.put("proc/sys/vm/max_map_count", "65530\n");
     if let Some(device) = host.data_device_dir() {
         host.put(&format!("{device}/queue/scheduler"), "[mq-deadline] none\n");
@@ -164,6 +165,14 @@ fn a_busy_host_gets_every_suggestion_and_nothing_is_written() {
         assert!(disk[1].why.as_ref().unwrap().contains("not applied"));
     }
     assert!(text.contains("[change] cpu governor: cpu2 powersave, cpu3 powersave"));
+    // BBR is only pointed out: it may be chosen for clients far away.
+    let congestion = find(&findings, "tcp congestion control")[0];
+    assert_eq!(congestion.verdict, Verdict::Info, "{text}");
+    assert!(congestion.writes.is_empty());
+    assert!(
+        congestion.how.as_ref().unwrap().contains("=cubic"),
+        "{text}"
+    );
 
     // Inspecting changed nothing.
     assert_eq!(
@@ -223,6 +232,7 @@ fn a_tidy_host_needs_nothing() {
         "always [madvise] never\n",
     );
     fake.put("proc/sys/net/core/somaxconn", "4096\n");
+    fake.put("proc/sys/net/ipv4/tcp_congestion_control", "cubic\n");
     fake.put("proc/sys/vm/max_map_count", "1048576\n");
     let tuning = Profile::load("small-vm").unwrap().resolve(&[0, 1]).unwrap();
     let root = ProcessFacts {
@@ -244,6 +254,11 @@ fn a_tidy_host_needs_nothing() {
     );
     assert!(text.contains("no cpufreq"), "{text}");
     assert!(text.contains("2 shard(s) floating on 0-1"), "{text}");
+    assert_eq!(
+        find(&findings, "tcp congestion control")[0].verdict,
+        Verdict::Ok,
+        "{text}"
+    );
     // Without reserved cores, interrupts on shard cores are only reported.
     assert!(
         find(&findings, "interrupts")[0]
