@@ -8,7 +8,9 @@
 # round's fio, the broker's CPU time (all threads) and its RSS at the end (what it kept of
 # what it read).
 #   scripts/bench-catchup.sh [GIB] [MESSAGE_SIZE] [DATA_PARENT_DIR]
-# Environment: SHARDS (1); BINARIES (shardmq builds to compare, alternated; default
+# Environment: SHARDS (1); QUEUES (the topic's queues, 8; spread over the shards: a consumer
+# keeps one pull a queue in flight, so 8 a shard keeps each shard as busy as one shard of 8);
+# BINARIES (shardmq builds to compare, alternated; default
 # $BIN_DIR/shardmq, which also fills the backlog); BIN_DIR (target/release: shardmq-bench);
 # ROUNDS (1); SKIP_BUILD=1; BROKER_ARGS (more `serve` arguments, e.g. `--cpus 2,3`);
 # BENCH_CPUS (taskset for the producer and the consumer); CONSUMER_THREADS (the consumer's
@@ -82,8 +84,8 @@ stop_broker() {
 }
 messages=$((gib * 1024 * 1024 * 1024 / size))
 start_broker "${binaries%% *}"
-echo "filling: $messages messages of $size B ($gib GiB) by batches of 16"
-"${bench[@]}" producer --namesrv 127.0.0.1:12276 --topic Backlog --queues 8 \
+echo "filling: $messages messages of $size B ($gib GiB) in ${QUEUES:-8} queues by batches of 16"
+"${bench[@]}" producer --namesrv 127.0.0.1:12276 --topic Backlog --queues "${QUEUES:-8}" \
     --messages "$messages" --message-size "$size" --batch 16 --in-flight 16 --no-progress \
     | grep -E "^(Throughput|Sent)" || true
 stop_broker

@@ -105,8 +105,11 @@ for step in $steps; do
                 bench_cpus=$(span $((shards + 2)) 15)
                 gib=$((shards < 4 ? 4 : 8))
             fi
-            run "catch-up, $shards shard(s), $gib GiB of 4 KiB messages" $((10 + 5 * gib)) \
-                env SHARDS="$shards" BROKER_ARGS="$cpu_args" BENCH_CPUS="$bench_cpus" \
+            # 8 queues a shard: a consumer keeps one pull a queue in flight, and one group
+            # of 8 queues is bound by its 8 pulls' round trip (docs/performance.md).
+            run "catch-up, $shards shard(s), $((8 * shards)) queues, $gib GiB of 4 KiB messages" \
+                $((10 + 5 * gib)) env SHARDS="$shards" QUEUES=$((8 * shards)) \
+                BROKER_ARGS="$cpu_args" BENCH_CPUS="$bench_cpus" \
                 scripts/bench-catchup.sh "$gib" 4096
         done
         ;;
