@@ -714,7 +714,7 @@ fn check_listen_backlog(host: &Host) -> Finding {
 
 /// The TCP congestion control new connections get. BBR paces every connection's sends,
 /// loopback ones too, with a timer: a consumer on the same host catching up from disk read
-/// 0.91-0.93x the MB/s for 1.26-1.29x the broker's CPU against cubic (docs/performance.md;
+/// 0.77-0.93x the MB/s for 1.23-1.32x the broker's CPU against cubic (docs/performance.md;
 /// small sends were the same). Only reported: BBR is often chosen on purpose, for clients
 /// that come over long or lossy links.
 fn check_congestion_control(host: &Host) -> Finding {
@@ -730,8 +730,8 @@ fn check_congestion_control(host: &Host) -> Finding {
     Finding::new(Verdict::Info, area, summary)
         .why(
             "bbr paces the sends of every connection, loopback ones too: pulls of large answers \
-             to a consumer on the same host catching up measured 0.91-0.93x the MB/s for \
-             1.26-1.29x the broker's CPU against cubic; small sends were the same",
+             to a consumer on the same host catching up measured 0.77-0.93x the MB/s for \
+             1.23-1.32x the broker's CPU against cubic; small sends were the same",
         )
         .how(
             "where consumers run on this host: sysctl -w net.ipv4.tcp_congestion_control=cubic \
