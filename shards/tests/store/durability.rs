@@ -452,17 +452,7 @@ fn pulls_at_places(windows: usize) -> shards::store::StoreStats {
                     let mut next = place * PER_QUEUE / 4;
                     let end = next + 600;
                     while next < end {
-                        let found = store
-                            .get_messages(
-                                "Places",
-                                shards::QueueId(q),
-                                shards::QueueOffset(next),
-                                32,
-                                1 << 20,
-                                &|_| true,
-                            )
-                            .await
-                            .unwrap();
+                        let found = pull_batch(&store, "Places", q, next).await;
                         assert!(found.message_count > 0, "place {place} queue {q} at {next}");
                         for message in record::decode_all(&found.body).unwrap() {
                             let i = u64::from(q) + 4 * message.queue_offset;
@@ -837,17 +827,7 @@ fn truncated_file_tail_is_recovered() {
             shards::QueueOffset(7)
         );
         assert_eq!(store.max_physical_offset(), results[7].physical_offset);
-        let found = store
-            .get_messages(
-                "T",
-                shards::QueueId(0),
-                shards::QueueOffset(7),
-                32,
-                1 << 20,
-                &|_| true,
-            )
-            .await
-            .unwrap();
+        let found = pull_batch(&store, "T", 0, 7).await;
         assert_eq!(found.status, GetStatus::OffsetOverflowOne);
         store.close().await.unwrap();
     });

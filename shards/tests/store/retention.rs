@@ -61,10 +61,7 @@ async fn check_minimum_moved(store: &Store) -> (u64, u64) {
         let max = store.max_queue_offset("T", QueueId(queue)).0;
         assert!(min > 0 && min <= max, "queue {queue}: min {min} max {max}");
         // Below the minimum: OffsetTooSmall, pointing at the minimum.
-        let below = store
-            .get_messages("T", QueueId(queue), QueueOffset(0), 32, 1 << 20, &|_| true)
-            .await
-            .unwrap();
+        let below = pull_batch(store, "T", queue, 0).await;
         assert_eq!(below.status, GetStatus::OffsetTooSmall);
         assert_eq!(below.next_begin_offset.0, min);
         // From the minimum: every message still held, the first one at or past the

@@ -116,22 +116,32 @@ pub fn try_append(
     store.append(&msg)
 }
 
+/// One pull of a queue from `offset`: up to 32 records, 1 MiB, no filter.
+pub async fn pull_batch(
+    store: &Store,
+    topic: &str,
+    queue_id: u32,
+    offset: u64,
+) -> GetMessageResult {
+    store
+        .get_messages(
+            topic,
+            shards::QueueId(queue_id),
+            shards::QueueOffset(offset),
+            32,
+            1 << 20,
+            &|_| true,
+        )
+        .await
+        .expect("get_messages")
+}
+
 /// Pulls everything of a queue from `offset`, in batches, returning the bodies in order.
 pub async fn pull_all(store: &Store, topic: &str, queue_id: u32, offset: u64) -> Vec<Vec<u8>> {
     let mut bodies = Vec::new();
     let mut next = offset;
     loop {
-        let found: GetMessageResult = store
-            .get_messages(
-                topic,
-                shards::QueueId(queue_id),
-                shards::QueueOffset(next),
-                32,
-                1 << 20,
-                &|_| true,
-            )
-            .await
-            .expect("get_messages");
+        let found = pull_batch(store, topic, queue_id, next).await;
         if found.message_count == 0 {
             return bodies;
         }
