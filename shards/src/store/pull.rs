@@ -656,11 +656,17 @@ async fn span_bytes(
     loop {
         let lookup = inner.read_cache.borrow_mut().lookup_span(at);
         match lookup {
-            SpanLookup::Held(start, bytes) => return Ok((start, bytes)),
+            SpanLookup::Held(start, bytes) => {
+                inner.read_cache.borrow_mut().took_span();
+                return Ok((start, bytes));
+            }
             SpanLookup::Reading(start, read) => {
                 room = None;
                 match read.wait().await {
-                    Some(bytes) => return Ok((start, bytes)),
+                    Some(bytes) => {
+                        inner.read_cache.borrow_mut().took_span();
+                        return Ok((start, bytes));
+                    }
                     None => continue,
                 }
             }

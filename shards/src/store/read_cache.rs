@@ -272,10 +272,13 @@ impl ReadCache {
                 Span::Reading(_, read) => Some(SpanLookup::Reading(*start, read.clone())),
                 Span::Read(_, bytes) => Some(SpanLookup::Held(*start, bytes.upgrade()?)),
             });
-        if found.is_some() {
-            self.span_shares += 1;
-        }
         found.unwrap_or(SpanLookup::None)
+    }
+
+    /// A pull took the bytes of a span another pull read (counted here, not at the lookup:
+    /// a waiter whose read failed looks again and takes nothing).
+    pub(crate) fn took_span(&mut self) {
+        self.span_shares += 1;
     }
 
     /// Registers the caller as the reader of the span `[start, end)` past the cache (which
@@ -719,7 +722,10 @@ mod tests {
             panic!("a pull inside it takes it while one holds it");
         };
         assert!(at == start && Rc::ptr_eq(&shared, &waited));
-        assert_eq!(cache.span_shares, 2);
+        assert_eq!(
+            cache.span_shares, 0,
+            "a lookup takes nothing: pulls count what they take"
+        );
         // Its last holder lets go: the room goes back, and nobody finds it any more.
         drop((shared, waited, read));
         assert!(cache.take_span(end - start));
