@@ -368,6 +368,14 @@ impl Connection {
         self.output_ready.notify();
     }
 
+    /// The answer to `request`, written by `write` (nothing for a oneway request: RocketMQ
+    /// never answers those).
+    pub fn answer_with(&self, request: &RemotingCommand<'_>, write: impl FnOnce(&mut Vec<u8>)) {
+        if !request.is_oneway() {
+            self.send_with(write);
+        }
+    }
+
     /// A response with no ext fields and no body.
     pub fn respond(&self, request: &RemotingCommand<'_>, code: i32, remark: Option<&str>) {
         if request.is_oneway() {

@@ -344,7 +344,7 @@ impl NamesrvHandler {
         let key = request.ext_fields.required("key")?;
         let table = self.table.borrow();
         match table.kv_get(namespace, key) {
-            Some(value) => connection.send_with(|out| {
+            Some(value) => connection.answer_with(request, |out| {
                 let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
                 frame.ext("value", value);
                 frame.finish(&[]);
@@ -376,7 +376,7 @@ impl NamesrvHandler {
         table.touch(broker_addr, now_ms());
         drop(table);
         let body = ours.map(|v| v.encode()).unwrap_or_default();
-        connection.send_with(|out| {
+        connection.answer_with(request, |out| {
             let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
             frame.ext_bool("changed", changed);
             frame.finish(&body);

@@ -107,6 +107,44 @@ def pull_answers(address, topic, queue_id, want_code, what):
             what, response, want_code)
 
 
+# RocketMQ's request codes all lie below this; the codes in between that nobody defines are
+# sent as well (they must not be answered either).
+REQUEST_CODES_END = 1000
+# Sent last: they delete or refuse what the codes before them read.
+DESTRUCTIVE_CODES = {25, 27, 104, 205, 207, 215, 216, 306, 316, 329}
+# Time for answers a handler gives later (a store read, a file written) to come back.
+LATE_ANSWERS_WAIT_S = 1.0
+
+
+def oneway_requests_answered(address, fields, bodies, marker):
+    """Sends every request code below REQUEST_CODES_END as a oneway request on one connection
+    (destructive ones last), then `marker` (code, ext) twice, the second time after a pause;
+    returns the request codes whose oneway request got an answer."""
+    codes = sorted(range(REQUEST_CODES_END), key=lambda code: (code in DESTRUCTIVE_CODES, code))
+    opaque_base = 100000
+    with RemotingClient.connect(address, timeout_s=30) as client:
+        client.send_raw(b"".join(
+            remoting.encode_request(code, opaque_base + code, fields,
+                                    bodies.get(code, b"oneway"), flag=remoting.FLAG_ONEWAY)
+            for code in codes))
+        frames = []
+
+        def read_until_marker(opaque):
+            client.send_raw(remoting.encode_request(marker[0], opaque, marker[1]))
+            while True:
+                frame = client.read_frame()
+                if frame.flag & remoting.FLAG_RESPONSE and frame.opaque == opaque:
+                    return
+                frames.append(frame)
+
+        read_until_marker(1)
+        time.sleep(LATE_ANSWERS_WAIT_S)
+        read_until_marker(2)
+    return sorted({frame.opaque - opaque_base for frame in frames
+                   if frame.flag & remoting.FLAG_RESPONSE
+                   and 0 <= frame.opaque - opaque_base < REQUEST_CODES_END})
+
+
 GARBAGE_HEADERS = {
     "not json": b"{this is not json at all",
     "binary noise": bytes(range(256)) * 2,
@@ -198,3 +236,43 @@ def test_stored_messages_survive_all_bad_input(shardmq):
     check_delivered(expected, collector.snapshot(), label="after bad input")
     assert not failures, "some abuses were not answered as expected (the messages survived):\n" \
         + "\n".join(failures)
+
+
+def test_no_request_code_answers_a_oneway_request(shardmq):
+    """RocketMQ never answers a request flagged oneway (its clients drop such answers with a
+    warning): every code, with fields and state that let the common ones succeed."""
+    topic = create_topic(shardmq)
+    group = unique("oneway_cg")
+    broker = shardmq.broker_addr(0)
+    with RemotingClient.connect(broker) as client:
+        sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                           remoting.send_message_ext(topic, properties="KEYS\u0001k1\u0002"),
+                                           body=b"stored")
+        assert sent.code == remoting.SUCCESS, sent
+        committed = client.call(remoting.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": 1})
+        assert committed.code == remoting.SUCCESS, committed
+    with RemotingClient.connect(shardmq.namesrv_addr) as client:
+        put = client.call(remoting.PUT_KV_CONFIG, {"namespace": "oneway", "key": "k",
+                                                   "value": "v"})
+        assert put.code == remoting.SUCCESS, put
+    fields = dict(remoting.send_message_ext(topic, properties="KEYS\u0001k1\u0002"))
+    fields.update(remoting.pull_message_ext(group, topic, 0))
+    fields.update({
+        "group": group, "offset": 0, "timestamp": 0, "key": "k1", "maxNum": 4,
+        "beginTimestamp": 0, "endTimestamp": int(time.time() * 1000) + 60000,
+        "namespace": "oneway", "value": "v", "clusterName": "DefaultCluster",
+        "brokerAddr": broker, "brokerName": "broker-0", "brokerId": 0, "clientID": "oneway",
+        "isForce": "false", "timeoutMillis": 1000,
+    })
+    bodies = {25: b"fileReservedTime=72\n"}
+    answered = {
+        "broker": oneway_requests_answered(
+            broker, fields, bodies, (remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})),
+        "namesrv": oneway_requests_answered(
+            shardmq.namesrv_addr, fields, bodies,
+            (remoting.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})),
+    }
+    assert shardmq.is_running(), "shardmq died:\n{}".format(shardmq.log_tail())
+    assert answered == {"broker": [], "namesrv": []}, (
+        "request codes answered though sent oneway: {}".format(answered))

@@ -270,7 +270,8 @@ impl Broker {
         let bytes = live_config_text(&saved).into_bytes();
         let keys: Vec<String> = entries.iter().map(|entry| entry.key.clone()).collect();
         let (broker, connection) = (self.clone(), connection.clone());
-        let (in_flight, opaque) = (connection.in_flight(), request.opaque);
+        let (in_flight, opaque, oneway) =
+            (connection.in_flight(), request.opaque, request.is_oneway());
         self.live_config.saving.set(true);
         shards::runtime::spawn_detached(async move {
             let _in_flight = in_flight;
@@ -290,7 +291,14 @@ impl Broker {
                     "the update could not be saved in {} ({why}); nothing was changed",
                     path.display()
                 ));
-                return error.respond(&connection, opaque);
+                log::warn!(
+                    "{}: UPDATE_BROKER_CONFIG: {error}",
+                    broker.identity.broker_name
+                );
+                if !oneway {
+                    error.respond(&connection, opaque);
+                }
+                return;
             }
             *broker.live_config.saved.borrow_mut() = saved;
             broker.retention.set_config(settings.retention);
@@ -309,7 +317,9 @@ impl Broker {
                 keys.join(", "),
                 path.display()
             );
-            connection.respond_body_to(opaque, b"");
+            if !oneway {
+                connection.respond_body_to(opaque, b"");
+            }
         });
         Ok(())
     }

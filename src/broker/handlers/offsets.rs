@@ -25,7 +25,20 @@ pub(crate) fn topic_and_queue<'a>(ext: &'a ExtFields<'a>) -> Result<(&'a str, u3
     Ok((topic, queue_id as u32))
 }
 
-pub(crate) fn respond_offset(connection: &Connection, opaque: i32, key: &str, value: i64) {
+/// SUCCESS with `key` = `value` in its ext fields, to `request` (nothing for a oneway one).
+pub(crate) fn respond_offset(
+    connection: &Connection,
+    request: &RemotingCommand<'_>,
+    key: &str,
+    value: i64,
+) {
+    if !request.is_oneway() {
+        respond_offset_to(connection, request.opaque, key, value);
+    }
+}
+
+/// [`respond_offset`], to the request with `opaque` (answered later, once it is gone).
+pub(crate) fn respond_offset_to(connection: &Connection, opaque: i32, key: &str, value: i64) {
     connection.send_with(|out| {
         let mut frame = FrameEncoder::response(out, response_code::SUCCESS, opaque);
         frame.ext_i64(key, value);
@@ -43,7 +56,7 @@ impl Broker {
         let group = ext.required("consumerGroup")?;
         let (topic, queue_id) = topic_and_queue(ext)?;
         if let Some(offset) = self.offsets.borrow().query(group, topic, queue_id) {
-            respond_offset(connection, request.opaque, "offset", offset);
+            respond_offset(connection, request, "offset", offset);
             return Ok(());
         }
         let min_offset = self
@@ -65,7 +78,7 @@ impl Broker {
                     .saturating_sub(self.store.min_physical_offset().0)
                     <= YOUNG_QUEUE_WINDOW_BYTES);
         if young && ext.bool_lenient("setZeroIfNotFound") != Some(false) {
-            respond_offset(connection, request.opaque, "offset", 0);
+            respond_offset(connection, request, "offset", 0);
         } else {
             connection.respond(
                 request,
@@ -119,7 +132,7 @@ impl Broker {
         let offset = self
             .store
             .max_queue_offset(topic, shards::QueueId(queue_id));
-        respond_offset(connection, request.opaque, "offset", offset.0 as i64);
+        respond_offset(connection, request, "offset", offset.0 as i64);
         Ok(())
     }
 }
@@ -134,7 +147,7 @@ impl Broker {
         let offset = self
             .store
             .min_queue_offset(topic, shards::QueueId(queue_id));
-        respond_offset(connection, request.opaque, "offset", offset.0 as i64);
+        respond_offset(connection, request, "offset", offset.0 as i64);
         Ok(())
     }
 }
@@ -152,6 +165,9 @@ impl Broker {
             .get("boundaryType")
             .is_some_and(|b| b.eq_ignore_ascii_case("upper"));
         let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
+        if request.is_oneway() {
+            return Ok(()); // a lookup nobody waits for
+        }
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
             let found = broker.store.queue_offset_by_timestamp(
@@ -161,7 +177,7 @@ impl Broker {
                 upper,
             );
             match found.await {
-                Ok(offset) => respond_offset(&connection, opaque, "offset", offset.0 as i64),
+                Ok(offset) => respond_offset_to(&connection, opaque, "offset", offset.0 as i64),
                 Err(error) => store_error(error).respond(&connection, opaque),
             }
         });
@@ -177,6 +193,9 @@ impl Broker {
     ) -> Result<(), RequestError> {
         let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
         let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
+        if request.is_oneway() {
+            return Ok(()); // a lookup nobody waits for
+        }
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
             match broker
@@ -184,7 +203,7 @@ impl Broker {
                 .earliest_store_time(&topic, shards::QueueId(queue_id))
                 .await
             {
-                Ok(time) => respond_offset(&connection, opaque, "timestamp", time.unwrap_or(-1)),
+                Ok(time) => respond_offset_to(&connection, opaque, "timestamp", time.unwrap_or(-1)),
                 Err(error) => store_error(error).respond(&connection, opaque),
             }
         });

@@ -32,6 +32,9 @@ impl Broker {
         if unique_key {
             max_messages = QUERY_UNIQUE_KEY_MESSAGES;
         }
+        if request.is_oneway() {
+            return Ok(()); // a query nobody waits for
+        }
         let (broker, connection, opaque) = (self.clone(), connection.clone(), request.opaque);
         let in_flight = connection.in_flight();
         shards::runtime::spawn_detached(async move {
@@ -77,6 +80,9 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let offset = request.ext_fields.required_i64("offset")?;
+        if request.is_oneway() {
+            return Ok(()); // a read nobody waits for
+        }
         let (broker, connection) = (self.clone(), connection.clone());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {

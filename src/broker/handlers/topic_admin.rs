@@ -115,7 +115,7 @@ impl Broker {
         let snapshot = self.topics.borrow().snapshot();
         let total = snapshot.topics.len();
         let body = snapshot.encode();
-        connection.send_with(|out| {
+        connection.answer_with(request, |out| {
             let mut frame = FrameEncoder::response(out, response_code::SUCCESS, request.opaque);
             frame.ext_i64("totalTopicNum", total as i64);
             frame.finish(&body);
