@@ -142,6 +142,12 @@ def test_get_and_update_broker_config(shardmq):
     assert config["fileReservedTime"] == "72"
     version = json.loads(answer.ext["version"])
     assert {"counter", "timestamp"} <= set(version)
+    # An update with nothing in it changes and saves nothing (the counter is checked below).
+    for body in (b"", b"# only a comment\n"):
+        empty = call(shardmq, UPDATE_BROKER_CONFIG, body=body)
+        assert empty.code == remoting.SUCCESS, empty
+    saved = os.path.join(shardmq.data_dir, "shard-0", "config", "broker.properties")
+    assert not os.path.exists(saved), "an empty update wrote {}".format(saved)
 
     update = call(shardmq, UPDATE_BROKER_CONFIG,
                   body=b"fileReservedTime=1\ndeleteWhen=03;15\nautoCreateTopicEnable=false\n")
@@ -167,7 +173,6 @@ def test_get_and_update_broker_config(shardmq):
 
     # The update was saved (shard 0's config/broker.properties) and outlives a restart;
     # shard 1, not updated, keeps its flags.
-    saved = os.path.join(shardmq.data_dir, "shard-0", "config", "broker.properties")
     with open(saved) as file:
         text = file.read()
     print(text)

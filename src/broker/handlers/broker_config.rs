@@ -231,6 +231,11 @@ impl Broker {
         let text = std::str::from_utf8(request.body)
             .map_err(|_| RequestError::SystemError("the config body is not UTF-8 text".into()))?;
         let entries = crate::conf::parse_properties(text).map_err(RequestError::SystemError)?;
+        if entries.is_empty() {
+            // Nothing to change, so nothing to save (RocketMQ answers SUCCESS here too).
+            connection.respond_body(request, b"");
+            return Ok(());
+        }
         let mut settings = self.live_settings();
         for entry in &entries {
             let (key, value) = (entry.key.as_str(), entry.value.as_str());
