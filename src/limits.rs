@@ -96,6 +96,13 @@ pub const CONNECTIONS_PER_ADDRESS_MAX: usize = 2_048;
 /// is closed (a client that sends part of a frame and stalls holds its buffer until then).
 pub const PARTIAL_FRAME_TIMEOUT_MS: u64 = 30_000;
 
+/// Default bytes one shard lets the frames still arriving on its connections take, past
+/// each connection's read buffer: a frame larger than that buffer takes room for all of
+/// itself before its connection reads on, and waits while others hold the rest. Without it
+/// one client could make a shard hold up to 16 MiB on each of its connections for as long
+/// as the partial frame timeout (200 connections of one address held 3 GB).
+pub const ARRIVING_FRAMES_MAX_BYTES: usize = 256 << 20;
+
 /// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
 /// RocketMQ sets no bound, this one is far above any selector a person writes.
 pub const SQL_EXPRESSION_MAX_BYTES: usize = 16 * 1024;

@@ -20,9 +20,10 @@
 //!
 //! Per client, a shard also bounds the connections of one remote address
 //! (`connections_per_address_max`) and the time a frame may take to arrive whole
-//! (`partial_frame_timeout_ms`). With TLS on (`crate::tls`), a connection's first read tells a
-//! handshake from a plaintext frame; a TLS connection's reads and writes go through its
-//! rustls session, below the frame codec, and nothing above it changes.
+//! (`partial_frame_timeout_ms`); over all of them, the memory frames still arriving take
+//! (`arriving_frames_max_bytes`, `FrameRoom`). With TLS on (`crate::tls`), a connection's
+//! first read tells a handshake from a plaintext frame; a TLS connection's reads and writes
+//! go through its rustls session, below the frame codec, and nothing above it changes.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -41,7 +42,8 @@ pub use crate::limits::OUTPUT_PAUSE_BYTES;
 pub use crate::limits::READ_CHUNK_BYTES;
 
 pub use crate::limits::{
-    CONNECTIONS_PER_ADDRESS_MAX, CONNECTIONS_PER_SHARD_MAX, PARTIAL_FRAME_TIMEOUT_MS,
+    ARRIVING_FRAMES_MAX_BYTES, CONNECTIONS_PER_ADDRESS_MAX, CONNECTIONS_PER_SHARD_MAX,
+    PARTIAL_FRAME_TIMEOUT_MS,
 };
 
 /// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
@@ -59,6 +61,9 @@ pub struct ConnectionLimits {
     pub connections_per_address_max: usize,
     /// A frame must arrive whole this soon after its first byte (0: no limit).
     pub partial_frame_timeout_ms: u64,
+    /// Bytes the frames still arriving on one shard's connections may take past their read
+    /// buffers (`FrameRoom`).
+    pub arriving_frames_max_bytes: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -70,6 +75,7 @@ impl Default for ConnectionLimits {
             connections_per_shard_max: CONNECTIONS_PER_SHARD_MAX,
             connections_per_address_max: CONNECTIONS_PER_ADDRESS_MAX,
             partial_frame_timeout_ms: PARTIAL_FRAME_TIMEOUT_MS,
+            arriving_frames_max_bytes: ARRIVING_FRAMES_MAX_BYTES,
         }
     }
 }
@@ -927,9 +933,17 @@ async fn read_loop(
     // The most the buffer had to hold (pending bytes + a read) since the last shrink check.
     let mut needed = 0usize;
     let mut reads_since_check = 0u32;
+    let mut room = FrameRoom::default();
     loop {
         while connection.must_pause() && !connection.is_closed() {
             connection.output_drained.wait().await;
+        }
+        // A frame larger than the read buffer takes room for all of itself first.
+        let arriving = arriving_frame_bytes(&buffer[..filled]);
+        if arriving <= connection.limits.read_chunk_bytes {
+            room.release();
+        } else if !wait_for_frame_room(&mut room, arriving, connection).await {
+            return Ok(());
         }
         let hold = connection.read_hold.borrow_mut().take();
         if let Some(hold) = hold {
@@ -1054,6 +1068,119 @@ fn note_partial_frame(
 thread_local! {
     /// Closings for an incomplete frame, logged at most a few times a second per shard.
     static PARTIAL_FRAME_LOG: RefCell<shards::throttle::LogThrottle> = RefCell::default();
+}
+
+/// What the frames still arriving on one shard's connections hold past their read buffers.
+#[derive(Default)]
+struct ArrivingFrames {
+    held: Cell<usize>,
+    /// Notified when room is given back.
+    freed: shards::sync::Event,
+    /// Connections made to wait for room, logged at most a few times a second.
+    log: RefCell<shards::throttle::LogThrottle>,
+}
+
+thread_local! {
+    static ARRIVING: Rc<ArrivingFrames> = Rc::default();
+}
+
+/// A wait for frame room looks again at least this often (the connection may have closed).
+const FRAME_ROOM_RECHECK_MS: u64 = 1_000;
+
+/// The room one connection's arriving frame takes among the shard's (the whole frame, taken
+/// once its length prefix is read); given back once the frame is read, or when dropped.
+#[derive(Default)]
+struct FrameRoom {
+    bytes: usize,
+}
+
+impl FrameRoom {
+    /// Takes room for a frame of `bytes`: true when it holds it. One frame alone always
+    /// gets it, however large, so a low limit slows big frames down but never stops them.
+    fn take(&mut self, bytes: usize, max: usize) -> bool {
+        if self.bytes == bytes {
+            return true;
+        }
+        self.release();
+        ARRIVING.with(|arriving| {
+            let others = arriving.held.get();
+            if others > 0 && others + bytes > max {
+                return false;
+            }
+            arriving.held.set(others + bytes);
+            self.bytes = bytes;
+            true
+        })
+    }
+
+    fn release(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        ARRIVING.with(|arriving| {
+            arriving.held.set(arriving.held.get() - self.bytes);
+            arriving.freed.notify();
+        });
+        self.bytes = 0;
+    }
+}
+
+impl Drop for FrameRoom {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The length of the frame whose start `pending` holds (0 before its length prefix is in).
+/// `decode_frame` has checked the prefix against the frame size limit.
+fn arriving_frame_bytes(pending: &[u8]) -> usize {
+    match pending.get(..4) {
+        Some(prefix) => 4 + i32::from_be_bytes(prefix.try_into().unwrap()).max(0) as usize,
+        None => 0,
+    }
+}
+
+/// Waits until `room` holds `bytes` for the frame the connection is reading. False: the
+/// frame's time ran out (`partial_frame_timeout_ms`; its watch logs it and shuts the
+/// socket) or the connection closed meanwhile.
+async fn wait_for_frame_room(room: &mut FrameRoom, bytes: usize, connection: &Connection) -> bool {
+    let max = connection.limits.arriving_frames_max_bytes;
+    let arriving = ARRIVING.with(Rc::clone);
+    let mut told = false;
+    loop {
+        if room.take(bytes, max) {
+            return true;
+        }
+        if connection.is_closed() {
+            return false;
+        }
+        let timeout_ms = connection.limits.partial_frame_timeout_ms;
+        let wait_ms = match connection.partial_since_ms.get() {
+            Some(since) if timeout_ms > 0 => {
+                let (now, deadline) = (runtime::monotonic_ms(), since + timeout_ms);
+                if now >= deadline {
+                    return false;
+                }
+                (deadline - now).min(FRAME_ROOM_RECHECK_MS)
+            }
+            _ => FRAME_ROOM_RECHECK_MS,
+        };
+        if !told {
+            told = true;
+            if let Some(left_out) = arriving.log.borrow_mut().allow(std::time::Instant::now()) {
+                log::warn!(
+                    "the connection from {} waits to read a frame of {bytes} bytes: frames \
+                     arriving on this shard hold {} of {max} bytes \
+                     (network.arriving_frames_max_mib){}",
+                    connection.peer,
+                    arriving.held.get(),
+                    shards::throttle::LogThrottle::repeats(left_out)
+                );
+            }
+        }
+        let timer = runtime::sleep(std::time::Duration::from_millis(wait_ms));
+        futures_lite::future::or(arriving.freed.wait(), timer).await;
+    }
 }
 
 /// Hands one request to the handler, timing it for `rocketmq_rpc_latency` until its answer

@@ -229,6 +229,15 @@ pub const PARTIAL_FRAME_TIMEOUT_MS: NumericKnob = NumericKnob {
     default: crate::server::PARTIAL_FRAME_TIMEOUT_MS as i64,
 };
 
+pub const ARRIVING_FRAMES_MAX_MIB: NumericKnob = NumericKnob {
+    key: "network.arriving_frames_max_mib",
+    unit: "MiB",
+    min: 1,
+    max: 64 * 1024,
+    power_of_two: false,
+    default: (crate::server::ARRIVING_FRAMES_MAX_BYTES >> 20) as i64,
+};
+
 /// Every numeric knob.
 pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     FLUSH_INTERVAL_MS,
@@ -248,6 +257,7 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     CONNECTIONS_PER_SHARD_MAX,
     CONNECTIONS_PER_ADDRESS_MAX,
     PARTIAL_FRAME_TIMEOUT_MS,
+    ARRIVING_FRAMES_MAX_MIB,
 ];
 
 /// The knobs that are not plain integers, with the values they take.
@@ -349,6 +359,7 @@ struct RawNetwork {
     connections_per_shard_max: Option<i64>,
     connections_per_address_max: Option<i64>,
     partial_frame_timeout_ms: Option<i64>,
+    arriving_frames_max_mib: Option<i64>,
 }
 
 /// A parsed, not yet checked profile.
@@ -571,6 +582,10 @@ impl Profile {
                 PARTIAL_FRAME_TIMEOUT_MS,
                 raw.network.partial_frame_timeout_ms,
             )?,
+            arriving_frames_max_bytes: (number(
+                ARRIVING_FRAMES_MAX_MIB,
+                raw.network.arriving_frames_max_mib,
+            )? << 20) as usize,
         };
         Ok(Tuning {
             source: self.source.clone(),

@@ -10,6 +10,7 @@ import resource
 import socket
 import struct
 import subprocess
+import threading
 import time
 
 import remoting
@@ -172,6 +173,74 @@ def test_a_stalled_or_trickled_frame_closes_its_connection(shardmq_factory, tmp_
             assert response.code == remoting.SUCCESS, response
             time.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 * 0.6)
     assert "network.partial_frame_timeout_ms" in node.log_tail()
+
+
+ARRIVING_FRAMES_MAX_MIB = 16
+STALLED_FRAMES = 6
+STALLED_FRAME_BYTES = 15 * 1024 * 1024
+# What the stalled frames may add to the broker's RSS: one of them (only one fits the room)
+# and slack; without the room they would add all six (90 MiB).
+ARRIVING_RSS_BUDGET_BYTES = 40 * 1024 * 1024
+# A whole large send while stalled frames hold the room: in once their time runs out.
+LARGE_SEND_BYTES = 3 * 1024 * 1024
+
+
+def test_frames_still_arriving_take_bounded_memory(shardmq_factory, tmp_path):
+    """Connections that each send most of a 15 MiB frame and stall: the shard reads one such
+    frame at a time (network.arriving_frames_max_mib = 16), the others wait unread and are
+    closed when their frame's time runs out; small requests and a large whole send are
+    served meanwhile."""
+    profile = tmp_path / "arriving.toml"
+    profile.write_text("[network]\npartial_frame_timeout_ms = {}\narriving_frames_max_mib = {}\n"
+                       .format(PARTIAL_FRAME_TIMEOUT_MS, ARRIVING_FRAMES_MAX_MIB))
+    node = shardmq_factory(extra_args=["--profile", str(profile)])
+    topic = create_topic(node, "Tarriving", queue_nums=1)
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        send_one(client, topic, 0)
+    before = rss_bytes(node.process.pid)
+    header = b"{" * 100
+    start_of_frame = struct.pack(">i", STALLED_FRAME_BYTES) + struct.pack(">I", len(header)) \
+        + header
+    stalled = []
+    errors = []
+
+    def send_most_of_a_frame(sock):
+        try:
+            sock.sendall(start_of_frame + b"x" * (STALLED_FRAME_BYTES - 1024 * 1024))
+        except OSError as error:  # closed by the broker while blocked: expected
+            errors.append(error)
+
+    senders = []
+    for _ in range(STALLED_FRAMES):
+        sock = socket.create_connection((host, int(port)))
+        stalled.append(sock)
+        sender = threading.Thread(target=send_most_of_a_frame, args=(sock,), daemon=True)
+        sender.start()
+        senders.append(sender)
+    time.sleep(PARTIAL_FRAME_TIMEOUT_MS / 1000 / 2)
+    held = rss_bytes(node.process.pid)
+    # Small requests are served while the room is taken.
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        answer = client.call(remoting.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
+        assert answer.code == remoting.SUCCESS, answer
+        # A whole large send waits for room and gets in.
+        began = time.monotonic()
+        large = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                            remoting.send_message_ext(topic, 0),
+                                            body=b"L" * LARGE_SEND_BYTES, timeout_s=30)
+        waited = time.monotonic() - began
+    assert large.code == remoting.SUCCESS, large
+    closed = [closed_by_server(sock, PARTIAL_FRAME_TIMEOUT_MS / 1000 * 4) for sock in stalled]
+    for sock in stalled:
+        sock.close()
+    print("RSS {:.1f} MiB before, {:.1f} MiB with {} frames stalled; the large send waited "
+          "{:.2f} s; stalled connections closed: {}".format(
+              before / 2**20, held / 2**20, STALLED_FRAMES, waited, closed))
+    assert held - before < ARRIVING_RSS_BUDGET_BYTES
+    assert all(closed), "a stalled frame's connection stayed open"
+    log = node.log_tail(400)
+    assert "network.arriving_frames_max_mib" in log, log
 
 
 def test_memory_of_closed_connections_goes_back(shardmq_factory):
