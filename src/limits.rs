@@ -103,6 +103,12 @@ pub const PARTIAL_FRAME_TIMEOUT_MS: u64 = 30_000;
 /// as the partial frame timeout (200 connections of one address held 3 GB).
 pub const ARRIVING_FRAMES_MAX_BYTES: usize = 256 << 20;
 
+/// Default output one shard holds for all its connections together (waiting, being written,
+/// promised) past which a pull's answer waits for room, unless its connection has nothing
+/// waiting (so every connection gets one answer at a time). Without it, clients that pull and
+/// never read held `output_pause_kib` on each connection: 100 such connections held 2.9 GB.
+pub const SHARD_OUTPUT_MAX_BYTES: usize = 1 << 30;
+
 /// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
 /// RocketMQ sets no bound, this one is far above any selector a person writes.
 pub const SQL_EXPRESSION_MAX_BYTES: usize = 16 * 1024;

@@ -21,7 +21,8 @@
 //! Per client, a shard also bounds the connections of one remote address
 //! (`connections_per_address_max`) and the time a frame may take to arrive whole
 //! (`partial_frame_timeout_ms`); over all of them, the memory frames still arriving take
-//! (`arriving_frames_max_bytes`, `FrameRoom`). With TLS on (`crate::tls`), a connection's
+//! (`arriving_frames_max_bytes`, `FrameRoom`) and the output they hold
+//! (`shard_output_max_bytes`, `ShardOutput`). With TLS on (`crate::tls`), a connection's
 //! first read tells a handshake from a plaintext frame; a TLS connection's reads and writes
 //! go through its rustls session, below the frame codec, and nothing above it changes.
 
@@ -43,7 +44,7 @@ pub use crate::limits::READ_CHUNK_BYTES;
 
 pub use crate::limits::{
     ARRIVING_FRAMES_MAX_BYTES, CONNECTIONS_PER_ADDRESS_MAX, CONNECTIONS_PER_SHARD_MAX,
-    PARTIAL_FRAME_TIMEOUT_MS,
+    PARTIAL_FRAME_TIMEOUT_MS, SHARD_OUTPUT_MAX_BYTES,
 };
 
 /// Per-connection buffer sizes and limits (a tuning profile's `[network]` section).
@@ -64,6 +65,9 @@ pub struct ConnectionLimits {
     /// Bytes the frames still arriving on one shard's connections may take past their read
     /// buffers (`FrameRoom`).
     pub arriving_frames_max_bytes: usize,
+    /// Output all of one shard's connections may hold before a pull's answer waits for room
+    /// (`Connection::reserve_output`).
+    pub shard_output_max_bytes: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -76,6 +80,7 @@ impl Default for ConnectionLimits {
             connections_per_address_max: CONNECTIONS_PER_ADDRESS_MAX,
             partial_frame_timeout_ms: PARTIAL_FRAME_TIMEOUT_MS,
             arriving_frames_max_bytes: ARRIVING_FRAMES_MAX_BYTES,
+            shard_output_max_bytes: SHARD_OUTPUT_MAX_BYTES,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct Connection {
     writing_bytes: Cell<usize>,
     /// Output room promised to answers being prepared (see `reserve_output`).
     reserved_bytes: Cell<usize>,
+    /// This connection's pending output as the shard's sum (`ShardOutput`) counts it.
+    counted_output: Cell<usize>,
     /// Tasks waiting for output room.
     room_waiters: Rc<WaiterSet<()>>,
     /// Since when (monotonic ms) the start of a frame waits for the rest of it.
@@ -146,7 +153,32 @@ impl Drop for OutputReservation {
         connection
             .reserved_bytes
             .set(connection.reserved_bytes.get() - self.bytes);
+        connection.count_output();
         connection.room_freed();
+    }
+}
+
+/// The output one shard's connections hold together (waiting, being written, promised), and
+/// what wakes the answers waiting for room among it.
+#[derive(Default)]
+struct ShardOutput {
+    held: Cell<usize>,
+    freed: shards::sync::Event,
+}
+
+thread_local! {
+    static SHARD_OUTPUT: Rc<ShardOutput> = Rc::default();
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let counted = self.counted_output.replace(0);
+        if counted > 0 {
+            SHARD_OUTPUT.with(|output| {
+                output.held.set(output.held.get() - counted);
+                output.freed.notify();
+            });
+        }
     }
 }
 
@@ -194,6 +226,7 @@ impl Connection {
             limits,
             writing_bytes: Cell::new(0),
             reserved_bytes: Cell::new(0),
+            counted_output: Cell::new(0),
             room_waiters: Rc::new(WaiterSet::default()),
             partial_since_ms: Cell::new(None),
             partial_watch_running: Cell::new(false),
@@ -215,7 +248,25 @@ impl Connection {
     /// Everything answered on this connection since the last call (the harness reads its
     /// frames from it; a served connection's writer task drains it instead).
     pub fn take_output(&self) -> Vec<u8> {
-        std::mem::take(&mut *self.output.borrow_mut()).into_bytes()
+        let output = std::mem::take(&mut *self.output.borrow_mut()).into_bytes();
+        self.count_output();
+        output
+    }
+
+    /// Brings the shard's sum of pending output (`ShardOutput`) up to date with this
+    /// connection's, after its output, writes or promises changed.
+    fn count_output(&self) {
+        let now = self.pending_output_bytes();
+        let before = self.counted_output.replace(now);
+        if now == before {
+            return;
+        }
+        SHARD_OUTPUT.with(|output| {
+            output.held.set(output.held.get() - before + now);
+            if now < before {
+                output.freed.notify();
+            }
+        });
     }
 
     /// Stops reading this connection's requests until `until` resolves (the frames already
@@ -306,20 +357,28 @@ impl Connection {
         self.output_len() + self.writing_bytes.get() + self.reserved_bytes.get()
     }
 
-    /// Waits until `bytes` more of output fit under the output pause limit (or nothing at all
-    /// is pending, so that one answer always proceeds) and promises them to the caller until
-    /// the returned guard drops: take it before producing a large answer, and write the
-    /// answer before dropping it. A closed connection grants at once (its output is dropped).
+    /// Waits until `bytes` more of output fit under the output pause limit and the shard's
+    /// (`shard_output_max_bytes`), or nothing at all is pending on this connection, so that
+    /// one answer always proceeds, and promises them to the caller until the returned guard
+    /// drops: take it before producing a large answer, and write the answer before dropping
+    /// it. A closed connection grants at once (its output is dropped).
     pub async fn reserve_output(self: &Rc<Self>, bytes: usize) -> OutputReservation {
+        let shard = SHARD_OUTPUT.with(Rc::clone);
         let fits = || {
             let pending = self.pending_output_bytes();
             let limit = self.limits.output_pause_bytes;
-            self.is_closed() || pending == 0 || pending + bytes <= limit
+            self.is_closed()
+                || pending == 0
+                || (pending + bytes <= limit
+                    && shard.held.get() + bytes <= self.limits.shard_output_max_bytes)
         };
-        if !fits() {
-            self.room_waiters.wait_until((), fits).await;
+        while !fits() {
+            // Room comes back on this connection (its writes) or on any of the shard's.
+            futures_lite::future::or(self.room_waiters.wait_until((), fits), shard.freed.wait())
+                .await;
         }
         self.reserved_bytes.set(self.reserved_bytes.get() + bytes);
+        self.count_output();
         OutputReservation {
             connection: self.clone(),
             bytes,
@@ -371,6 +430,7 @@ impl Connection {
         // A body in a buffer of its own is not in `bytes`: the head there is what is timed.
         self.time_answers(&output.bytes[start..], answered);
         drop(output);
+        self.count_output();
         self.output_ready.notify();
     }
 
@@ -1261,8 +1321,10 @@ async fn write_loop(
             while conn.wants_write() && conn.write_tls(&mut spare.bytes).is_ok() {}
         }
         connection.writing_bytes.set(spare.len());
+        connection.count_output();
         let result = writer.write_all_vectored(&spare.pieces()).await;
         connection.writing_bytes.set(0);
+        connection.count_output();
         spare.clear();
         if spare.bytes.capacity() > 4 * limits.output_pause_bytes {
             spare.bytes.shrink_to(limits.read_chunk_bytes);
@@ -1273,6 +1335,7 @@ async fn write_loop(
             connection.closed.set(true);
             connection.wake_calls();
             connection.output.borrow_mut().clear();
+            connection.count_output();
             connection.output_drained.notify();
             connection.room_freed();
             return;
@@ -1283,6 +1346,67 @@ async fn write_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn connection(id: u64, limits: ConnectionLimits) -> Rc<Connection> {
+        let address: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        Connection::new(id, address, address, limits)
+    }
+
+    fn shard_output() -> usize {
+        SHARD_OUTPUT.with(|output| output.held.get())
+    }
+
+    #[test]
+    fn the_shard_counts_each_connections_output_until_it_goes() {
+        let start = shard_output();
+        let (a, b) = (
+            connection(1, Default::default()),
+            connection(2, Default::default()),
+        );
+        a.send_with(|out| out.extend_from_slice(&[1; 100]));
+        b.send_with(|out| out.extend_from_slice(&[2; 50]));
+        assert_eq!(shard_output() - start, 150);
+        let promised = futures_lite::future::block_on(a.reserve_output(1000));
+        assert_eq!(shard_output() - start, 1150, "a promise counts");
+        drop(promised);
+        assert_eq!(shard_output() - start, 150);
+        assert_eq!(a.take_output().len(), 100);
+        assert_eq!(shard_output() - start, 50);
+        drop(b);
+        assert_eq!(shard_output(), start, "a connection's output goes with it");
+    }
+
+    #[test]
+    fn a_large_answer_waits_for_the_shards_room_unless_its_connection_has_nothing_waiting() {
+        let limits = ConnectionLimits {
+            shard_output_max_bytes: 1000,
+            ..Default::default()
+        };
+        let (a, b, c) = (
+            connection(1, limits),
+            connection(2, limits),
+            connection(3, limits),
+        );
+        a.send_with(|out| out.extend_from_slice(&[1; 600]));
+        b.send_with(|out| out.extend_from_slice(&[2; 300]));
+        let mut waiting = Box::pin(b.reserve_output(200));
+        let once = futures_lite::future::poll_once(waiting.as_mut());
+        assert!(
+            futures_lite::future::block_on(once).is_none(),
+            "900 held, 200 more do not fit under 1000"
+        );
+        let alone = futures_lite::future::poll_once(c.reserve_output(5000));
+        assert!(
+            futures_lite::future::block_on(alone).is_some(),
+            "a connection with nothing waiting gets one answer whatever the shard holds"
+        );
+        a.take_output();
+        let once = futures_lite::future::poll_once(waiting.as_mut());
+        assert!(
+            futures_lite::future::block_on(once).is_some(),
+            "room came back on another connection"
+        );
+    }
 
     #[test]
     fn an_output_writes_large_bodies_from_their_own_buffers_in_stream_order() {

@@ -238,6 +238,15 @@ pub const ARRIVING_FRAMES_MAX_MIB: NumericKnob = NumericKnob {
     default: (crate::server::ARRIVING_FRAMES_MAX_BYTES >> 20) as i64,
 };
 
+pub const SHARD_OUTPUT_MAX_MIB: NumericKnob = NumericKnob {
+    key: "network.shard_output_max_mib",
+    unit: "MiB",
+    min: 16,
+    max: 1024 * 1024,
+    power_of_two: false,
+    default: (crate::server::SHARD_OUTPUT_MAX_BYTES >> 20) as i64,
+};
+
 /// Every numeric knob.
 pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     FLUSH_INTERVAL_MS,
@@ -258,6 +267,7 @@ pub const NUMERIC_KNOBS: &[NumericKnob] = &[
     CONNECTIONS_PER_ADDRESS_MAX,
     PARTIAL_FRAME_TIMEOUT_MS,
     ARRIVING_FRAMES_MAX_MIB,
+    SHARD_OUTPUT_MAX_MIB,
 ];
 
 /// The knobs that are not plain integers, with the values they take.
@@ -360,6 +370,7 @@ struct RawNetwork {
     connections_per_address_max: Option<i64>,
     partial_frame_timeout_ms: Option<i64>,
     arriving_frames_max_mib: Option<i64>,
+    shard_output_max_mib: Option<i64>,
 }
 
 /// A parsed, not yet checked profile.
@@ -585,6 +596,10 @@ impl Profile {
             arriving_frames_max_bytes: (number(
                 ARRIVING_FRAMES_MAX_MIB,
                 raw.network.arriving_frames_max_mib,
+            )? << 20) as usize,
+            shard_output_max_bytes: (number(
+                SHARD_OUTPUT_MAX_MIB,
+                raw.network.shard_output_max_mib,
             )? << 20) as usize,
         };
         Ok(Tuning {

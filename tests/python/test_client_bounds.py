@@ -243,6 +243,68 @@ def test_frames_still_arriving_take_bounded_memory(shardmq_factory, tmp_path):
     assert "network.arriving_frames_max_mib" in log, log
 
 
+SHARD_OUTPUT_MAX_MIB = 16
+OUTPUT_PAUSE_KIB = 4096
+NON_READERS = 12
+PULLS_EACH = 100
+STORED_MESSAGE_BYTES = 8 * 1024
+STORED_MESSAGES = 512
+# What the non-reading connections may add to the broker's RSS: the shard's bound and one
+# answer each (19 MiB), with slack; without the bound they hold output_pause_kib each (48 MiB).
+NON_READERS_RSS_BUDGET_BYTES = 34 * 1024 * 1024
+
+
+def test_clients_that_pull_and_never_read_hold_bounded_output(shardmq_factory, tmp_path):
+    """Connections that pipeline pulls and never read the answers: the shard's output stops
+    at network.shard_output_max_mib (16) instead of output_pause_kib on each, and a consumer
+    that reads still gets its messages meanwhile."""
+    profile = tmp_path / "output.toml"
+    profile.write_text("[network]\noutput_pause_kib = {}\nshard_output_max_mib = {}\n".format(
+        OUTPUT_PAUSE_KIB, SHARD_OUTPUT_MAX_MIB))
+    node = shardmq_factory(extra_args=["--profile", str(profile)])
+    topic = create_topic(node, "Toutput", queue_nums=1)
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    with remoting.RemotingClient.connect(node.broker_addr(0)) as client:
+        for index in range(STORED_MESSAGES):
+            response = remoting.call_retrying_busy(
+                client, remoting.SEND_MESSAGE, remoting.send_message_ext(topic, 0),
+                body=bytes([index % 256]) * STORED_MESSAGE_BYTES)
+            assert response.code == remoting.SUCCESS, response
+    before = rss_bytes(node.process.pid)
+    non_readers = []
+    for index in range(NON_READERS):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        pulls = b"".join(
+            remoting.encode_request(remoting.PULL_MESSAGE, opaque + 1, remoting.pull_message_ext(
+                "Gnever_reads{}".format(index), topic, 0, (opaque * 32) % STORED_MESSAGES))
+            for opaque in range(PULLS_EACH))
+        sock.sendall(pulls)
+        non_readers.append(sock)
+    time.sleep(2)
+    held = rss_bytes(node.process.pid)
+    # A consumer that reads gets every message meanwhile.
+    received = 0
+    with remoting.RemotingClient.connect(node.broker_addr(0), timeout_s=30) as client:
+        offset = 0
+        while offset < STORED_MESSAGES:
+            answer = client.call(remoting.PULL_MESSAGE,
+                                 remoting.pull_message_ext("Greads", topic, 0, offset))
+            assert answer.code == remoting.SUCCESS, answer
+            records = list(remoting.stored_records(answer.body))
+            assert records and records[0][0] == offset, (offset, records[:1])
+            received += len(records)
+            offset = int(answer.ext["nextBeginOffset"])
+    for sock in non_readers:
+        sock.close()
+    print("RSS {:.1f} MiB before, {:.1f} MiB with {} connections not reading; a reading "
+          "consumer got {} messages".format(before / 2**20, held / 2**20, NON_READERS,
+                                            received))
+    assert received == STORED_MESSAGES
+    assert held - before < NON_READERS_RSS_BUDGET_BYTES
+
+
 def test_memory_of_closed_connections_goes_back(shardmq_factory):
     # 4,000 connections (from two loopback addresses, under the per-address cap), each with
     # the start of a frame in its buffer, then all closed: the shard gives most of what they
