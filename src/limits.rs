@@ -109,6 +109,15 @@ pub const ARRIVING_FRAMES_MAX_BYTES: usize = 256 << 20;
 /// never read held `output_pause_kib` on each connection: 100 such connections held 2.9 GB.
 pub const SHARD_OUTPUT_MAX_BYTES: usize = 1 << 30;
 
+/// Connections a shard's HA port serves at once (a master has a slave or two); one more is
+/// accepted and closed at once. Counted in the node's descriptor budget: before, anyone
+/// reaching the port could take every descriptor of the process (19,950 idle connections
+/// did, and client accepts failed with EMFILE).
+pub const HA_CONNECTIONS_MAX: usize = 64;
+
+/// Connections the metrics port (Prometheus, the web console) serves at once; the same.
+pub const METRICS_CONNECTIONS_MAX: usize = 256;
+
 /// Longest expression accepted. Subscriptions travel in request headers and heartbeats;
 /// RocketMQ sets no bound, this one is far above any selector a person writes.
 pub const SQL_EXPRESSION_MAX_BYTES: usize = 16 * 1024;

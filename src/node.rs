@@ -189,8 +189,9 @@ const DESCRIPTORS_PER_SHARD_STORE: u64 = 1024;
 const DESCRIPTORS_PROCESS: u64 = 256;
 
 /// Raises the descriptor limit to its hard limit and lowers the per-shard connection cap
-/// when the descriptors left after the stores' share cannot hold it: connections can then
-/// never take the descriptors a store needs (a full table used to poison the stores). Then
+/// when the descriptors left after the stores' share (and the HA and metrics ports' caps)
+/// cannot hold it: connections can then never take the descriptors a store needs (a full
+/// table used to poison the stores). Then
 /// sizes the descriptor table for all of them (`runtime::reserve_descriptor_table`).
 fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     let limit = match runtime::raise_descriptor_limit() {
@@ -206,8 +207,9 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
         }
     };
     let shards = shard_count.max(1) as u64;
-    let for_connections =
-        limit.saturating_sub(DESCRIPTORS_PROCESS + DESCRIPTORS_PER_SHARD_STORE * shards) / shards;
+    let per_shard = DESCRIPTORS_PER_SHARD_STORE + crate::limits::HA_CONNECTIONS_MAX as u64;
+    let process = DESCRIPTORS_PROCESS + crate::limits::METRICS_CONNECTIONS_MAX as u64;
+    let for_connections = limit.saturating_sub(process + per_shard * shards) / shards;
     let cap = &mut config.connection_limits.connections_per_shard_max;
     let fitted = (*cap as u64).min(for_connections.max(16)) as usize;
     if fitted < *cap {
@@ -220,7 +222,7 @@ fn fit_connections_to_descriptors(config: &mut NodeConfig, shard_count: usize) {
     }
     // Every descriptor the node may hold, in the table from the start: no accept on a shard
     // then waits for the kernel to grow it.
-    let needed = DESCRIPTORS_PROCESS + (DESCRIPTORS_PER_SHARD_STORE + *cap as u64) * shards;
+    let needed = process + (per_shard + *cap as u64) * shards;
     match runtime::reserve_descriptor_table(needed) {
         Ok(reserved) => log::debug!("descriptor table sized for {reserved} descriptors"),
         Err(error) => log::warn!("cannot size the descriptor table ahead: {error}"),

@@ -705,6 +705,54 @@ impl ConnectionGate {
 /// One admitted connection; gives its place back when dropped.
 struct GateTicket(Rc<ConnectionGate>, Option<std::net::IpAddr>);
 
+/// The connections of a port that is not a remoting one (HA, metrics): at most `max` at
+/// once; one more is closed at once by its acceptor, with a log line a few times a second
+/// at most. Their descriptors are part of the node's budget (`node.rs`).
+pub struct PortGate {
+    what: &'static str,
+    open: Cell<usize>,
+    max: usize,
+    log: RefCell<shards::throttle::LogThrottle>,
+}
+
+/// One connection a `PortGate` admitted; gives its place back when dropped.
+pub struct PortTicket(Rc<PortGate>);
+
+impl PortGate {
+    pub fn new(what: &'static str, max: usize) -> Rc<PortGate> {
+        Rc::new(PortGate {
+            what,
+            open: Cell::new(0),
+            max,
+            log: RefCell::default(),
+        })
+    }
+
+    /// A place for a connection from `peer`, or None (logged): the caller closes it.
+    pub fn admit(self: &Rc<Self>, peer: Option<SocketAddr>) -> Option<PortTicket> {
+        if self.open.get() >= self.max {
+            if let Some(left_out) = self.log.borrow_mut().allow(std::time::Instant::now()) {
+                let peer = peer.map_or("?".to_string(), |p| p.to_string());
+                log::warn!(
+                    "refusing a connection from {peer} to the {} port: it serves {} at once{}",
+                    self.what,
+                    self.max,
+                    shards::throttle::LogThrottle::repeats(left_out)
+                );
+            }
+            return None;
+        }
+        self.open.set(self.open.get() + 1);
+        Some(PortTicket(self.clone()))
+    }
+}
+
+impl Drop for PortTicket {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
+    }
+}
+
 thread_local! {
     /// The connections this shard serves, by id (for figures summed over them).
     static LIVE: RefCell<std::collections::HashMap<u64, std::rc::Weak<Connection>>> =

@@ -22,10 +22,20 @@ const ACCEPT_RETRY_MS: u64 = 100;
 /// Accepts slaves forever.
 pub async fn serve(listener: TcpListener, broker: Rc<Broker>) {
     let mut acceptor = listener.acceptor();
+    let gate = crate::server::PortGate::new("HA", crate::limits::HA_CONNECTIONS_MAX);
     loop {
         match acceptor.accept().await {
             Ok(stream) => {
-                runtime::spawn_detached(serve_slave(runtime::stream_of(stream), broker.clone()));
+                let stream = runtime::stream_of(stream);
+                // Refused: closed here, when the stream goes.
+                let Some(ticket) = gate.admit(stream.peer_addr().ok()) else {
+                    continue;
+                };
+                let broker = broker.clone();
+                runtime::spawn_detached(async move {
+                    let _ticket = ticket;
+                    serve_slave(stream, broker).await;
+                });
             }
             Err(error) => {
                 log::warn!("{}: HA accept failed: {error}", broker.identity.broker_name);

@@ -29,15 +29,22 @@ pub async fn serve(
 ) {
     let board = Rc::new(board);
     let mut acceptor = listener.acceptor();
+    let gate = crate::server::PortGate::new("metrics", crate::limits::METRICS_CONNECTIONS_MAX);
     loop {
         let Ok(stream) = acceptor.accept().await else {
             runtime::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        let stream = runtime::stream_of(stream);
+        // Refused: closed here, when the stream goes.
+        let Some(ticket) = gate.admit(stream.peer_addr().ok()) else {
+            continue;
+        };
         let (board, tls, console) = (board.clone(), tls.clone(), console.clone());
         runtime::spawn_detached(async move {
+            let _ticket = ticket;
             let deadline = Duration::from_millis(REQUEST_TIMEOUT_MS);
-            let served = answer(runtime::stream_of(stream), &board, &console, tls.as_deref());
+            let served = answer(stream, &board, &console, tls.as_deref());
             let _ = runtime::timeout(deadline, served).await;
         });
     }

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.request
 
 import remoting
 from mq import create_topic
@@ -303,6 +304,55 @@ def test_clients_that_pull_and_never_read_hold_bounded_output(shardmq_factory, t
                                             received))
     assert received == STORED_MESSAGES
     assert held - before < NON_READERS_RSS_BUDGET_BYTES
+
+
+HA_CONNECTIONS_MAX = 64
+METRICS_CONNECTIONS_MAX = 256
+PAST_THE_CAP = 10
+
+
+def connections_closed_at_once(address, count):
+    """Opens `count` connections to `address` and sends nothing; returns them and how many
+    the server closed within a second."""
+    held = [socket.create_connection(address) for _ in range(count)]
+    time.sleep(1)
+    closed = 0
+    for sock in held:
+        sock.setblocking(False)
+        try:
+            closed += sock.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except ConnectionResetError:
+            closed += 1
+    return held, closed
+
+
+def test_the_ha_and_metrics_ports_serve_a_bounded_number_of_connections(shardmq_factory):
+    """Neither port can take the process's descriptors (they count in its budget): past its
+    cap a connection is closed at once, with a log line, and places come back."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    node = shardmq_factory(extra_args=["--metrics-port", str(metrics_port)])
+    host, port = node.broker_addr(0).rsplit(":", 1)
+    ports = {"HA": ((host, int(port) + 1), HA_CONNECTIONS_MAX),
+             "metrics": (("127.0.0.1", metrics_port), METRICS_CONNECTIONS_MAX)}
+    for what, (address, cap) in ports.items():
+        held, closed = connections_closed_at_once(address, cap + PAST_THE_CAP)
+        for sock in held:
+            sock.close()
+        assert closed == PAST_THE_CAP, "{} port: {} of {} closed at once, want {}".format(
+            what, closed, cap + PAST_THE_CAP, PAST_THE_CAP)
+        assert "to the {} port: it serves {} at once".format(what, cap) in node.log_tail(400)
+    time.sleep(0.5)
+    # Places come back: the metrics port answers again, and an HA connection stays open.
+    with urllib.request.urlopen("http://127.0.0.1:{}/metrics".format(metrics_port),
+                                timeout=10) as answer:
+        assert answer.status == 200
+    held, closed = connections_closed_at_once(ports["HA"][0], 1)
+    held[0].close()
+    assert closed == 0, "an HA connection under the cap was closed"
 
 
 def test_memory_of_closed_connections_goes_back(shardmq_factory):
