@@ -226,6 +226,24 @@ impl NamesrvHandler {
             );
             return Err(RequestError::NoPermission(conflict));
         }
+        let (held, added) = {
+            let table = self.table.borrow();
+            (table.routes(), table.routes_added_by(&registration))
+        };
+        if held + added > super::table::ROUTES_MAX {
+            let why = format!(
+                "the namesrv holds {held} topic routes and this registration of broker {} \
+                 ({}) adds {added}: past the limit of {}",
+                registration.broker_name,
+                registration.broker_addr,
+                super::table::ROUTES_MAX
+            );
+            log::warn!(
+                "namesrv: registration from {} refused: {why}",
+                connection.peer
+            );
+            return Err(RequestError::SystemError(why));
+        }
         let unregister = RouteUpdate::Unregister {
             cluster_name: registration.cluster_name.clone(),
             broker_name: registration.broker_name.clone(),
