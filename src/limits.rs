@@ -48,6 +48,12 @@ pub const CLIENTS_PER_GROUP_MAX: usize = 10_000;
 /// Groups one shard keeps; beyond it auto-creation and UPDATE_AND_CREATE are refused.
 pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
 
+/// Topics one broker holds (the built-in ones included): creating one more, by
+/// UPDATE_AND_CREATE_TOPIC or a send's auto-creation, is refused. Ten times issue 17's
+/// 10,000; RocketMQ sets none, and with autoCreateTopicEnable on (its default) a client
+/// sending to made-up names created topics without end.
+pub const TOPICS_MAX: usize = 100_000;
+
 /// Longest group name (RocketMQ's CHARACTER_MAX_LENGTH).
 pub const GROUP_NAME_MAX_CHARS: usize = 255;
 

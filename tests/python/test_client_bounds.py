@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import remoting
-from mq import create_topic
+from mq import create_topic, unique
 
 PER_ADDRESS_MAX = 64
 PARTIAL_FRAME_TIMEOUT_MS = 1500
@@ -353,6 +353,43 @@ def test_the_ha_and_metrics_ports_serve_a_bounded_number_of_connections(shardmq_
     held, closed = connections_closed_at_once(ports["HA"][0], 1)
     held[0].close()
     assert closed == 0, "an HA connection under the cap was closed"
+
+
+TOPICS_MAX = 100000
+PIPELINED_CREATES = 500
+
+
+def test_no_topic_is_created_past_the_most_a_broker_holds(shardmq_factory):
+    """UPDATE_AND_CREATE_TOPIC (pipelined) up to TOPICS_MAX and past it: the ones past it, and
+    a send that would auto-create another, are refused with a remark that says why; topics
+    held still take sends."""
+    node = shardmq_factory()
+    answers = {}
+    with remoting.RemotingClient.connect(node.broker_addr(0), timeout_s=120) as client:
+        for start in range(0, TOPICS_MAX, PIPELINED_CREATES):
+            names = range(start, min(TOPICS_MAX, start + PIPELINED_CREATES))
+            client.send_raw(b"".join(remoting.encode_request(
+                remoting.UPDATE_AND_CREATE_TOPIC, index + 1, {
+                    "topic": "Tcap{}".format(index), "defaultTopic": "TBW102",
+                    "readQueueNums": 1, "writeQueueNums": 1, "perm": 6,
+                    "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": "false"})
+                for index in names))
+            for _ in names:
+                answer = client.read_frame()
+                answers.setdefault(answer.code, answer.remark)
+                if answer.code != remoting.SUCCESS:
+                    answers[answer.code, "count"] = answers.get((answer.code, "count"), 0) + 1
+        refused = answers.get((remoting.SYSTEM_ERROR, "count"), 0)
+        print("creates answered {}".format(answers))
+        # The built-in topics count: the last few creates are the ones past the cap.
+        assert 1 <= refused < 20, answers
+        assert "already holds {} topics".format(TOPICS_MAX) in answers[remoting.SYSTEM_ERROR]
+        sent = client.call(remoting.SEND_MESSAGE, remoting.send_message_ext(unique("Tauto")),
+                           body=b"x")
+        assert sent.code == remoting.SYSTEM_ERROR and "is not created" in sent.remark, sent
+        sent = remoting.call_retrying_busy(client, remoting.SEND_MESSAGE,
+                                           remoting.send_message_ext("Tcap5"), body=b"x")
+        assert sent.code == remoting.SUCCESS, sent
 
 
 def test_memory_of_closed_connections_goes_back(shardmq_factory):

@@ -471,6 +471,9 @@ impl Broker {
                             header.topic
                         ))
                     })?;
+                self.topics
+                    .borrow()
+                    .check_room(header.topic, crate::limits::TOPICS_MAX)?;
                 let taken = needed(&created);
                 self.upsert_topic_everywhere(created);
                 taken

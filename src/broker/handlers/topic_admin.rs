@@ -39,6 +39,9 @@ impl Broker {
         }
         config.topic_sys_flag = ext.optional_i32("topicSysFlag")?.unwrap_or(0).max(0) as u32;
         config.order = ext.bool_lenient("order").unwrap_or(false);
+        self.topics
+            .borrow()
+            .check_room(topic, crate::limits::TOPICS_MAX)?;
         self.upsert_topic_everywhere(config.clone());
         let file = self.topics.borrow().persisted().clone();
         let version = file.latest();

@@ -153,6 +153,19 @@ impl TopicTable {
         self.topics.get(topic)
     }
 
+    /// Refuses to create `topic` when the table holds `max` topics already (`TOPICS_MAX`);
+    /// a topic it holds may always change.
+    pub fn check_room(&self, topic: &str, max: usize) -> Result<(), RequestError> {
+        if self.topics.len() < max || self.topics.contains_key(topic) {
+            return Ok(());
+        }
+        Err(RequestError::SystemError(format!(
+            "this broker already holds {} topics, the most it creates: topic[{topic}] is \
+             not created",
+            self.topics.len()
+        )))
+    }
+
     /// Inserts or replaces a topic; returns whether anything changed.
     pub fn upsert(&mut self, config: TopicConfig) -> bool {
         if self.topics.get(&config.topic_name) == Some(&config) {
@@ -259,5 +272,24 @@ mod tests {
         assert!(validate_topic_name("bad/topic").is_err());
         assert!(validate_topic_name(&"x".repeat(128)).is_err());
         assert!(validate_topic_name(&format!("%RETRY%{}", "g".repeat(200))).is_ok());
+    }
+
+    #[test]
+    fn no_topic_is_created_past_the_most_a_broker_holds() {
+        let dir = std::env::temp_dir().join(format!("topics-room-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let table = TopicTable::load(dir.join("topics.json"), "C", "B", AutoCreate::default());
+        let held = table.topics.len();
+        assert!(table.check_room("New", held + 1).is_ok());
+        let refused = table.check_room("New", held).unwrap_err();
+        assert!(
+            refused.to_string().contains("topic[New] is not created"),
+            "{refused}"
+        );
+        assert!(
+            table.check_room("TBW102", held).is_ok(),
+            "a topic held may change"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
