@@ -54,6 +54,12 @@ pub const SUBSCRIPTION_GROUPS_MAX: usize = 100_000;
 /// sending to made-up names created topics without end.
 pub const TOPICS_MAX: usize = 100_000;
 
+/// Consumer offsets (a group's queue of a topic) one shard keeps: UPDATE_CONSUMER_OFFSET for
+/// one more is refused. 1,000 groups on 125 topics of 8 queues; about 60 bytes each in
+/// `consumerOffset.json`. Without it, 500,000 commits for made-up names took 6 s and left a
+/// 29 MB file, rewritten every 5 s, growing without end.
+pub const CONSUMER_OFFSETS_MAX: usize = 1_000_000;
+
 /// Longest group name (RocketMQ's CHARACTER_MAX_LENGTH).
 pub const GROUP_NAME_MAX_CHARS: usize = 255;
 

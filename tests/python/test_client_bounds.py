@@ -392,6 +392,51 @@ def test_no_topic_is_created_past_the_most_a_broker_holds(shardmq_factory):
         assert sent.code == remoting.SUCCESS, sent
 
 
+CONSUMER_OFFSETS_MAX = 1000000
+OFFSET_QUEUES = 1024
+PIPELINED_COMMITS = 2000
+
+
+def commit_ext(group, topic, queue_id, offset=1):
+    return {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset}
+
+
+def test_consumer_offsets_are_kept_for_this_brokers_queues_and_up_to_a_bound(shardmq_factory):
+    """UPDATE_CONSUMER_OFFSET for a topic the broker lacks or a queue past the topic's is
+    refused (as RocketMQ 5 does); past CONSUMER_OFFSETS_MAX queue offsets a new one is
+    refused too, while those kept still move."""
+    node = shardmq_factory()
+    topic = create_topic(node, "Toffsets", queue_nums=OFFSET_QUEUES)
+    with remoting.RemotingClient.connect(node.broker_addr(0), timeout_s=120) as client:
+        missing = client.call(remoting.UPDATE_CONSUMER_OFFSET,
+                              commit_ext("Gx", unique("Tmissing"), 0))
+        assert missing.code == remoting.TOPIC_NOT_EXIST, missing
+        past = client.call(remoting.UPDATE_CONSUMER_OFFSET,
+                           commit_ext("Gx", topic, OFFSET_QUEUES))
+        assert past.code == remoting.INVALID_PARAMETER, past
+        codes = {}
+        total = CONSUMER_OFFSETS_MAX + 10
+        for start in range(0, total, PIPELINED_COMMITS):
+            indexes = range(start, min(total, start + PIPELINED_COMMITS))
+            client.send_raw(b"".join(remoting.encode_request(
+                remoting.UPDATE_CONSUMER_OFFSET, index + 1,
+                commit_ext("Gcap{}".format(index // OFFSET_QUEUES), topic,
+                           index % OFFSET_QUEUES))
+                for index in indexes))
+            for _ in indexes:
+                answer = client.read_frame()
+                codes[answer.code] = codes.get(answer.code, 0) + 1
+                if answer.code != remoting.SUCCESS:
+                    codes["remark"] = answer.remark
+        print("commits answered {}".format(codes))
+        assert codes.get(remoting.SYSTEM_ERROR) == 10, codes
+        assert "already keeps {} consumer offsets".format(CONSUMER_OFFSETS_MAX) \
+            in codes["remark"], codes
+        moved = client.call(remoting.UPDATE_CONSUMER_OFFSET, commit_ext("Gcap0", topic, 0, 7))
+        assert moved.code == remoting.SUCCESS, moved
+    assert remoting.query_consumer_offset(node.broker_addr(0), "Gcap0", topic, 0) == 7
+
+
 def test_memory_of_closed_connections_goes_back(shardmq_factory):
     # 4,000 connections (from two loopback addresses, under the per-address cap), each with
     # the start of a frame in its buffer, then all closed: the shard gives most of what they

@@ -100,6 +100,29 @@ impl Broker {
         let group = ext.required("consumerGroup")?;
         let (topic, queue_id) = topic_and_queue(ext)?;
         let offset = ext.required_i64("commitOffset")?;
+        // As RocketMQ 5: the topic must be this broker's, and the queue one of its queues.
+        let queue_count = self
+            .topics
+            .borrow()
+            .get(topic)
+            .map(|config| config.read_queue_nums.max(config.write_queue_nums))
+            .ok_or_else(|| RequestError::TopicNotExist(format!("topic[{topic}] not exist")))?;
+        if queue_id >= queue_count {
+            return Err(RequestError::InvalidParameter(format!(
+                "queueId[{queue_id}] is illegal, topic [{topic}] has {queue_count} queues"
+            )));
+        }
+        {
+            let offsets = self.offsets.borrow();
+            let held = offsets.queue_count();
+            if held >= crate::limits::CONSUMER_OFFSETS_MAX && !offsets.holds(group, topic, queue_id)
+            {
+                return Err(RequestError::SystemError(format!(
+                    "this broker already keeps {held} consumer offsets, the most it keeps: \
+                     the offset of {group} on {topic} queue {queue_id} is not kept"
+                )));
+            }
+        }
         self.commit_offset(group, topic, queue_id, offset);
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())

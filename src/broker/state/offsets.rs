@@ -21,6 +21,8 @@ pub struct OffsetTable {
     /// committed is in flight (rocketmq_consumer_inflight_messages).
     pulled: std::collections::HashMap<String, std::collections::HashMap<String, PulledQueues>>,
     pulled_series: usize,
+    /// Queue offsets held, all keys together.
+    queues: usize,
 }
 
 /// Queue → where the group's last pull of it ended.
@@ -36,12 +38,14 @@ impl OffsetTable {
             persist::read_with_fallback(&path, |bytes| ConsumerOffsetTable::parse(bytes).ok())
                 .map(|table| table.offsets)
                 .unwrap_or_default();
+        let queues = offsets.values().map(BTreeMap::len).sum();
         OffsetTable {
             persisted: persist::Persisted::new(path),
             offsets,
             dirty: false,
             pulled: Default::default(),
             pulled_series: 0,
+            queues,
         }
     }
 
@@ -85,16 +89,38 @@ impl OffsetTable {
             return;
         }
         let queues = self.offsets.entry(key(topic, group)).or_default();
-        if queues.insert(queue_id, offset) != Some(offset) {
+        let before = queues.insert(queue_id, offset);
+        if before != Some(offset) {
             self.dirty = true;
         }
+        self.queues += usize::from(before.is_none());
+    }
+
+    /// Queue offsets held, all groups and topics together.
+    pub fn queue_count(&self) -> usize {
+        self.queues
+    }
+
+    /// Whether `group` has an offset for `topic`'s queue `queue_id`.
+    pub fn holds(&self, group: &str, topic: &str, queue_id: u32) -> bool {
+        self.query(group, topic, queue_id).is_some()
+    }
+
+    /// Drops the keys `drop` picks; true when any went.
+    fn drop_keys(&mut self, mut drop: impl FnMut(&str) -> bool) -> bool {
+        let mut removed = 0;
+        self.offsets.retain(|k, queues| {
+            let gone = drop(k);
+            removed += if gone { queues.len() } else { 0 };
+            !gone
+        });
+        self.queues -= removed;
+        removed > 0
     }
 
     pub fn remove_topic(&mut self, topic: &str) {
         let prefix = format!("{topic}@");
-        let before = self.offsets.len();
-        self.offsets.retain(|k, _| !k.starts_with(&prefix));
-        self.dirty |= self.offsets.len() != before;
+        self.dirty |= self.drop_keys(|k| k.starts_with(&prefix));
         if let Some(groups) = self.pulled.remove(topic) {
             self.pulled_series -= groups.len();
         }
@@ -103,9 +129,7 @@ impl OffsetTable {
     /// Drops every offset of `group` (DELETE_SUBSCRIPTIONGROUP with cleanOffset).
     pub fn remove_group(&mut self, group: &str) {
         let suffix = format!("@{group}");
-        let before = self.offsets.len();
-        self.offsets.retain(|k, _| !k.ends_with(&suffix));
-        self.dirty |= self.offsets.len() != before;
+        self.dirty |= self.drop_keys(|k| k.ends_with(&suffix));
         for groups in self.pulled.values_mut() {
             if groups.remove(group).is_some() {
                 self.pulled_series -= 1;
@@ -130,5 +154,34 @@ impl OffsetTable {
         ConsumerOffsetTable {
             offsets: self.offsets.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_offsets_are_counted_as_they_come_and_go() {
+        let dir = std::env::temp_dir().join(format!("offsets-count-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut table = OffsetTable::load(dir.join("consumerOffset.json"));
+        table.commit("g1", "T", 0, 5);
+        table.commit("g1", "T", 0, 6);
+        table.commit("g1", "T", 1, 1);
+        table.commit("g2", "T", 0, 1);
+        table.commit("g2", "U", 3, 1);
+        table.commit("g3", "U", 0, -1);
+        assert_eq!(
+            table.queue_count(),
+            4,
+            "a queue once, however often; -1 not kept"
+        );
+        assert!(table.holds("g1", "T", 1) && !table.holds("g3", "U", 0));
+        table.remove_topic("T");
+        assert_eq!(table.queue_count(), 1);
+        table.remove_group("g2");
+        assert_eq!(table.queue_count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
