@@ -344,10 +344,27 @@ impl NamesrvHandler {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let ext = &request.ext_fields;
+        let (namespace, key, value) = (
+            ext.required("namespace")?,
+            ext.required("key")?,
+            ext.required("value")?,
+        );
+        {
+            let table = self.table.borrow();
+            let replaced = table.kv_get(namespace, key).map_or(0, str::len);
+            let after = table.kv_bytes() + table.kv_bytes_added(namespace, key, value) - replaced;
+            if after > super::table::KV_BYTES_MAX {
+                return Err(RequestError::SystemError(format!(
+                    "the KV config would hold {after} bytes with this entry, past the limit of \
+                     {}: {namespace} {key} is not set",
+                    super::table::KV_BYTES_MAX
+                )));
+            }
+        }
         self.apply(RouteUpdate::PutKv {
-            namespace: ext.required("namespace")?.to_string(),
-            key: ext.required("key")?.to_string(),
-            value: ext.required("value")?.to_string(),
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            value: value.to_string(),
         });
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())

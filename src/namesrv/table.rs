@@ -16,6 +16,12 @@ pub const BROKER_EXPIRY_MS_DEFAULT: i64 = 120_000;
 /// namesrv by 4 MiB for each 20,000 topics, without end.
 pub const ROUTES_MAX: usize = 2_000_000;
 
+/// The most bytes the KV config (namespaces, keys and values together) holds in a replica:
+/// a PUT_KV_CONFIG that would pass it is refused. RocketMQ keeps a few small entries there
+/// (ORDER_TOPIC_CONFIG); without a bound, each PUT of a 16 MiB value took 16 MiB in every
+/// shard's replica.
+pub const KV_BYTES_MAX: usize = 16 << 20;
+
 /// One REGISTER_BROKER, decoded.
 #[derive(Debug, Clone)]
 pub struct BrokerRegistration {
@@ -141,6 +147,8 @@ pub struct RouteTable {
     kv: BTreeMap<String, BTreeMap<String, String>>,
     /// Queue data held in `topic_queues`, all topics together (its routes).
     routes: usize,
+    /// Bytes of `kv`: namespaces, keys and values.
+    kv_bytes: usize,
 }
 
 impl RouteTable {
@@ -159,6 +167,8 @@ impl RouteTable {
                 key,
                 value,
             } => {
+                self.kv_bytes += self.kv_bytes_added(namespace, key, value);
+                self.kv_bytes -= self.kv_get(namespace, key).map_or(0, str::len);
                 self.kv
                     .entry(namespace.clone())
                     .or_default()
@@ -166,7 +176,9 @@ impl RouteTable {
             }
             RouteUpdate::DeleteKv { namespace, key } => {
                 if let Some(table) = self.kv.get_mut(namespace) {
-                    table.remove(key);
+                    if let Some(value) = table.remove(key) {
+                        self.kv_bytes -= key.len() + value.len();
+                    }
                 }
             }
             RouteUpdate::DeleteTopic {
@@ -397,6 +409,20 @@ impl RouteTable {
         self.live.get(broker_addr).map(|live| &live.data_version)
     }
 
+    /// Bytes the KV config holds (namespaces, keys, values).
+    pub fn kv_bytes(&self) -> usize {
+        self.kv_bytes
+    }
+
+    /// Bytes a PUT_KV_CONFIG of these would add, before the value it replaces goes.
+    pub fn kv_bytes_added(&self, namespace: &str, key: &str, value: &str) -> usize {
+        match self.kv.get(namespace) {
+            None => namespace.len() + key.len() + value.len(),
+            Some(table) if !table.contains_key(key) => key.len() + value.len(),
+            Some(_) => value.len(),
+        }
+    }
+
     /// Routes held (queue data of a topic on a broker name), all topics together.
     pub fn routes(&self) -> usize {
         self.routes
@@ -612,6 +638,37 @@ mod tests {
             key: "k".into(),
         });
         assert_eq!(table.kv_get("n", "k"), None);
+    }
+
+    #[test]
+    fn the_kv_configs_bytes_are_counted_as_entries_come_change_and_go() {
+        let mut table = RouteTable::default();
+        let put = |namespace: &str, key: &str, value: &str| RouteUpdate::PutKv {
+            namespace: namespace.into(),
+            key: key.into(),
+            value: value.into(),
+        };
+        assert_eq!(table.kv_bytes_added("ns", "key", "value"), 10);
+        table.apply(&put("ns", "key", "value"));
+        assert_eq!(table.kv_bytes(), 10);
+        assert_eq!(
+            table.kv_bytes_added("ns", "k2", "v"),
+            3,
+            "the namespace is there"
+        );
+        assert_eq!(
+            table.kv_bytes_added("ns", "key", "longer"),
+            6,
+            "before the old value goes"
+        );
+        table.apply(&put("ns", "key", "longer"));
+        assert_eq!(table.kv_bytes(), 11);
+        table.apply(&put("ns", "k2", "v"));
+        table.apply(&RouteUpdate::DeleteKv {
+            namespace: "ns".into(),
+            key: "key".into(),
+        });
+        assert_eq!(table.kv_bytes(), 5, "the namespace stays, as in RocketMQ");
     }
 
     #[test]

@@ -437,6 +437,29 @@ def test_consumer_offsets_are_kept_for_this_brokers_queues_and_up_to_a_bound(sha
     assert remoting.query_consumer_offset(node.broker_addr(0), "Gcap0", topic, 0) == 7
 
 
+KV_BYTES_MAX = 16 * 1024 * 1024
+KV_VALUE_BYTES = 8 * 1024 * 1024
+
+
+def test_the_namesrvs_kv_config_holds_a_bounded_number_of_bytes(shardmq_factory):
+    """PUT_KV_CONFIG values of 8 MiB: the first is kept and may be replaced, a second key of
+    that size would pass the 16 MiB bound and is refused, small entries still go in."""
+    node = shardmq_factory()
+    large = "v" * KV_VALUE_BYTES
+    with remoting.RemotingClient.connect(node.namesrv_addr, timeout_s=60) as client:
+        def put(key, value):
+            return client.call(remoting.PUT_KV_CONFIG, {"namespace": "Nbound", "key": key,
+                                                        "value": value})
+        assert put("k1", large).code == remoting.SUCCESS
+        assert put("k1", large[:-1] + "w").code == remoting.SUCCESS, "a replacement fits"
+        refused = put("k2", large)
+        assert refused.code == remoting.SYSTEM_ERROR, refused
+        assert "past the limit of {}".format(KV_BYTES_MAX) in refused.remark, refused.remark
+        assert put("k3", "small").code == remoting.SUCCESS
+        got = client.call(remoting.GET_KV_CONFIG, {"namespace": "Nbound", "key": "k2"})
+        assert got.code == remoting.QUERY_NOT_FOUND, got
+
+
 def test_memory_of_closed_connections_goes_back(shardmq_factory):
     # 4,000 connections (from two loopback addresses, under the per-address cap), each with
     # the start of a frame in its buffer, then all closed: the shard gives most of what they
