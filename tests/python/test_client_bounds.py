@@ -434,7 +434,15 @@ def test_consumer_offsets_are_kept_for_this_brokers_queues_and_up_to_a_bound(sha
             in codes["remark"], codes
         moved = client.call(remoting.UPDATE_CONSUMER_OFFSET, commit_ext("Gcap0", topic, 0, 7))
         assert moved.code == remoting.SUCCESS, moved
+        # A pull's commitOffset for a queue offset not kept: the pull is served, the commit
+        # is not kept (and logged).
+        pull = remoting.pull_message_ext("Gpullcommit", topic, 0)
+        pull.update({"sysFlag": 5, "commitOffset": 3})
+        pulled = client.call(remoting.PULL_MESSAGE, pull)
+        assert pulled.code in (remoting.PULL_NOT_FOUND, remoting.SUCCESS), pulled
     assert remoting.query_consumer_offset(node.broker_addr(0), "Gcap0", topic, 0) == 7
+    assert remoting.query_consumer_offset(node.broker_addr(0), "Gpullcommit", topic, 0) != 3
+    assert "a pull's commitOffset: this broker already keeps" in node.log_tail(400)
 
 
 KV_BYTES_MAX = 16 * 1024 * 1024

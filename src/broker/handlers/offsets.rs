@@ -112,28 +112,32 @@ impl Broker {
                 "queueId[{queue_id}] is illegal, topic [{topic}] has {queue_count} queues"
             )));
         }
-        {
-            let offsets = self.offsets.borrow();
-            let held = offsets.queue_count();
-            if held >= crate::limits::CONSUMER_OFFSETS_MAX && !offsets.holds(group, topic, queue_id)
-            {
-                return Err(RequestError::SystemError(format!(
-                    "this broker already keeps {held} consumer offsets, the most it keeps: \
-                     the offset of {group} on {topic} queue {queue_id} is not kept"
-                )));
-            }
-        }
-        self.commit_offset(group, topic, queue_id, offset);
+        self.commit_offset(group, topic, queue_id, offset)?;
         connection.respond(request, response_code::SUCCESS, None);
         Ok(())
     }
 
-    /// A client's commit. On a slave it is also kept apart, to outlive the master's older
-    /// offsets and be handed back to the master when it returns (`ha::metadata`).
-    pub(crate) fn commit_offset(&self, group: &str, topic: &str, queue_id: u32, offset: i64) {
-        self.offsets
-            .borrow_mut()
-            .commit(group, topic, queue_id, offset);
+    /// A client's commit (UPDATE_CONSUMER_OFFSET, or a pull's commitOffset). On a slave it is
+    /// also kept apart, to outlive the master's older offsets and be handed back to the
+    /// master when it returns (`ha::metadata`). Refused for a queue offset not kept yet once
+    /// `CONSUMER_OFFSETS_MAX` are.
+    pub(crate) fn commit_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        offset: i64,
+    ) -> Result<(), RequestError> {
+        let mut offsets = self.offsets.borrow_mut();
+        let held = offsets.queue_count();
+        if held >= crate::limits::CONSUMER_OFFSETS_MAX && !offsets.holds(group, topic, queue_id) {
+            return Err(RequestError::SystemError(format!(
+                "this broker already keeps {held} consumer offsets, the most it keeps: the \
+                 offset of {group} on {topic} queue {queue_id} is not kept"
+            )));
+        }
+        offsets.commit(group, topic, queue_id, offset);
+        drop(offsets);
         if self.ha.is_slave() && offset >= 0 {
             let key = (group.to_string(), topic.to_string(), queue_id);
             self.ha
@@ -142,7 +146,26 @@ impl Broker {
                 .borrow_mut()
                 .insert(key, offset);
         }
+        Ok(())
     }
+
+    /// A pull's commit that `commit_offset` refused: logged a few times a second at most.
+    pub(crate) fn note_refused_commit(&self, refused: &RequestError) {
+        REFUSED_COMMIT_LOG.with(|log| {
+            if let Some(left_out) = log.borrow_mut().allow(std::time::Instant::now()) {
+                log::warn!(
+                    "{}: a pull's commitOffset: {refused}{}",
+                    self.identity.broker_name,
+                    shards::throttle::LogThrottle::repeats(left_out)
+                );
+            }
+        });
+    }
+}
+
+thread_local! {
+    static REFUSED_COMMIT_LOG: std::cell::RefCell<shards::throttle::LogThrottle> =
+        std::cell::RefCell::default();
 }
 
 impl Broker {

@@ -155,7 +155,13 @@ impl Broker {
         };
         if sys_flag & PULL_FLAG_COMMIT_OFFSET != 0 {
             if let Some(commit_offset) = ext.optional_i64("commitOffset")? {
-                self.commit_offset(group, topic, queue_id as u32, commit_offset);
+                // Past the offsets kept, a pull still reads: its commit is what waits
+                // (logged a few times a second at most).
+                if let Err(refused) =
+                    self.commit_offset(group, topic, queue_id as u32, commit_offset)
+                {
+                    self.note_refused_commit(&refused);
+                }
             }
         }
         let pull = PullRequest {
