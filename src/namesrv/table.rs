@@ -532,6 +532,17 @@ mod tests {
         }
     }
 
+    /// The master `name` at `addr` unregistering, from anywhere.
+    fn unregister(name: &str, addr: &str) -> RouteUpdate {
+        RouteUpdate::Unregister {
+            cluster_name: "DefaultCluster".into(),
+            broker_name: name.into(),
+            broker_addr: addr.into(),
+            broker_id: 0,
+            peer_ip: None,
+        }
+    }
+
     #[test]
     fn route_lists_every_broker_hosting_the_topic() {
         let mut table = RouteTable::default();
@@ -619,13 +630,7 @@ mod tests {
             &["T"],
             1,
         )));
-        table.apply(&RouteUpdate::Unregister {
-            cluster_name: "DefaultCluster".into(),
-            broker_name: "b-0".into(),
-            broker_addr: "a:1".into(),
-            broker_id: 0,
-            peer_ip: None,
-        });
+        table.apply(&unregister("b-0", "a:1"));
         assert!(table.route("T").is_none());
         table.apply(&RouteUpdate::PutKv {
             namespace: "n".into(),
@@ -708,13 +713,7 @@ mod tests {
             &["T4"],
             4,
         )));
-        table.apply(&RouteUpdate::Unregister {
-            cluster_name: "DefaultCluster".into(),
-            broker_name: "b-0".into(),
-            broker_addr: "a:1".into(),
-            broker_id: 0,
-            peer_ip: None,
-        });
+        table.apply(&unregister("b-0", "a:1"));
         assert_eq!(table.routes(), 1, "b-0's T2 went with it");
         table.expire(4 + BROKER_EXPIRY_MS_DEFAULT + 1);
         assert_eq!(table.routes(), 0, "b-1 expired with its T4");
