@@ -100,16 +100,12 @@ impl Broker {
         let group = ext.required("consumerGroup")?;
         let (topic, queue_id) = topic_and_queue(ext)?;
         let offset = ext.required_i64("commitOffset")?;
-        // As RocketMQ 5: the topic must be this broker's, and the queue one of its queues.
-        let queue_count = self
-            .topics
-            .borrow()
-            .get(topic)
-            .map(|config| config.read_queue_nums.max(config.write_queue_nums))
-            .ok_or_else(|| RequestError::TopicNotExist(format!("topic[{topic}] not exist")))?;
-        if queue_id >= queue_count {
+        // As RocketMQ 5: the topic must be this broker's, and the queue one a consumer may
+        // pull (on a slave, one it holds a copy of, as the pull itself).
+        let (read_queues, _) = self.consumable_queues(topic)?;
+        if queue_id >= read_queues {
             return Err(RequestError::InvalidParameter(format!(
-                "queueId[{queue_id}] is illegal, topic [{topic}] has {queue_count} queues"
+                "queueId[{queue_id}] is illegal, topic [{topic}] has {read_queues} read queues"
             )));
         }
         self.commit_offset(group, topic, queue_id, offset)?;

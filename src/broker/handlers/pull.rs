@@ -101,6 +101,26 @@ pub(crate) fn status_name(status: GetStatus) -> &'static str {
 }
 
 impl Broker {
+    /// The read queues of `topic` a consumer may name here, and its perm when this shard has
+    /// its config. A slave serves the queues it holds copies of before it has copied the
+    /// topic's config from its master (every 10 s): the master may be gone by then.
+    pub(crate) fn consumable_queues(
+        &self,
+        topic: &str,
+    ) -> Result<(u32, Option<u32>), RequestError> {
+        if let Some(config) = self.topics.borrow().get(topic) {
+            return Ok((config.read_queue_nums, Some(config.perm)));
+        }
+        let held = self.ha.is_slave().then(|| {
+            let ids = self.store.queue_ids(topic);
+            ids.iter().map(|id| id.0 + 1).max()
+        });
+        let read_queues = held.flatten().ok_or_else(|| {
+            RequestError::TopicNotExist(format!("topic[{topic}] not exist, apply first please!"))
+        })?;
+        Ok((read_queues, None))
+    }
+
     pub(crate) fn pull_message(
         self: &Rc<Self>,
         request: &RemotingCommand<'_>,
@@ -121,27 +141,12 @@ impl Broker {
             .unwrap_or(15_000)
             .max(0) as u64;
         self.check_group_may_pull(group)?;
-        let read_queues = match self.topics.borrow().get(topic) {
-            Some(config) if config.perm & crate::body::perm::READ == 0 => {
-                return Err(RequestError::NoPermission(format!(
-                    "the topic[{topic}] pulling message is forbidden"
-                )))
-            }
-            Some(config) => config.read_queue_nums,
-            // A slave serves the queues it holds copies of before it has copied the topic's
-            // config from its master (every 10 s): the master may be gone by then.
-            None => {
-                let held = self.ha.is_slave().then(|| {
-                    let ids = self.store.queue_ids(topic);
-                    ids.iter().map(|id| id.0 + 1).max()
-                });
-                held.flatten().ok_or_else(|| {
-                    RequestError::TopicNotExist(format!(
-                        "topic[{topic}] not exist, apply first please!"
-                    ))
-                })?
-            }
-        };
+        let (read_queues, perm) = self.consumable_queues(topic)?;
+        if perm.is_some_and(|perm| perm & crate::body::perm::READ == 0) {
+            return Err(RequestError::NoPermission(format!(
+                "the topic[{topic}] pulling message is forbidden"
+            )));
+        }
         if queue_id < 0 || queue_id as u32 >= read_queues {
             return Err(RequestError::InvalidParameter(format!(
                 "queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{read_queues}]"
