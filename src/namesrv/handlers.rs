@@ -350,9 +350,10 @@ impl NamesrvHandler {
             ext.required("value")?,
         );
         {
-            let table = self.table.borrow();
-            let replaced = table.kv_get(namespace, key).map_or(0, str::len);
-            let after = table.kv_bytes() + table.kv_bytes_added(namespace, key, value) - replaced;
+            let after = self
+                .table
+                .borrow()
+                .kv_bytes_after_put(namespace, key, value);
             if after > super::table::KV_BYTES_MAX {
                 return Err(RequestError::SystemError(format!(
                     "the KV config would hold {after} bytes with this entry, past the limit of \

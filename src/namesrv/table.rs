@@ -167,8 +167,7 @@ impl RouteTable {
                 key,
                 value,
             } => {
-                self.kv_bytes += self.kv_bytes_added(namespace, key, value);
-                self.kv_bytes -= self.kv_get(namespace, key).map_or(0, str::len);
+                self.kv_bytes = self.kv_bytes_after_put(namespace, key, value);
                 self.kv
                     .entry(namespace.clone())
                     .or_default()
@@ -409,17 +408,16 @@ impl RouteTable {
         self.live.get(broker_addr).map(|live| &live.data_version)
     }
 
-    /// Bytes the KV config holds (namespaces, keys, values).
-    pub fn kv_bytes(&self) -> usize {
-        self.kv_bytes
-    }
-
-    /// Bytes a PUT_KV_CONFIG of these would add, before the value it replaces goes.
-    pub fn kv_bytes_added(&self, namespace: &str, key: &str, value: &str) -> usize {
+    /// Bytes the KV config would hold after a PUT_KV_CONFIG of these (the value it replaces
+    /// gone).
+    pub fn kv_bytes_after_put(&self, namespace: &str, key: &str, value: &str) -> usize {
+        let held = self.kv_bytes + value.len();
         match self.kv.get(namespace) {
-            None => namespace.len() + key.len() + value.len(),
-            Some(table) if !table.contains_key(key) => key.len() + value.len(),
-            Some(_) => value.len(),
+            None => held + namespace.len() + key.len(),
+            Some(table) => match table.get(key) {
+                None => held + key.len(),
+                Some(replaced) => held - replaced.len(),
+            },
         }
     }
 
@@ -653,27 +651,27 @@ mod tests {
             key: key.into(),
             value: value.into(),
         };
-        assert_eq!(table.kv_bytes_added("ns", "key", "value"), 10);
+        assert_eq!(table.kv_bytes_after_put("ns", "key", "value"), 10);
         table.apply(&put("ns", "key", "value"));
-        assert_eq!(table.kv_bytes(), 10);
+        assert_eq!(table.kv_bytes, 10);
         assert_eq!(
-            table.kv_bytes_added("ns", "k2", "v"),
-            3,
+            table.kv_bytes_after_put("ns", "k2", "v"),
+            10 + 3,
             "the namespace is there"
         );
         assert_eq!(
-            table.kv_bytes_added("ns", "key", "longer"),
-            6,
-            "before the old value goes"
+            table.kv_bytes_after_put("ns", "key", "longer"),
+            10 + 6 - 5,
+            "the old value goes"
         );
         table.apply(&put("ns", "key", "longer"));
-        assert_eq!(table.kv_bytes(), 11);
+        assert_eq!(table.kv_bytes, 11);
         table.apply(&put("ns", "k2", "v"));
         table.apply(&RouteUpdate::DeleteKv {
             namespace: "ns".into(),
             key: "key".into(),
         });
-        assert_eq!(table.kv_bytes(), 5, "the namespace stays, as in RocketMQ");
+        assert_eq!(table.kv_bytes, 5, "the namespace stays, as in RocketMQ");
     }
 
     #[test]
