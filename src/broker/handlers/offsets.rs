@@ -206,10 +206,10 @@ impl Broker {
         let upper = ext
             .get("boundaryType")
             .is_some_and(|b| b.eq_ignore_ascii_case("upper"));
-        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         if request.is_oneway() {
             return Ok(()); // a lookup nobody waits for
         }
+        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
             let found = broker.store.queue_offset_by_timestamp(
@@ -234,10 +234,10 @@ impl Broker {
         connection: &Rc<Connection>,
     ) -> Result<(), RequestError> {
         let (topic, queue_id) = topic_and_queue(&request.ext_fields)?;
-        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         if request.is_oneway() {
             return Ok(()); // a lookup nobody waits for
         }
+        let (broker, connection, topic) = (self.clone(), connection.clone(), topic.to_string());
         let opaque = request.opaque;
         shards::runtime::spawn_detached(async move {
             match broker
